@@ -1,0 +1,27 @@
+// The few compute primitives whose speed depends on the instruction set. Each is compiled once
+// per target (isa_avx2.cpp with -mavx2 -mfma -mf16c, isa_generic.cpp with the baseline) from the
+// same source (isa_impl.hpp), and one table is picked at run time for the CPU at hand.
+#pragma once
+
+#include <cstdint>
+
+#include "mla_tensor.hpp"
+
+namespace mla {
+
+struct IsaKernels {
+    const char* name;
+    // C[m, n] (+)= A[m, k] . B[k, n]; all f32, row-major with leading dimensions lda/ldb/ldc.
+    void (*gemm)(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
+                 int64_t ldb, float* c, int64_t ldc, bool accumulate);
+    // dst[i] = float(src[i]) for src in f32/bf16/f16.
+    void (*load_f32)(const void* src, DType dtype, float* dst, int64_t n);
+    // x[i] = exp(x[i] - shift) for i < n; returns the sum. (x[i] = -inf gives 0.)
+    float (*exp_sum)(float* x, int64_t n, float shift);
+};
+
+const IsaKernels& isa();            // the best table for this CPU
+const IsaKernels& isa_generic();    // always available
+const IsaKernels* isa_avx2();       // nullptr when not compiled in
+
+}  // namespace mla

@@ -1,0 +1,410 @@
+// MlaPagedDecode and MlaPagedAttention.
+//
+// Both walk a sequence's context in chunks of kChunk positions gathered from the paged cache
+// (any block size), keep an online softmax per query row (flash-attention style), and split
+// long contexts across threads, merging the partial results by log-sum-exp.
+//
+// Absorbed form (decode and short extends): query rows are [q_nope @ W_UK | q_pe] (W wide) for
+// every (token, head); scores = rows . cache rows; the latent output (first r columns) is
+// up-projected by W_UV at the end. All heads of a sequence share each gathered cache chunk.
+// Expanded form (long prefills): per head, the chunk's latent rows are up-projected once to
+// K_nope = W_UK kv_c and V = kv_c W_UV, then ordinary causal attention with 192/128-wide dots.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "isa.hpp"
+#include "mla_kernels.hpp"
+#include "numeric.hpp"
+#include "validate.hpp"
+
+namespace mla {
+namespace {
+
+constexpr int64_t kChunk = 64;  // context positions per online-softmax step
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// One sequence's rows of the paged cache.
+struct SeqCache {
+    const char* base;
+    DType dtype;
+    int64_t bs, width, esz;
+    const TensorView* block_tables;
+    int64_t table_offset;  // b * M
+
+    const void* row(int64_t pos) const {
+        const int64_t blk = index_at(*block_tables, table_offset + pos / bs);
+        return base + (blk * bs + pos % bs) * width * esz;
+    }
+};
+
+SeqCache seq_cache(const TensorView& cache, const TensorView& bt, int64_t b) {
+    return SeqCache{static_cast<const char*>(cache.data), cache.dtype, cache.dim(1), cache.dim(2),
+                    dtype_size(cache.dtype), &bt, b * bt.dim(1)};
+}
+
+// Per-thread scratch, grown on demand and reused across calls.
+struct Scratch {
+    std::vector<float> kr, kt, s, knt, v;
+    static float* get(std::vector<float>& buf, int64_t n) {
+        if (static_cast<int64_t>(buf.size()) < n) buf.resize(static_cast<size_t>(n));
+        return buf.data();
+    }
+};
+thread_local Scratch tls;
+
+// Gathers positions [c0, c0 + n) as f32 rows kr [n, W] and their transpose kt [W, kChunk]
+// (columns past n zeroed, so no stale or NaN value can reach a product).
+void gather_chunk(const IsaKernels& K, const SeqCache& sc, int64_t c0, int64_t n, float* kr, float* kt) {
+    const int64_t w = sc.width;
+    for (int64_t j = 0; j < n; ++j) K.load_f32(sc.row(c0 + j), sc.dtype, kr + j * w, w);
+    for (int64_t d = 0; d < w; ++d) {
+        float* dst = kt + d * kChunk;
+        for (int64_t j = 0; j < n; ++j) dst[j] = kr[j * w + d];
+        for (int64_t j = n; j < kChunk; ++j) dst[j] = 0.f;
+    }
+}
+
+// Online softmax over one chunk for rows [0, rows) of s (row stride kChunk, already holding raw
+// scores); row i sees the first visible(i) columns of the chunk. Rescales o (row stride ldo, width
+// dv) by the change of the running max and leaves the chunk's probabilities in s.
+template <typename Visible>
+void softmax_step(const IsaKernels& K, float* s, int64_t rows, float scale, Visible visible,
+                  float* mx, float* l, float* o, int64_t ldo, int64_t dv) {
+    for (int64_t i = 0; i < rows; ++i) {
+        float* row = s + i * kChunk;
+        const int64_t v = visible(i);
+        float cmax = kNegInf;
+        for (int64_t j = 0; j < v; ++j) {
+            row[j] *= scale;
+            cmax = std::max(cmax, row[j]);
+        }
+        for (int64_t j = v; j < kChunk; ++j) row[j] = kNegInf;
+        if (v == 0) {  // nothing visible: contributes nothing, state unchanged
+            for (int64_t j = 0; j < kChunk; ++j) row[j] = 0.f;
+            continue;
+        }
+        const float m_new = std::max(mx[i], cmax);
+        const float alpha = std::exp(mx[i] - m_new);  // 0 on the first visible chunk
+        const float sum = K.exp_sum(row, kChunk, m_new);
+        l[i] = l[i] * alpha + sum;
+        mx[i] = m_new;
+        if (alpha != 1.f) {
+            float* orow = o + i * ldo;
+            for (int64_t d = 0; d < dv; ++d) orow[d] *= alpha;
+        }
+    }
+}
+
+// ---------------------------------------------------------------- absorbed form
+
+// One sequence in the absorbed form: rows = qlen * H query rows [q576] (row t * H + h).
+struct AbsorbedSeq {
+    SeqCache cache;
+    const float* q;  // [rows, W]
+    int64_t qlen, heads, seq_len;
+    float* out_lat;  // [rows, r]: softmax(q . rows) @ rows[:, :r]
+};
+
+struct Partial {  // online-softmax state of one (sequence, context split) task
+    int64_t seq, c_begin, c_end;
+    float *mx, *l, *o;
+};
+
+// Positions visible to row i (token i / H) of a sequence: those < seq_len - qlen + t + 1.
+inline int64_t row_limit(const AbsorbedSeq& s, int64_t i) { return s.seq_len - s.qlen + i / s.heads + 1; }
+
+void absorbed_task(const IsaKernels& K, const AbsorbedSeq& s, const Partial& p, int64_t r, float scale) {
+    const int64_t rows = s.qlen * s.heads, w = s.cache.width;
+    Scratch& sc = tls;
+    float* kr = Scratch::get(sc.kr, kChunk * w);
+    float* kt = Scratch::get(sc.kt, kChunk * w);
+    float* sbuf = Scratch::get(sc.s, rows * kChunk);
+    std::fill(p.mx, p.mx + rows, kNegInf);
+    std::fill(p.l, p.l + rows, 0.f);
+    std::fill(p.o, p.o + rows * r, 0.f);
+    for (int64_t c0 = p.c_begin; c0 < p.c_end; c0 += kChunk) {
+        const int64_t n = std::min(kChunk, p.c_end - c0);
+        // Rows are ordered by token, so by limit: skip the leading rows that see nothing here.
+        const int64_t t0 = std::max<int64_t>(0, c0 - (s.seq_len - s.qlen));
+        const int64_t i0 = t0 * s.heads;
+        if (i0 >= rows) break;
+        gather_chunk(K, s.cache, c0, n, kr, kt);
+        K.gemm(rows - i0, n, w, s.q + i0 * w, w, kt, kChunk, sbuf, kChunk, false);
+        auto visible = [&](int64_t i) { return std::clamp<int64_t>(row_limit(s, i0 + i) - c0, 0, n); };
+        softmax_step(K, sbuf, rows - i0, scale, visible, p.mx + i0, p.l + i0, p.o + i0 * r, r, r);
+        K.gemm(rows - i0, r, n, sbuf, kChunk, kr, w, p.o + i0 * r, r, true);
+    }
+}
+
+// How many context splits for each sequence, so that short batches still keep every thread
+// busy (batch 1 uses both cores) while each split keeps at least a few chunks.
+std::vector<int64_t> plan_splits(const std::vector<AbsorbedSeq>& seqs, int num_threads) {
+    std::vector<int64_t> splits(seqs.size(), 1);
+    const int64_t n = static_cast<int64_t>(seqs.size());
+    if (n == 0 || n >= 2 * num_threads) return splits;
+    const int64_t want = (2 * num_threads + n - 1) / n;
+    for (size_t i = 0; i < seqs.size(); ++i) {
+        const int64_t chunks = (seqs[i].seq_len + kChunk - 1) / kChunk;
+        splits[i] = std::max<int64_t>(1, std::min(want, chunks / 4));
+    }
+    return splits;
+}
+
+void run_absorbed(const IsaKernels& K, const std::vector<AbsorbedSeq>& seqs, int64_t r, float scale,
+                  const Threading& th) {
+    const std::vector<int64_t> splits = plan_splits(seqs, th.num_threads);
+    std::vector<Partial> parts;
+    int64_t floats = 0;
+    for (size_t i = 0; i < seqs.size(); ++i) floats += splits[i] * seqs[i].qlen * seqs[i].heads * (r + 2);
+    std::vector<float> state(static_cast<size_t>(floats));
+    float* cursor = state.data();
+    for (size_t i = 0; i < seqs.size(); ++i) {
+        const int64_t rows = seqs[i].qlen * seqs[i].heads;
+        const int64_t chunks = (seqs[i].seq_len + kChunk - 1) / kChunk;
+        for (int64_t k = 0; k < splits[i]; ++k) {
+            const int64_t b = chunks * k / splits[i] * kChunk;
+            const int64_t e = std::min(seqs[i].seq_len, chunks * (k + 1) / splits[i] * kChunk);
+            parts.push_back(Partial{static_cast<int64_t>(i), b, e, cursor, cursor + rows, cursor + 2 * rows});
+            cursor += rows * (r + 2);
+        }
+    }
+    th.parallel_for(static_cast<int64_t>(parts.size()),
+                    [&](int64_t k) { absorbed_task(K, seqs[parts[k].seq], parts[k], r, scale); });
+    // Merge each sequence's splits: out = sum_k e^(m_k - M) o_k / sum_k e^(m_k - M) l_k.
+    std::vector<int64_t> first(seqs.size() + 1, 0);
+    for (size_t i = 0; i < seqs.size(); ++i) first[i + 1] = first[i] + splits[i];
+    th.parallel_for(static_cast<int64_t>(seqs.size()), [&](int64_t i) {
+        const AbsorbedSeq& s = seqs[i];
+        const int64_t rows = s.qlen * s.heads;
+        for (int64_t row = 0; row < rows; ++row) {
+            float m = kNegInf;
+            for (int64_t k = first[i]; k < first[i + 1]; ++k) m = std::max(m, parts[k].mx[row]);
+            float denom = 0.f;
+            float* out = s.out_lat + row * r;
+            std::fill(out, out + r, 0.f);
+            for (int64_t k = first[i]; k < first[i + 1]; ++k) {
+                if (parts[k].mx[row] == kNegInf) continue;  // this split saw nothing for the row
+                const float wgt = std::exp(parts[k].mx[row] - m);
+                denom += wgt * parts[k].l[row];
+                const float* o = parts[k].o + row * r;
+                for (int64_t d = 0; d < r; ++d) out[d] += wgt * o[d];
+            }
+            const float inv = 1.f / denom;
+            for (int64_t d = 0; d < r; ++d) out[d] *= inv;
+        }
+    });
+}
+
+// ---------------------------------------------------------------- expanded form
+
+struct ExpandedSeq {
+    SeqCache cache;
+    int64_t start, qlen, seq_len;
+};
+
+// One (sequence, head): up-project each chunk once, attend all of the sequence's new tokens.
+void expanded_task(const IsaKernels& K, const ExpandedSeq& s, int64_t h, int64_t heads, const float* qn,
+                   const float* qp, const float* wuk, const float* wuv, int64_t r, int64_t dn, int64_t dr,
+                   int64_t dv, float scale, float* out /*[T, H, dv]*/) {
+    const int64_t w = s.cache.width;
+    Scratch& sc = tls;
+    float* kr = Scratch::get(sc.kr, kChunk * w);
+    float* kt = Scratch::get(sc.kt, kChunk * w);
+    float* knt = Scratch::get(sc.knt, dn * kChunk);
+    float* v = Scratch::get(sc.v, kChunk * dv);
+    float* sbuf = Scratch::get(sc.s, s.qlen * kChunk + s.qlen * (dv + 2));
+    float* o = sbuf + s.qlen * kChunk;
+    float* mx = o + s.qlen * dv;
+    float* l = mx + s.qlen;
+    std::fill(o, o + s.qlen * dv, 0.f);
+    std::fill(mx, mx + s.qlen, kNegInf);
+    std::fill(l, l + s.qlen, 0.f);
+    const float* wuk_h = wuk + h * dn * r;  // [dn, r]
+    const float* wuv_h = wuv + h * r * dv;  // [r, dv]
+    const int64_t past = s.seq_len - s.qlen;
+    for (int64_t c0 = 0; c0 < s.seq_len; c0 += kChunk) {
+        const int64_t n = std::min(kChunk, s.seq_len - c0);
+        const int64_t t0 = std::max<int64_t>(0, c0 - past);  // first token that sees this chunk
+        gather_chunk(K, s.cache, c0, n, kr, kt);
+        K.gemm(dn, n, r, wuk_h, r, kt, kChunk, knt, kChunk, false);  // K_nope^T [dn, n]
+        K.gemm(n, dv, r, kr, w, wuv_h, dv, v, dv, false);            // V [n, dv]
+        const int64_t rows = s.qlen - t0;
+        const float* qn_t = qn + ((s.start + t0) * heads + h) * dn;
+        const float* qp_t = qp + ((s.start + t0) * heads + h) * dr;
+        K.gemm(rows, n, dn, qn_t, heads * dn, knt, kChunk, sbuf, kChunk, false);
+        K.gemm(rows, n, dr, qp_t, heads * dr, kt + r * kChunk, kChunk, sbuf, kChunk, true);
+        auto visible = [&](int64_t i) { return std::clamp<int64_t>(past + t0 + i + 1 - c0, 0, n); };
+        softmax_step(K, sbuf, rows, scale, visible, mx + t0, l + t0, o + t0 * dv, dv, dv);
+        K.gemm(rows, dv, n, sbuf, kChunk, v, dv, o + t0 * dv, dv, true);
+    }
+    for (int64_t t = 0; t < s.qlen; ++t) {
+        const float inv = 1.f / l[t];
+        float* dst = out + ((s.start + t) * heads + h) * dv;
+        for (int64_t d = 0; d < dv; ++d) dst[d] = o[t * dv + d] * inv;
+    }
+}
+
+// f32 view of a float tensor: the tensor itself when f32, else a converted copy kept in `keep`.
+const float* as_f32(const TensorView& t, std::vector<float>& keep) {
+    if (t.dtype == DType::f32) return t.ptr<const float>();
+    keep.resize(static_cast<size_t>(t.numel()));
+    to_f32(t.data, t.dtype, keep.data(), t.numel());
+    return keep.data();
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- MlaPagedDecode
+
+static const char* kDecode = "MlaPagedDecode";
+
+DecodeShapes paged_decode_shapes(const TensorView& q, const TensorView& cache, const TensorView& bt,
+                                 const TensorView& seq_lens, int64_t r) {
+    check_rank(kDecode, q, 3);
+    check_float(kDecode, q);
+    check_cache(kDecode, cache, /*writable=*/false);
+    const int64_t w = cache.dim(2);
+    check_dim(kDecode, q, 2, w, "the cache row width r + dr");
+    if (r <= 0 || r >= w)
+        throw Error(std::string(kDecode) + ": attribute 'kv_lora_rank' must be in [1, " + std::to_string(w - 1) +
+                    "] (below the cache row width), got " + std::to_string(r));
+    check_block_tables(kDecode, bt, seq_lens, cache, q.dim(0), /*min_len=*/1);
+    return DecodeShapes{q.dim(0), q.dim(1), r};
+}
+
+void paged_decode(const TensorView& q, const TensorView& cache, const TensorView& bt, const TensorView& seq_lens,
+                  float scale, int64_t r, const TensorView& out, const Threading& th) {
+    const DecodeShapes shp = paged_decode_shapes(q, cache, bt, seq_lens, r);
+    const int64_t w = cache.dim(2);
+    std::vector<float> q_keep, out_f32;
+    const float* qf = as_f32(q, q_keep);
+    float* of = out.dtype == DType::f32 ? out.ptr<float>()
+                                        : (out_f32.resize(static_cast<size_t>(shp.batch * shp.heads * r)), out_f32.data());
+    std::vector<AbsorbedSeq> seqs;
+    for (int64_t b = 0; b < shp.batch; ++b)
+        seqs.push_back(AbsorbedSeq{seq_cache(cache, bt, b), qf + b * shp.heads * w, 1, shp.heads,
+                                   index_at(seq_lens, b), of + b * shp.heads * r});
+    run_absorbed(isa(), seqs, r, scale, th);
+    if (out.dtype != DType::f32) from_f32(of, out.dtype, out.data, shp.batch * shp.heads * r);
+}
+
+// ---------------------------------------------------------------- MlaPagedAttention
+
+static const char* kAttn = "MlaPagedAttention";
+
+AttentionShapes paged_attention_shapes(const TensorView& q_nope, const TensorView& q_pe, const TensorView& cache,
+                                       const TensorView& w_uk, const TensorView& w_uv, const TensorView& qsl,
+                                       const TensorView& seq_lens, const TensorView& bt) {
+    for (const TensorView* t : {&q_nope, &q_pe, &w_uk, &w_uv}) {
+        check_rank(kAttn, *t, 3);
+        check_float(kAttn, *t);
+    }
+    check_cache(kAttn, cache, /*writable=*/false);
+    const int64_t t_count = q_nope.dim(0), heads = q_nope.dim(1), dn = q_nope.dim(2);
+    const int64_t r = w_uk.dim(2), w = cache.dim(2);
+    check_dim(kAttn, q_pe, 0, t_count, "the number of tokens T of q_nope");
+    check_dim(kAttn, q_pe, 1, heads, "the number of heads H of q_nope");
+    check_dim(kAttn, w_uk, 0, heads, "the number of heads H of q_nope");
+    check_dim(kAttn, w_uk, 1, dn, "the nope dim of q_nope");
+    if (r <= 0 || r >= w)
+        fail(kAttn, w_uk, "rank r = " + std::to_string(r) + " must be below the cache row width " + std::to_string(w));
+    check_dim(kAttn, q_pe, 2, w - r, "cache row width minus w_uk's rank r");
+    check_dim(kAttn, w_uv, 0, heads, "the number of heads H of q_nope");
+    check_dim(kAttn, w_uv, 1, r, "the rank r of w_uk");
+    check_index(kAttn, qsl);
+    check_rank(kAttn, qsl, 1);
+    if (qsl.dim(0) < 1) fail(kAttn, qsl, "must have B + 1 >= 1 entries, got shape " + shape_str(qsl.shape));
+    const int64_t batch = qsl.dim(0) - 1;
+    check_block_tables(kAttn, bt, seq_lens, cache, batch, /*min_len=*/0);
+    if (index_at(qsl, 0) != 0) fail(kAttn, qsl, "must start at 0, got " + std::to_string(index_at(qsl, 0)));
+    for (int64_t b = 0; b < batch; ++b) {
+        const int64_t qlen = index_at(qsl, b + 1) - index_at(qsl, b);
+        if (qlen < 0)
+            fail(kAttn, qsl, "must be non-decreasing, got " + std::to_string(index_at(qsl, b)) + " then " +
+                                 std::to_string(index_at(qsl, b + 1)) + " at [" + std::to_string(b) + "]");
+        if (qlen > index_at(seq_lens, b))
+            fail(kAttn, qsl, "gives sequence " + std::to_string(b) + " " + std::to_string(qlen) +
+                                 " new tokens, more than its seq_lens " + std::to_string(index_at(seq_lens, b)));
+    }
+    if (index_at(qsl, batch) != t_count)
+        fail(kAttn, qsl, "must end at T = " + std::to_string(t_count) + " (tokens of q_nope), got " +
+                             std::to_string(index_at(qsl, batch)));
+    return AttentionShapes{t_count, heads, w_uv.dim(2)};
+}
+
+Form choose_form(int64_t qlen, int64_t seq_len, int64_t heads, int64_t r, int64_t dr, int64_t dn, int64_t dv) {
+    const double pairs = double(qlen) * double(seq_len - qlen) + double(qlen) * double(qlen + 1) / 2.0;
+    const double absorbed = double(qlen) * heads * (dn * r + r * dv) + pairs * heads * (2 * r + dr);
+    const double expanded = double(seq_len) * heads * (dn + dv) * r + pairs * heads * (dn + dr + dv);
+    return expanded < absorbed ? Form::expanded : Form::absorbed;
+}
+
+void paged_attention(const TensorView& q_nope, const TensorView& q_pe, const TensorView& cache,
+                     const TensorView& w_uk, const TensorView& w_uv, const TensorView& qsl,
+                     const TensorView& seq_lens, const TensorView& bt, float scale, Form form,
+                     const TensorView& out, const Threading& th) {
+    const AttentionShapes shp = paged_attention_shapes(q_nope, q_pe, cache, w_uk, w_uv, qsl, seq_lens, bt);
+    const int64_t heads = shp.heads, dn = q_nope.dim(2), dr = q_pe.dim(2), r = w_uk.dim(2), dv = shp.v_dim;
+    const int64_t w = cache.dim(2), batch = qsl.dim(0) - 1;
+    std::vector<float> k1, k2, k3, k4, out_keep;
+    const float* qn = as_f32(q_nope, k1);
+    const float* qp = as_f32(q_pe, k2);
+    const float* wuk = as_f32(w_uk, k3);
+    const float* wuv = as_f32(w_uv, k4);
+    float* of = out.dtype == DType::f32 ? out.ptr<float>()
+                                        : (out_keep.resize(static_cast<size_t>(shp.tokens * heads * dv)), out_keep.data());
+    const IsaKernels& K = isa();
+
+    std::vector<ExpandedSeq> expanded;
+    struct AbsorbedRef { int64_t b, start, qlen, offset; };  // offset: first row in the packed buffers
+    std::vector<AbsorbedRef> absorbed;
+    int64_t absorbed_rows = 0;
+    for (int64_t b = 0; b < batch; ++b) {
+        const int64_t start = index_at(qsl, b), qlen = index_at(qsl, b + 1) - start, len = index_at(seq_lens, b);
+        if (qlen == 0) continue;
+        const Form f = form == Form::automatic ? choose_form(qlen, len, heads, r, dr, dn, dv) : form;
+        if (f == Form::expanded) {
+            expanded.push_back(ExpandedSeq{seq_cache(cache, bt, b), start, qlen, len});
+        } else {
+            absorbed.push_back(AbsorbedRef{b, start, qlen, absorbed_rows});
+            absorbed_rows += qlen * heads;
+        }
+    }
+
+    if (!absorbed.empty()) {
+        // q576 = [q_nope @ W_UK | q_pe] for every (token, head) of the absorbed sequences.
+        std::vector<float> q576(static_cast<size_t>(absorbed_rows * w)), lat(static_cast<size_t>(absorbed_rows * r));
+        const int64_t n_abs = static_cast<int64_t>(absorbed.size());
+        th.parallel_for(n_abs * heads, [&](int64_t k) {
+            const AbsorbedRef& a = absorbed[k / heads];
+            const int64_t h = k % heads;
+            float* dst = q576.data() + (a.offset + h) * w;
+            K.gemm(a.qlen, r, dn, qn + (a.start * heads + h) * dn, heads * dn, wuk + h * dn * r, r, dst, heads * w, false);
+            for (int64_t t = 0; t < a.qlen; ++t)
+                std::copy_n(qp + ((a.start + t) * heads + h) * dr, dr, dst + t * heads * w + r);
+        });
+        std::vector<AbsorbedSeq> seqs;
+        for (const AbsorbedRef& a : absorbed)
+            seqs.push_back(AbsorbedSeq{seq_cache(cache, bt, a.b), q576.data() + a.offset * w, a.qlen, heads,
+                                       index_at(seq_lens, a.b), lat.data() + a.offset * r});
+        run_absorbed(K, seqs, r, scale, th);
+        // o = o_lat @ W_UV per head.
+        th.parallel_for(n_abs * heads, [&](int64_t k) {
+            const AbsorbedRef& a = absorbed[k / heads];
+            const int64_t h = k % heads;
+            K.gemm(a.qlen, dv, r, lat.data() + (a.offset + h) * r, heads * r, wuv + h * r * dv, dv,
+                   of + (a.start * heads + h) * dv, heads * dv, false);
+        });
+    }
+    if (!expanded.empty()) {
+        const int64_t n_exp = static_cast<int64_t>(expanded.size());
+        th.parallel_for(n_exp * heads, [&](int64_t k) {
+            expanded_task(K, expanded[k / heads], k % heads, heads, qn, qp, wuk, wuv, r, dn, dr, dv, scale, of);
+        });
+    }
+    if (out.dtype != DType::f32) from_f32(of, out.dtype, out.data, shp.tokens * heads * dv);
+}
+
+}  // namespace mla

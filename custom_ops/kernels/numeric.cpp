@@ -1,0 +1,101 @@
+#include "numeric.hpp"
+
+#include <cmath>
+
+namespace mla {
+
+const char* dtype_name(DType t) {
+    switch (t) {
+        case DType::f32: return "f32";
+        case DType::bf16: return "bf16";
+        case DType::f16: return "f16";
+        case DType::i32: return "i32";
+        case DType::i64: return "i64";
+        default: return "unsupported";
+    }
+}
+
+void serial_for(int64_t n, const std::function<void(int64_t)>& body) {
+    for (int64_t i = 0; i < n; ++i) body(i);
+}
+
+float f16_to_f32(uint16_t h) {
+    const uint32_t sign = (h & 0x8000u) << 16;
+    const uint32_t exp = (h >> 10) & 0x1fu;
+    const uint32_t man = h & 0x3ffu;
+    uint32_t bits;
+    if (exp == 0) {
+        if (man == 0) {
+            bits = sign;
+        } else {  // subnormal half: value = man * 2^-24
+            float f = std::ldexp(static_cast<float>(man), -24);
+            std::memcpy(&bits, &f, 4);
+            bits |= sign;
+        }
+    } else if (exp == 31) {
+        bits = sign | 0x7f800000u | (man << 13);
+    } else {
+        bits = sign | ((exp + 112u) << 23) | (man << 13);
+    }
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+
+uint16_t f32_to_f16(float f) {
+    uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
+    const uint32_t abs = bits & 0x7fffffffu;
+    if (abs > 0x7f800000u) return sign | 0x7e00u;            // NaN
+    if (abs >= 0x477ff000u) return sign | 0x7c00u;           // overflow -> inf (incl. inf)
+    if (abs < 0x38800000u) {                                 // subnormal or zero in half
+        const float a = std::fabs(f);
+        return sign | static_cast<uint16_t>(std::nearbyint(a * 16777216.0f));  // 2^24, RNE
+    }
+    uint32_t r = abs - 0x38000000u;                          // rebias exponent 127 -> 15
+    r += 0xfffu + ((r >> 13) & 1u);                          // round to nearest even
+    return sign | static_cast<uint16_t>(r >> 13);
+}
+
+void to_f32(const void* src, DType dtype, float* dst, int64_t n) {
+    switch (dtype) {
+        case DType::f32:
+            std::memcpy(dst, src, static_cast<size_t>(n) * 4);
+            return;
+        case DType::bf16: {
+            const auto* s = static_cast<const uint16_t*>(src);
+            for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(s[i]);
+            return;
+        }
+        case DType::f16: {
+            const auto* s = static_cast<const uint16_t*>(src);
+            for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(s[i]);
+            return;
+        }
+        default:
+            throw Error("internal: to_f32 on a non-float dtype");
+    }
+}
+
+void from_f32(const float* src, DType dtype, void* dst, int64_t n) {
+    switch (dtype) {
+        case DType::f32:
+            std::memcpy(dst, src, static_cast<size_t>(n) * 4);
+            return;
+        case DType::bf16: {
+            auto* d = static_cast<uint16_t*>(dst);
+            for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16(src[i]);
+            return;
+        }
+        case DType::f16: {
+            auto* d = static_cast<uint16_t*>(dst);
+            for (int64_t i = 0; i < n; ++i) d[i] = f32_to_f16(src[i]);
+            return;
+        }
+        default:
+            throw Error("internal: from_f32 on a non-float dtype");
+    }
+}
+
+}  // namespace mla

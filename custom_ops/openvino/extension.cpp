@@ -1,0 +1,44 @@
+// The extension's entry point: the op classes (to read IR back) and the ONNX frontend
+// conversions of the `mla_export` domain. The conversions read attributes explicitly: with the
+// declarative OpExtension and no attribute map, an ONNX attribute was seen to keep the op's
+// default silently.
+#include <openvino/core/extension.hpp>
+#include <openvino/core/op_extension.hpp>
+#include <openvino/frontend/onnx/extension/conversion.hpp>
+
+#include "mla_ops.hpp"
+
+namespace {
+
+ov::OutputVector inputs_of(const ov::frontend::NodeContext& ctx) {
+    ov::OutputVector args;
+    for (size_t i = 0; i < ctx.get_input_size(); ++i) args.push_back(ctx.get_input(static_cast<int>(i)));
+    return args;
+}
+
+ov::OutputVector convert_cache_write(const ov::frontend::NodeContext& ctx) {
+    return std::make_shared<mla_ov::MlaCacheWrite>(inputs_of(ctx))->outputs();
+}
+
+ov::OutputVector convert_decode(const ov::frontend::NodeContext& ctx) {
+    const float scale = ctx.get_attribute<float>("scale");
+    const int64_t rank = ctx.get_attribute<int64_t>("kv_lora_rank", 512);
+    return std::make_shared<mla_ov::MlaPagedDecode>(inputs_of(ctx), scale, rank)->outputs();
+}
+
+ov::OutputVector convert_attention(const ov::frontend::NodeContext& ctx) {
+    const float scale = ctx.get_attribute<float>("scale");
+    const int64_t form = ctx.get_attribute<int64_t>("form", 0);
+    return std::make_shared<mla_ov::MlaPagedAttention>(inputs_of(ctx), scale, form)->outputs();
+}
+
+}  // namespace
+
+OPENVINO_CREATE_EXTENSIONS(std::vector<ov::Extension::Ptr>({
+    std::make_shared<ov::OpExtension<mla_ov::MlaCacheWrite>>(),
+    std::make_shared<ov::OpExtension<mla_ov::MlaPagedDecode>>(),
+    std::make_shared<ov::OpExtension<mla_ov::MlaPagedAttention>>(),
+    std::make_shared<ov::frontend::onnx::ConversionExtension>("MlaCacheWrite", "mla_export", convert_cache_write),
+    std::make_shared<ov::frontend::onnx::ConversionExtension>("MlaPagedDecode", "mla_export", convert_decode),
+    std::make_shared<ov::frontend::onnx::ConversionExtension>("MlaPagedAttention", "mla_export", convert_attention),
+}));

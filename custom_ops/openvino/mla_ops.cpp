@@ -1,0 +1,148 @@
+#include "mla_ops.hpp"
+
+#include <openvino/core/parallel.hpp>
+
+#include "../kernels/mla_kernels.hpp"
+
+namespace mla_ov {
+namespace {
+
+mla::DType dtype_of(const ov::element::Type& t) {
+    switch (t) {
+        case ov::element::f32: return mla::DType::f32;
+        case ov::element::bf16: return mla::DType::bf16;
+        case ov::element::f16: return mla::DType::f16;
+        case ov::element::i32: return mla::DType::i32;
+        case ov::element::i64: return mla::DType::i64;
+        default: return mla::DType::other;
+    }
+}
+
+mla::TensorView view(const ov::Tensor& t, const char* name) {
+    mla::TensorView v;
+    v.name = name;
+    v.data = const_cast<void*>(t.data());  // cache writes go through this pointer
+    v.dtype = dtype_of(t.get_element_type());
+    for (auto d : t.get_shape()) v.shape.push_back(static_cast<int64_t>(d));
+    return v;
+}
+
+mla::Threading ov_threading() {
+    mla::Threading th;
+    th.parallel_for = [](int64_t n, const std::function<void(int64_t)>& body) {
+        if (n == 1) {
+            body(0);
+            return;
+        }
+        ov::parallel_for(static_cast<size_t>(n), [&](size_t i) { body(static_cast<int64_t>(i)); });
+    };
+    th.num_threads = std::max(1, parallel_get_max_threads());
+    return th;
+}
+
+void check_inputs(const ov::Node* node, size_t required) {
+    const size_t n = node->get_input_size();
+    NODE_VALIDATION_CHECK(node, n == required || n == required + 1, node->get_type_name(), " takes ", required,
+                          " inputs (and an optional ordering input), got ", n);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- MlaCacheWrite
+
+MlaCacheWrite::MlaCacheWrite(const ov::OutputVector& args) : Op(args) { constructor_validate_and_infer_types(); }
+
+void MlaCacheWrite::validate_and_infer_types() {
+    NODE_VALIDATION_CHECK(this, get_input_size() == 4, "MlaCacheWrite takes 4 inputs, got ", get_input_size());
+    set_output_type(0, ov::element::i32, ov::PartialShape{1});
+}
+
+std::shared_ptr<ov::Node> MlaCacheWrite::clone_with_new_inputs(const ov::OutputVector& args) const {
+    return std::make_shared<MlaCacheWrite>(args);
+}
+
+bool MlaCacheWrite::evaluate(ov::TensorVector& outputs, const ov::TensorVector& inputs) const {
+    const int64_t written = mla::cache_write(view(inputs[0], "kv_c"), view(inputs[1], "k_pe"),
+                                             view(inputs[2], "kv_cache"), view(inputs[3], "slot_mapping"),
+                                             ov_threading());
+    outputs[0].set_shape(ov::Shape{1});
+    outputs[0].data<int32_t>()[0] = static_cast<int32_t>(written);
+    return true;
+}
+
+// ---------------------------------------------------------------- MlaPagedDecode
+
+MlaPagedDecode::MlaPagedDecode(const ov::OutputVector& args, float scale, int64_t kv_lora_rank)
+    : Op(args), m_scale(scale), m_kv_lora_rank(kv_lora_rank) {
+    constructor_validate_and_infer_types();
+}
+
+void MlaPagedDecode::validate_and_infer_types() {
+    check_inputs(this, 4);
+    const auto& q = get_input_partial_shape(0);
+    ov::PartialShape out = ov::PartialShape::dynamic(3);
+    if (q.rank().is_static() && q.rank().get_length() == 3) out = ov::PartialShape{q[0], q[1], m_kv_lora_rank};
+    set_output_type(0, get_input_element_type(0), out);
+}
+
+std::shared_ptr<ov::Node> MlaPagedDecode::clone_with_new_inputs(const ov::OutputVector& args) const {
+    return std::make_shared<MlaPagedDecode>(args, m_scale, m_kv_lora_rank);
+}
+
+bool MlaPagedDecode::visit_attributes(ov::AttributeVisitor& visitor) {
+    visitor.on_attribute("scale", m_scale);
+    visitor.on_attribute("kv_lora_rank", m_kv_lora_rank);
+    return true;
+}
+
+bool MlaPagedDecode::evaluate(ov::TensorVector& outputs, const ov::TensorVector& inputs) const {
+    const auto q = view(inputs[0], "q"), cache = view(inputs[1], "kv_cache");
+    const auto bt = view(inputs[2], "block_tables"), lens = view(inputs[3], "seq_lens");
+    const mla::DecodeShapes s = mla::paged_decode_shapes(q, cache, bt, lens, m_kv_lora_rank);
+    outputs[0].set_shape(ov::Shape{size_t(s.batch), size_t(s.heads), size_t(s.rank)});
+    mla::paged_decode(q, cache, bt, lens, m_scale, m_kv_lora_rank, view(outputs[0], "output"), ov_threading());
+    return true;
+}
+
+// ---------------------------------------------------------------- MlaPagedAttention
+
+MlaPagedAttention::MlaPagedAttention(const ov::OutputVector& args, float scale, int64_t form)
+    : Op(args), m_scale(scale), m_form(form) {
+    constructor_validate_and_infer_types();
+}
+
+void MlaPagedAttention::validate_and_infer_types() {
+    check_inputs(this, 8);
+    NODE_VALIDATION_CHECK(this, m_form >= 0 && m_form <= 2, "MlaPagedAttention attribute 'form' must be 0 (auto), ",
+                          "1 (absorbed) or 2 (expanded), got ", m_form);
+    const auto& qn = get_input_partial_shape(0);
+    const auto& wuv = get_input_partial_shape(4);
+    ov::PartialShape out = ov::PartialShape::dynamic(3);
+    if (qn.rank().is_static() && qn.rank().get_length() == 3 && wuv.rank().is_static() && wuv.rank().get_length() == 3)
+        out = ov::PartialShape{qn[0], qn[1], wuv[2]};
+    set_output_type(0, get_input_element_type(0), out);
+}
+
+std::shared_ptr<ov::Node> MlaPagedAttention::clone_with_new_inputs(const ov::OutputVector& args) const {
+    return std::make_shared<MlaPagedAttention>(args, m_scale, m_form);
+}
+
+bool MlaPagedAttention::visit_attributes(ov::AttributeVisitor& visitor) {
+    visitor.on_attribute("scale", m_scale);
+    visitor.on_attribute("form", m_form);
+    return true;
+}
+
+bool MlaPagedAttention::evaluate(ov::TensorVector& outputs, const ov::TensorVector& inputs) const {
+    const auto qn = view(inputs[0], "q_nope"), qp = view(inputs[1], "q_pe"), cache = view(inputs[2], "kv_cache");
+    const auto wuk = view(inputs[3], "w_uk"), wuv = view(inputs[4], "w_uv");
+    const auto qsl = view(inputs[5], "query_start_loc"), lens = view(inputs[6], "seq_lens");
+    const auto bt = view(inputs[7], "block_tables");
+    const mla::AttentionShapes s = mla::paged_attention_shapes(qn, qp, cache, wuk, wuv, qsl, lens, bt);
+    outputs[0].set_shape(ov::Shape{size_t(s.tokens), size_t(s.heads), size_t(s.v_dim)});
+    mla::paged_attention(qn, qp, cache, wuk, wuv, qsl, lens, bt, m_scale, static_cast<mla::Form>(m_form),
+                         view(outputs[0], "output"), ov_threading());
+    return true;
+}
+
+}  // namespace mla_ov

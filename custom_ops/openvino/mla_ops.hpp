@@ -1,0 +1,57 @@
+// OpenVINO op classes of the three MLA ops (opset "mla_export"). They only translate tensors
+// and attributes; validation and math live in custom_ops/kernels. Each runs on the CPU plugin
+// as a reference node whose evaluate() is called with the real input buffers, which is what
+// lets MlaCacheWrite update a shared-memory cache Parameter in place.
+#pragma once
+
+#include <openvino/op/op.hpp>
+
+namespace mla_ov {
+
+class MlaCacheWrite : public ov::op::Op {
+public:
+    OPENVINO_OP("MlaCacheWrite", "mla_export");
+    MlaCacheWrite() = default;
+    explicit MlaCacheWrite(const ov::OutputVector& args);  // kv_c, k_pe, kv_cache, slot_mapping
+    void validate_and_infer_types() override;
+    std::shared_ptr<ov::Node> clone_with_new_inputs(const ov::OutputVector& args) const override;
+    bool visit_attributes(ov::AttributeVisitor&) override { return true; }
+    bool evaluate(ov::TensorVector& outputs, const ov::TensorVector& inputs) const override;
+    bool has_evaluate() const override { return true; }
+};
+
+class MlaPagedDecode : public ov::op::Op {
+public:
+    OPENVINO_OP("MlaPagedDecode", "mla_export");
+    MlaPagedDecode() = default;
+    // q, kv_cache, block_tables, seq_lens [, after]
+    MlaPagedDecode(const ov::OutputVector& args, float scale, int64_t kv_lora_rank);
+    void validate_and_infer_types() override;
+    std::shared_ptr<ov::Node> clone_with_new_inputs(const ov::OutputVector& args) const override;
+    bool visit_attributes(ov::AttributeVisitor& visitor) override;
+    bool evaluate(ov::TensorVector& outputs, const ov::TensorVector& inputs) const override;
+    bool has_evaluate() const override { return true; }
+
+private:
+    float m_scale = 1.0f;
+    int64_t m_kv_lora_rank = 512;
+};
+
+class MlaPagedAttention : public ov::op::Op {
+public:
+    OPENVINO_OP("MlaPagedAttention", "mla_export");
+    MlaPagedAttention() = default;
+    // q_nope, q_pe, kv_cache, w_uk, w_uv, query_start_loc, seq_lens, block_tables [, after]
+    MlaPagedAttention(const ov::OutputVector& args, float scale, int64_t form);
+    void validate_and_infer_types() override;
+    std::shared_ptr<ov::Node> clone_with_new_inputs(const ov::OutputVector& args) const override;
+    bool visit_attributes(ov::AttributeVisitor& visitor) override;
+    bool evaluate(ov::TensorVector& outputs, const ov::TensorVector& inputs) const override;
+    bool has_evaluate() const override { return true; }
+
+private:
+    float m_scale = 1.0f;
+    int64_t m_form = 0;
+};
+
+}  // namespace mla_ov

@@ -1,0 +1,1 @@
+"""The subcommands of `mla-export`: each module has add_parser(subparsers) and run(args)."""

@@ -1,0 +1,135 @@
+"""The reference math of every MLA op, in plain float64 numpy.
+
+This module is the oracle: every kernel, graph and backend test compares against it. It is
+written for reading, not speed: one sequence at a time, the cache rows of a sequence gathered
+through its block table, the softmax written out. Inputs of any float dtype (including
+ml_dtypes.bfloat16) are promoted to float64 first.
+
+Conventions (see docs/ARCHITECTURE.md and MLA.md):
+- cache row = [kv_c (r) | k_pe (dr)], W = r + dr; V = the first r columns of the same rows.
+- token i of a sequence lives in block block_tables[b, i // BS] at offset i % BS.
+- new token j of sequence b (qlen_b new tokens) sits at position seq_lens[b] - qlen_b + j and
+  attends to positions 0..itself.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = [
+    "cache_write",
+    "gather_sequence_rows",
+    "paged_decode",
+    "paged_attention_absorbed",
+    "paged_attention_expanded",
+    "absorb_query",
+]
+
+
+def _f64(x) -> np.ndarray:
+    return np.asarray(x).astype(np.float64)
+
+
+def cache_write(kv_c, k_pe, kv_cache: np.ndarray, slot_mapping) -> np.ndarray:
+    """Write row [kv_c[t] | k_pe[t]] at slot_mapping[t] (skipping slots < 0), in place."""
+    nb, bs, width = kv_cache.shape
+    rows = np.concatenate([_f64(kv_c), _f64(k_pe)], axis=1)
+    assert rows.shape[1] == width, "kv_c and k_pe widths must add up to the cache row width"
+    flat = kv_cache.reshape(nb * bs, width)  # a view: writes land in kv_cache
+    for t, slot in enumerate(np.asarray(slot_mapping).tolist()):
+        if slot >= 0:
+            flat[slot] = rows[t].astype(kv_cache.dtype)
+    return kv_cache
+
+
+def gather_sequence_rows(kv_cache, block_table_row, length: int) -> np.ndarray:
+    """The first `length` cache rows of one sequence, in token order, as float64 [length, W]."""
+    bs = kv_cache.shape[1]
+    idx = np.arange(length)
+    blocks = np.asarray(block_table_row)[idx // bs]
+    return _f64(kv_cache[blocks, idx % bs])
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    m = x.max(axis=-1, keepdims=True)
+    e = np.exp(x - m)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def _causal_mask(qlen: int, seq_len: int) -> np.ndarray:
+    """[qlen, seq_len] bool: new token j (position seq_len - qlen + j) sees positions <= its own."""
+    pos = seq_len - qlen + np.arange(qlen)
+    return np.arange(seq_len)[None, :] <= pos[:, None]
+
+
+def paged_decode(q, kv_cache, block_tables, seq_lens, scale: float, kv_lora_rank: int = 512) -> np.ndarray:
+    """Absorbed MQA decode, vLLM mla_decode_kvcache semantics.
+
+    q [B, H, W] (already [q_nope @ W_UK | q_pe]); returns [B, H, r] float64, r = kv_lora_rank:
+    scores over all W columns of each cached row, values = the row's first r columns.
+    """
+    q = _f64(q)
+    b_count, h_count, _ = q.shape
+    out = np.zeros((b_count, h_count, kv_lora_rank))
+    for b in range(b_count):
+        rows = gather_sequence_rows(kv_cache, block_tables[b], int(seq_lens[b]))  # [L, W]
+        probs = _softmax((q[b] @ rows.T) * scale)  # [H, L]
+        out[b] = probs @ rows[:, :kv_lora_rank]
+    return out
+
+
+def absorb_query(q_nope, q_pe, w_uk) -> np.ndarray:
+    """[q_nope @ W_UK | q_pe]: q_nope [T, H, dn], w_uk [H, dn, r], q_pe [T, H, dr] -> [T, H, r + dr]."""
+    q_lat = np.einsum("thd,hdr->thr", _f64(q_nope), _f64(w_uk))
+    return np.concatenate([q_lat, _f64(q_pe)], axis=-1)
+
+
+def _sequences(query_start_loc, seq_lens):
+    """(b, first packed row, qlen, seq_len) for each sequence of the batch."""
+    qsl = np.asarray(query_start_loc).tolist()
+    for b, seq_len in enumerate(np.asarray(seq_lens).tolist()):
+        yield b, qsl[b], qsl[b + 1] - qsl[b], seq_len
+
+
+def paged_attention_absorbed(q_nope, q_pe, kv_cache, w_uk, w_uv, query_start_loc, seq_lens,
+                             block_tables, scale: float) -> np.ndarray:
+    """Causal paged MLA over packed new tokens, absorbed form. Returns [T, H, dv] float64.
+
+    Scores are q576 . row over the whole latent row; values are the first r columns; the
+    latent output is up-projected per head by w_uv [H, r, dv].
+    """
+    w_uv = _f64(w_uv)
+    r = w_uv.shape[1]
+    q576 = absorb_query(q_nope, q_pe, w_uk)  # [T, H, W]
+    out = np.zeros((q576.shape[0], q576.shape[1], w_uv.shape[2]))
+    for b, start, qlen, seq_len in _sequences(query_start_loc, seq_lens):
+        if qlen == 0:
+            continue
+        rows = gather_sequence_rows(kv_cache, block_tables[b], seq_len)  # [L, W]
+        scores = np.einsum("thw,lw->htl", q576[start:start + qlen], rows) * scale
+        scores = np.where(_causal_mask(qlen, seq_len)[None], scores, -np.inf)
+        o_lat = _softmax(scores) @ rows[:, :r]  # [H, qlen, r]
+        out[start:start + qlen] = np.einsum("htr,hrv->thv", o_lat, w_uv)
+    return out
+
+
+def paged_attention_expanded(q_nope, q_pe, kv_cache, w_uk, w_uv, query_start_loc, seq_lens,
+                             block_tables, scale: float) -> np.ndarray:
+    """The same attention in the expanded (up-projected) form: per-head K = [W_UK kv_c | k_pe],
+    V = kv_c @ W_UV, ordinary causal multi-head attention. Returns [T, H, dv] float64."""
+    q_nope, q_pe, w_uk, w_uv = _f64(q_nope), _f64(q_pe), _f64(w_uk), _f64(w_uv)
+    r = w_uv.shape[1]
+    out = np.zeros((q_nope.shape[0], q_nope.shape[1], w_uv.shape[2]))
+    for b, start, qlen, seq_len in _sequences(query_start_loc, seq_lens):
+        if qlen == 0:
+            continue
+        rows = gather_sequence_rows(kv_cache, block_tables[b], seq_len)
+        kv_c, k_pe = rows[:, :r], rows[:, r:]
+        k_nope = np.einsum("hdr,lr->hld", w_uk, kv_c)  # [H, L, dn]
+        v = np.einsum("lr,hrv->hlv", kv_c, w_uv)  # [H, L, dv]
+        qn = q_nope[start:start + qlen].transpose(1, 0, 2)  # [H, qlen, dn]
+        qp = q_pe[start:start + qlen].transpose(1, 0, 2)  # [H, qlen, dr]
+        scores = (qn @ k_nope.transpose(0, 2, 1) + qp @ k_pe.T[None]) * scale  # [H, qlen, L]
+        scores = np.where(_causal_mask(qlen, seq_len)[None], scores, -np.inf)
+        out[start:start + qlen] = (_softmax(scores) @ v).transpose(1, 0, 2)
+    return out

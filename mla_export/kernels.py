@@ -4,7 +4,8 @@ A model is built and compiled once per signature (op, attributes, input dtypes) 
 dimension dynamic, then reused. Inputs are numpy arrays (bf16 as ml_dtypes.bfloat16) of any
 alignment and strides: read-only inputs are made C-contiguous, and the cache of `cache_write`
 is updated in place (through shared memory when it is C-contiguous, else through a contiguous
-copy that is written back). No torch needed.
+copy that is written back; bf16 caches are bound as their raw bytes, see
+ov_tensors.cache_binding). No torch needed.
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ import numpy as np
 import openvino as ov
 
 from . import ov_core
-from .ov_tensors import BF16, ov_type, shared_tensor, to_numpy
+from .ov_tensors import BF16, cache_binding, ov_type, shared_tensor, to_numpy
 
 __all__ = ["cache_write", "paged_decode", "paged_attention"]
 
-_PRECISION = {ov.Type.f32: "FP32", ov.Type.f16: "FP16", ov.Type.bf16: "BF16", ov.Type.i32: "I32",
+_PRECISION = {ov.Type.f32: "FP32", ov.Type.f16: "FP16", ov.Type.bf16: "BF16", ov.Type.i32: "I32", ov.Type.u8: "U8", ov.Type.i8: "I8",
               ov.Type.i64: "I64"}
 _compiled: dict = {}
 _lock = threading.Lock()
@@ -100,7 +101,7 @@ def cache_write(kv_c, k_pe, kv_cache: np.ndarray, slot_mapping) -> np.ndarray:
     if not isinstance(kv_cache, np.ndarray) or kv_cache.dtype not in (np.float32, BF16):
         raise TypeError("input 'kv_cache' must be a float32 or bfloat16 numpy array (updated in place)")
     target = kv_cache if kv_cache.flags.c_contiguous else np.ascontiguousarray(kv_cache)
-    arrays = [("kv_c", _float("kv_c", kv_c)), ("k_pe", _float("k_pe", k_pe)), ("kv_cache", target),
+    arrays = [("kv_c", _float("kv_c", kv_c)), ("k_pe", _float("k_pe", k_pe)), ("kv_cache", cache_binding(target)),
               ("slot_mapping", _index("slot_mapping", slot_mapping))]
     _run("MlaCacheWrite", arrays, {}, ov.Type.i32, 1)
     if target is not kv_cache:
@@ -114,7 +115,7 @@ def paged_decode(q, kv_cache, block_tables, seq_lens, scale: float, kv_lora_rank
     kv_lora_rank defaults to the cache row width minus 64 (DeepSeek's rope dim)."""
     cache = _float("kv_cache", kv_cache)
     r = int(kv_lora_rank) if kv_lora_rank is not None else cache.shape[-1] - 64
-    arrays = [("q", _float("q", q)), ("kv_cache", cache), ("block_tables", _index("block_tables", block_tables)),
+    arrays = [("q", _float("q", q)), ("kv_cache", cache_binding(cache)), ("block_tables", _index("block_tables", block_tables)),
               ("seq_lens", _index("seq_lens", seq_lens))]
     out = _run("MlaPagedDecode", arrays, {"scale": repr(float(scale)), "kv_lora_rank": r},
                ov_type(arrays[0][1].dtype), 3)
@@ -130,7 +131,7 @@ def paged_attention(q_nope, q_pe, kv_cache, w_uk, w_uv, query_start_loc, seq_len
     if form not in forms:
         raise ValueError(f"form must be one of {sorted(forms)}, got {form!r}")
     arrays = [("q_nope", _float("q_nope", q_nope)), ("q_pe", _float("q_pe", q_pe)),
-              ("kv_cache", _float("kv_cache", kv_cache)), ("w_uk", _float("w_uk", w_uk)),
+              ("kv_cache", cache_binding(_float("kv_cache", kv_cache))), ("w_uk", _float("w_uk", w_uk)),
               ("w_uv", _float("w_uv", w_uv)), ("query_start_loc", _index("query_start_loc", query_start_loc)),
               ("seq_lens", _index("seq_lens", seq_lens)), ("block_tables", _index("block_tables", block_tables))]
     out = _run("MlaPagedAttention", arrays, {"scale": repr(float(scale)), "form": forms[form]},

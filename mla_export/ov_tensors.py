@@ -20,13 +20,25 @@ _OV_TYPES = {
     BF16: ov.Type.bf16,
     np.dtype(np.int32): ov.Type.i32,
     np.dtype(np.int64): ov.Type.i64,
+    np.dtype(np.uint8): ov.Type.u8,
 }
+
+
+def cache_binding(cache: np.ndarray) -> np.ndarray:
+    """The array to bind for a latent cache input: f32 as it is, bf16 as its raw bytes.
+
+    OpenVINO's CPU plugin converts a bf16 input of a custom op into an f32 copy on CPUs without
+    native bf16 (so writes would be lost), but passes u8 through untouched; the MLA ops read a
+    u8 cache [NB, BS, 2 * W] as bf16 rows. The result shares cache's memory."""
+    if cache.dtype == BF16:
+        return cache.view(np.uint8)
+    return cache
 
 
 def ov_type(dtype) -> ov.Type:
     dtype = np.dtype(dtype)
     if dtype not in _OV_TYPES:
-        raise TypeError(f"dtype {dtype} is not supported (f32, f16, bf16, i32, i64)")
+        raise TypeError(f"dtype {dtype} is not supported (f32, f16, bf16, i32, i64, u8)")
     return _OV_TYPES[dtype]
 
 

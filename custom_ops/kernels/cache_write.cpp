@@ -9,8 +9,9 @@ namespace mla {
 
 static const char* kOp = "MlaCacheWrite";
 
-int64_t cache_write(const TensorView& kv_c, const TensorView& k_pe, const TensorView& cache,
+int64_t cache_write(const TensorView& kv_c, const TensorView& k_pe, const TensorView& cache_in,
                     const TensorView& slots, const Threading& threading) {
+    const TensorView cache = as_cache_rows(kOp, cache_in);
     check_rank(kOp, kv_c, 2);
     check_rank(kOp, k_pe, 2);
     check_float(kOp, kv_c);

@@ -260,8 +260,9 @@ const float* as_f32(const TensorView& t, std::vector<float>& keep) {
 
 static const char* kDecode = "MlaPagedDecode";
 
-DecodeShapes paged_decode_shapes(const TensorView& q, const TensorView& cache, const TensorView& bt,
+DecodeShapes paged_decode_shapes(const TensorView& q, const TensorView& cache_in, const TensorView& bt,
                                  const TensorView& seq_lens, int64_t r) {
+    const TensorView cache = as_cache_rows(kDecode, cache_in);
     check_rank(kDecode, q, 3);
     check_float(kDecode, q);
     check_cache(kDecode, cache, /*writable=*/false);
@@ -274,9 +275,10 @@ DecodeShapes paged_decode_shapes(const TensorView& q, const TensorView& cache, c
     return DecodeShapes{q.dim(0), q.dim(1), r};
 }
 
-void paged_decode(const TensorView& q, const TensorView& cache, const TensorView& bt, const TensorView& seq_lens,
+void paged_decode(const TensorView& q, const TensorView& cache_in, const TensorView& bt, const TensorView& seq_lens,
                   float scale, int64_t r, const TensorView& out, const Threading& th) {
-    const DecodeShapes shp = paged_decode_shapes(q, cache, bt, seq_lens, r);
+    const DecodeShapes shp = paged_decode_shapes(q, cache_in, bt, seq_lens, r);
+    const TensorView cache = as_cache_rows(kDecode, cache_in);
     const int64_t w = cache.dim(2);
     std::vector<float> q_keep, out_f32;
     const float* qf = as_f32(q, q_keep);
@@ -294,9 +296,10 @@ void paged_decode(const TensorView& q, const TensorView& cache, const TensorView
 
 static const char* kAttn = "MlaPagedAttention";
 
-AttentionShapes paged_attention_shapes(const TensorView& q_nope, const TensorView& q_pe, const TensorView& cache,
+AttentionShapes paged_attention_shapes(const TensorView& q_nope, const TensorView& q_pe, const TensorView& cache_in,
                                        const TensorView& w_uk, const TensorView& w_uv, const TensorView& qsl,
                                        const TensorView& seq_lens, const TensorView& bt) {
+    const TensorView cache = as_cache_rows(kAttn, cache_in);
     for (const TensorView* t : {&q_nope, &q_pe, &w_uk, &w_uv}) {
         check_rank(kAttn, *t, 3);
         check_float(kAttn, *t);
@@ -341,11 +344,12 @@ Form choose_form(int64_t qlen, int64_t seq_len, int64_t heads, int64_t r, int64_
     return expanded < absorbed ? Form::expanded : Form::absorbed;
 }
 
-void paged_attention(const TensorView& q_nope, const TensorView& q_pe, const TensorView& cache,
+void paged_attention(const TensorView& q_nope, const TensorView& q_pe, const TensorView& cache_in,
                      const TensorView& w_uk, const TensorView& w_uv, const TensorView& qsl,
                      const TensorView& seq_lens, const TensorView& bt, float scale, Form form,
                      const TensorView& out, const Threading& th) {
-    const AttentionShapes shp = paged_attention_shapes(q_nope, q_pe, cache, w_uk, w_uv, qsl, seq_lens, bt);
+    const AttentionShapes shp = paged_attention_shapes(q_nope, q_pe, cache_in, w_uk, w_uv, qsl, seq_lens, bt);
+    const TensorView cache = as_cache_rows(kAttn, cache_in);
     const int64_t heads = shp.heads, dn = q_nope.dim(2), dr = q_pe.dim(2), r = w_uk.dim(2), dv = shp.v_dim;
     const int64_t w = cache.dim(2), batch = qsl.dim(0) - 1;
     std::vector<float> k1, k2, k3, k4, out_keep;

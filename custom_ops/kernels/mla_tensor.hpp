@@ -11,9 +11,10 @@
 
 namespace mla {
 
-enum class DType { f32, bf16, f16, i32, i64, other };
+enum class DType { f32, bf16, f16, i32, i64, u8, other };
 
 const char* dtype_name(DType t);
+
 
 struct TensorView {
     const char* name = "";        // the input's name in the op signature, used in error messages

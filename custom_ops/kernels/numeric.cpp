@@ -11,6 +11,7 @@ const char* dtype_name(DType t) {
         case DType::f16: return "f16";
         case DType::i32: return "i32";
         case DType::i64: return "i64";
+        case DType::u8: return "u8";
         default: return "unsupported";
     }
 }

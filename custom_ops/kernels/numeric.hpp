@@ -39,6 +39,7 @@ inline int64_t dtype_size(DType t) {
         case DType::f32: case DType::i32: return 4;
         case DType::bf16: case DType::f16: return 2;
         case DType::i64: return 8;
+        case DType::u8: return 1;
         default: return 0;
     }
 }

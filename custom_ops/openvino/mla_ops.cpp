@@ -14,6 +14,7 @@ mla::DType dtype_of(const ov::element::Type& t) {
         case ov::element::f16: return mla::DType::f16;
         case ov::element::i32: return mla::DType::i32;
         case ov::element::i64: return mla::DType::i64;
+        case ov::element::u8: return mla::DType::u8;
         default: return mla::DType::other;
     }
 }

@@ -1,0 +1,242 @@
+"""The paged latent cache: per-layer arrays, a ref-counted block pool, prefix caching, copy-on-write.
+
+Memory: one C-contiguous [num_blocks, block_size, W] array per layer, in the contract's cache
+dtype (f32 or bf16: the dtypes the CPU plugin writes in place). The executor binds these very
+arrays to the graph, so they must never be replaced, only written.
+
+Blocks (vLLM v1's design, simplified to one KV cache group):
+- a block is referenced by every request whose block table holds it (ref count);
+- a *full* block of computed tokens gets a hash chained over its parent's hash and its token
+  ids, so equal hashes mean equal whole prefixes, and is registered in the prefix cache;
+- a block whose count drops to 0 goes back to the free queue but, if registered, keeps its
+  contents and registration until it is handed out again (least recently freed first). A later
+  request with the same prefix takes it back from the free queue and skips that prefill;
+- a block that is shared (count > 1) or registered is immutable: a request that must write into
+  it (a fully cached prompt recomputes its last token for the logits) gets a private copy first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from typing import Sequence
+
+import ml_dtypes
+import numpy as np
+
+from .backend import OpenVINOMLABackend
+
+__all__ = ["BlockPool", "KVCacheManager", "cache_dtype", "block_hash"]
+
+_CACHE_DTYPES = {"f32": np.dtype(np.float32), "bf16": np.dtype(ml_dtypes.bfloat16)}
+
+
+def cache_dtype(name: str) -> np.dtype:
+    """numpy dtype of a contract cache dtype name ("f32" or "bf16"; f16 would be copied by the plugin)."""
+    try:
+        return _CACHE_DTYPES[name]
+    except KeyError:
+        raise ValueError(f"unsupported cache dtype {name!r}: the cache must be one of {sorted(_CACHE_DTYPES)}") from None
+
+
+def block_hash(parent: bytes, token_ids: Sequence[int]) -> bytes:
+    """Chained hash of a full block: sha256(parent hash | token ids as int64). A 256-bit digest,
+    not Python's hash(): a collision would silently attend to another prompt's cache."""
+    return hashlib.sha256(parent + np.asarray(token_ids, dtype=np.int64).tobytes()).digest()
+
+
+class BlockPool:
+    """Ref-counted block ids, the free queue (evict front, free to back) and the prefix cache map."""
+
+    def __init__(self, num_blocks: int, order_seed: int | None = None):
+        order = np.arange(num_blocks)
+        if order_seed is not None:  # tests: block tables far from contiguous
+            order = np.random.default_rng(order_seed).permutation(num_blocks)
+        self.num_blocks = num_blocks
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(order.tolist())
+        self._refs = [0] * num_blocks
+        self._hash_of = [None] * num_blocks  # block -> its registered hash
+        self._block_of: dict[bytes, int] = {}  # hash -> block
+
+    @property
+    def num_free(self) -> int:
+        """Blocks with no reference (cached ones included: they can be evicted)."""
+        return len(self._free)
+
+    def ref_count(self, block: int) -> int:
+        return self._refs[block]
+
+    def allocate(self, count: int) -> list[int]:
+        if count > len(self._free):
+            raise RuntimeError(f"asked for {count} blocks, {len(self._free)} free")  # callers check first
+        blocks = []
+        for _ in range(count):
+            block, _ = self._free.popitem(last=False)
+            self._evict(block)
+            self._refs[block] = 1
+            blocks.append(block)
+        return blocks
+
+    def touch(self, block: int) -> None:
+        """Take one more reference (a prefix-cache hit); an unreferenced block leaves the free queue."""
+        if self._refs[block] == 0:
+            del self._free[block]
+        self._refs[block] += 1
+
+    def release(self, blocks: Sequence[int]) -> None:
+        for block in blocks:
+            self._refs[block] -= 1
+            if self._refs[block] == 0:
+                self._free[block] = None
+            elif self._refs[block] < 0:
+                raise RuntimeError(f"block {block} released more often than referenced")
+
+    def lookup(self, h: bytes) -> int | None:
+        return self._block_of.get(h)
+
+    def register(self, block: int, h: bytes) -> None:
+        # A second block with the same contents (two requests computed the same prefix at the
+        # same time) stays unregistered: the first one serves later hits.
+        if h not in self._block_of and self._hash_of[block] is None:
+            self._block_of[h] = block
+            self._hash_of[block] = h
+
+    def is_immutable(self, block: int) -> bool:
+        return self._refs[block] > 1 or self._hash_of[block] is not None
+
+    def _evict(self, block: int) -> None:
+        h = self._hash_of[block]
+        if h is not None:
+            del self._block_of[h]
+            self._hash_of[block] = None
+
+
+class KVCacheManager:
+    """Owns the per-layer cache arrays and every request's block table."""
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        row_width: int,
+        dtype: str = "bf16",
+        enable_prefix_caching: bool = True,
+        block_order_seed: int | None = None,
+    ):
+        if num_layers < 1 or num_blocks < 1:
+            raise ValueError("the cache needs at least one layer and one block")
+        shape = OpenVINOMLABackend.get_kv_cache_shape(num_blocks, block_size, 1, row_width)
+        self.dtype = cache_dtype(dtype)
+        self.kv_caches = [np.zeros(shape, dtype=self.dtype) for _ in range(num_layers)]
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.enable_prefix_caching = enable_prefix_caching
+        self.pool = BlockPool(num_blocks, order_seed=block_order_seed)
+        self._tables: dict[str, list[int]] = {}
+        self._hashes: dict[str, list[bytes]] = {}  # chained hashes of a request's full token blocks
+        self._num_registered: dict[str, int] = {}  # how many leading blocks are in the prefix cache
+        self.num_copied_blocks = 0  # copy-on-write count
+
+    @staticmethod
+    def blocks_for_memory(budget_bytes: int, num_layers: int, block_size: int, row_width: int, dtype: str) -> int:
+        block_bytes = num_layers * block_size * row_width * cache_dtype(dtype).itemsize
+        return int(budget_bytes) // block_bytes
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free
+
+    def block_table(self, request_id: str) -> list[int]:
+        return self._tables.get(request_id, [])
+
+    def get_computed_blocks(self, request_id: str, token_ids: Sequence[int]) -> tuple[list[int], int]:
+        """The longest cached prefix of `token_ids` in whole blocks: (its blocks, tokens it covers).
+
+        At least the last token is left to compute, since its logits are needed; when the whole
+        prompt is cached its last block is still returned and will be copied before the write.
+        Nothing is referenced yet (`allocate_slots` does that), so a failed admission can retry.
+        """
+        if not self.enable_prefix_caching:
+            return [], 0
+        blocks = []
+        for h in self._full_block_hashes(request_id, token_ids):
+            block = self.pool.lookup(h)
+            if block is None:
+                break
+            blocks.append(block)
+        return blocks, min(len(blocks) * self.block_size, len(token_ids) - 1)
+
+    def allocate_slots(
+        self, request_id: str, num_computed: int, num_new: int, computed_blocks: Sequence[int] = ()
+    ) -> bool:
+        """Make room for tokens [num_computed, num_computed + num_new) of a request.
+
+        `computed_blocks` (from `get_computed_blocks`, only when the request has no table yet) are
+        referenced and prepended. Blocks about to be written that are shared or cached get a
+        private copy. Returns False, changing nothing, when there are not enough free blocks.
+        """
+        bs = self.block_size
+        table = self._tables.get(request_id, [])
+        if computed_blocks and table:
+            raise ValueError("cached prefix blocks can only start a request's block table")
+        candidate = table + list(computed_blocks)
+        first_written, last_written = num_computed // bs, (num_computed + num_new - 1) // bs
+        num_alloc = max(0, last_written + 1 - len(candidate))
+        # Cached blocks taken back from the free queue no longer count as free.
+        reused_free = sum(1 for b in computed_blocks if self.pool.ref_count(b) == 0)
+        # Computed blocks are registered, hence immutable: writing into one always copies it.
+        to_copy = [
+            i for i in range(first_written, min(last_written + 1, len(candidate))) if self.pool.is_immutable(candidate[i])
+        ]
+        if num_alloc + len(to_copy) > self.pool.num_free - reused_free:
+            return False
+
+        for block in computed_blocks:
+            self.pool.touch(block)
+        if request_id not in self._tables:
+            self._tables[request_id] = table
+            self._num_registered[request_id] = len(computed_blocks)  # they came from the cache
+        table.extend(computed_blocks)
+        for i in to_copy:
+            self._copy_on_write(table, i)
+        table.extend(self.pool.allocate(num_alloc))
+        return True
+
+    def cache_full_blocks(self, request_id: str, token_ids: Sequence[int], num_computed: int) -> None:
+        """Register the request's newly completed full blocks in the prefix cache."""
+        if not self.enable_prefix_caching:
+            return
+        done = self._num_registered[request_id]
+        full = num_computed // self.block_size
+        if full <= done:
+            return
+        hashes = self._full_block_hashes(request_id, token_ids)
+        table = self._tables[request_id]
+        for i in range(done, full):
+            self.pool.register(table[i], hashes[i])
+        self._num_registered[request_id] = full
+
+    def free(self, request_id: str) -> None:
+        """Drop every reference a request holds (finished, aborted or preempted)."""
+        table = self._tables.pop(request_id, [])
+        # Tail blocks first: they are the least likely to be shared, so they are evicted first.
+        self.pool.release(table[::-1])
+        self._hashes.pop(request_id, None)
+        self._num_registered.pop(request_id, None)
+
+    def _copy_on_write(self, table: list[int], index: int) -> None:
+        old = table[index]
+        (new,) = self.pool.allocate(1)
+        OpenVINOMLABackend.copy_blocks(self.kv_caches, [[old, new]])
+        table[index] = new
+        self.pool.release([old])
+        self.num_copied_blocks += 1
+
+    def _full_block_hashes(self, request_id: str, token_ids: Sequence[int]) -> list[bytes]:
+        """Hashes of every full block of `token_ids`, extended incrementally per request."""
+        hashes = self._hashes.setdefault(request_id, [])
+        bs = self.block_size
+        for i in range(len(hashes), len(token_ids) // bs):
+            hashes.append(block_hash(hashes[-1] if hashes else b"", token_ids[i * bs : (i + 1) * bs]))
+        return hashes

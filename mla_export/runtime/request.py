@@ -1,0 +1,59 @@
+"""One generation request as the scheduler and the engine track it."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .sampling import SamplingParams
+
+__all__ = ["Request", "RequestStatus"]
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"  # not admitted yet, or preempted (its blocks were freed)
+    RUNNING = "running"  # holds blocks; computing its prompt or decoding
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    generator: np.random.Generator
+    arrival_time: float = field(default_factory=time.time)
+    output_token_ids: list[int] = field(default_factory=list)
+    # prompt + output: the tokens whose cache rows the request needs. After a preemption the
+    # generated ones are recomputed like prompt tokens.
+    all_token_ids: list[int] = field(init=False)
+    num_computed_tokens: int = 0  # leading tokens whose cache rows are written
+    status: RequestStatus = RequestStatus.WAITING
+    finish_reason: str | None = None
+    first_token_time: float | None = None
+    finished_time: float | None = None
+    num_computed_prompt_tokens: int = 0  # prompt tokens run through the graph (again after a preemption)
+    num_cached_prompt_tokens: int = 0  # prompt tokens taken from the prefix cache
+    num_preemptions: int = 0
+
+    def __post_init__(self):
+        self.all_token_ids = list(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    def append_output(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        self.all_token_ids.append(token_id)

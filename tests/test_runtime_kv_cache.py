@@ -1,0 +1,115 @@
+"""The block pool and KVCacheManager: ref counts, prefix caching, copy-on-write, no leaks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mla_export.runtime.kv_cache import KVCacheManager, block_hash
+
+
+def _manager(num_blocks=8, bs=4, prefix=True, seed=None, layers=2):
+    return KVCacheManager(layers, num_blocks, bs, row_width=6, dtype="f32", enable_prefix_caching=prefix, block_order_seed=seed)
+
+
+def _run(kv, rid, tokens, num_new=None, computed=0, blocks=()):
+    """Allocate and 'compute' tokens: fill their rows with the token id, then register blocks."""
+    num_new = len(tokens) - computed if num_new is None else num_new
+    assert kv.allocate_slots(rid, computed, num_new, blocks)
+    table = kv.block_table(rid)
+    for pos in range(computed, computed + num_new):
+        for cache in kv.kv_caches:
+            cache[table[pos // kv.block_size], pos % kv.block_size] = tokens[pos]
+    kv.cache_full_blocks(rid, tokens, computed + num_new)
+
+
+def test_allocation_order_is_shuffled_by_seed_and_everything_is_freed():
+    kv = _manager(num_blocks=16, seed=3)
+    _run(kv, "a", list(range(30)))
+    table = kv.block_table("a")
+    assert len(table) == 8 and len(set(table)) == 8
+    assert table != sorted(table)  # not contiguous
+    assert kv.num_free_blocks == 8
+    kv.free("a")
+    assert kv.num_free_blocks == 16 and kv.block_table("a") == []
+    assert [kv.pool.ref_count(b) for b in range(16)] == [0] * 16
+
+
+def test_capacity_failure_changes_nothing():
+    kv = _manager(num_blocks=3)
+    _run(kv, "a", list(range(8)))  # 2 blocks
+    assert not kv.allocate_slots("b", 0, 5)  # needs 2, 1 free
+    assert kv.block_table("b") == [] and kv.num_free_blocks == 1
+    assert kv.allocate_slots("a", 8, 4)  # a third block for a
+    assert kv.num_free_blocks == 0
+
+
+def test_chained_hashes_depend_on_the_whole_prefix():
+    h1 = block_hash(b"", [1, 2, 3, 4])
+    assert block_hash(b"", [1, 2, 3, 4]) == h1
+    assert block_hash(h1, [5, 6, 7, 8]) != block_hash(block_hash(b"", [0, 2, 3, 4]), [5, 6, 7, 8])
+
+
+def test_prefix_hit_shares_full_blocks_and_counts_references():
+    kv = _manager(num_blocks=8)
+    a = list(range(10))  # blocks [0..3], [4..7] full; [8, 9] partial
+    _run(kv, "a", a)
+    b = a[:8] + [50, 51, 52]
+    blocks, n = kv.get_computed_blocks("b", b)
+    assert blocks == kv.block_table("a")[:2] and n == 8
+    _run(kv, "b", b, computed=n, blocks=blocks)
+    assert kv.block_table("b")[:2] == kv.block_table("a")[:2]
+    assert kv.block_table("b")[2] != kv.block_table("a")[2]
+    assert [kv.pool.ref_count(x) for x in kv.block_table("a")] == [2, 2, 1]
+    # Same second block but a different first one: the chain does not match.
+    c = [99] + a[1:8] + [1]
+    assert kv.get_computed_blocks("c", c) == ([], 0)
+    kv.free("a")
+    kv.free("b")
+    assert kv.num_free_blocks == 8
+
+
+def test_cached_free_blocks_are_reused_then_evicted_when_needed():
+    kv = _manager(num_blocks=4)
+    a = list(range(9))
+    _run(kv, "a", a)
+    kv.free("a")
+    assert kv.num_free_blocks == 4  # cached blocks count as free
+    blocks, n = kv.get_computed_blocks("b", a[:8] + [7])
+    assert n == 8 and len(blocks) == 2
+    # Fill the whole cache with another request: the cached blocks are evicted.
+    _run(kv, "x", [200 + i for i in range(16)])
+    kv.free("x")
+    assert kv.get_computed_blocks("b", a[:8] + [7]) == ([], 0)
+
+
+def test_fully_cached_prompt_recomputes_its_last_token_in_a_private_copy():
+    kv = _manager(num_blocks=8)
+    a = list(range(8))  # exactly two full blocks
+    _run(kv, "a", a)
+    shared_last = kv.block_table("a")[1]
+    blocks, n = kv.get_computed_blocks("b", a)
+    assert len(blocks) == 2 and n == 7  # the last token is left to compute (its logits)
+    assert kv.allocate_slots("b", 7, 1, blocks)
+    table_b = kv.block_table("b")
+    assert table_b[0] == kv.block_table("a")[0] and table_b[1] != shared_last
+    assert kv.num_copied_blocks == 1
+    for cache in kv.kv_caches:  # the copy carries the 3 rows b does not recompute
+        np.testing.assert_array_equal(cache[table_b[1], :3], cache[shared_last, :3])
+    assert kv.pool.ref_count(shared_last) == 1  # only a holds it again
+    kv.free("a")
+    kv.free("b")
+    assert kv.num_free_blocks == 8
+
+
+def test_without_prefix_caching_nothing_is_shared():
+    kv = _manager(prefix=False)
+    _run(kv, "a", list(range(8)))
+    assert kv.get_computed_blocks("b", list(range(8))) == ([], 0)
+
+
+def test_budget_to_blocks():
+    # 2 layers * 4 rows * 6 wide * 2 bytes (bf16) = 96 bytes a block
+    assert KVCacheManager.blocks_for_memory(1000, 2, 4, 6, "bf16") == 10
+    with pytest.raises(ValueError, match="unsupported cache dtype"):
+        KVCacheManager.blocks_for_memory(1000, 2, 4, 6, "f16")

@@ -1,0 +1,337 @@
+"""The graph contract: `mla_graph.json` in every export directory (schema version 1).
+
+The exporter writes it; the runtime loads and checks it before it compiles anything:
+
+    from mla_export.contract import load_contract, ContractError
+    contract = load_contract(out_dir)            # parse + validate, or ContractError with the reason
+    contract.graph_path("openvino_xml")          # Path of a graph file, or None when not exported
+    contract.validate_openvino_model(ov_model)   # the graph's real inputs/outputs vs the contract
+    contract.validate_model_io(inputs, outputs)  # the same from (name, shape, dtype) triples
+    contract.model["num_layers"], contract.cache["block_size"], contract.cache["dtype"], ...
+    contract.tokenizer_path()                    # Path of tokenizer.json, or None
+
+The schema itself is `graphs/mla_graph.schema.json` (JSON Schema; this module validates the
+subset of keywords it uses, so the runtime needs no jsonschema package), followed by the checks a
+schema cannot state (input list consistent with num_layers and the cache geometry, files exist).
+`graph_io()` is the one definition of the graphs' inputs and outputs: the exporter declares its
+graph inputs from it and the validator compares against it.
+
+Caches: a bf16 cache is declared `kv_cache.<i>: u8 [NB, BS, 2 * W]` in the custom-op graphs (the
+CPU plugin would copy a bf16 input, see docs/ARCHITECTURE.md); the portable ONNX graph declares
+caches in their logical dtype `[NB, BS, W]` and returns the updated ones as `kv_cache_out.<i>`.
+Only the standard library is imported here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["CONTRACT_FILE", "CONTRACT_VERSION", "Contract", "ContractError", "TensorSpec", "graph_io",
+           "load_contract", "validate_contract", "schema", "normalize_dtype"]
+
+CONTRACT_FILE = "mla_graph.json"
+CONTRACT_VERSION = 1
+SCHEMA_PATH = Path(__file__).resolve().parent.parent / "graphs" / "mla_graph.schema.json"
+
+
+class ContractError(ValueError):
+    """mla_graph.json is missing, malformed, or disagrees with the graph files."""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    shape: tuple  # ints are static dims, strings name dynamic dims
+    dtype: str  # f32, bf16, f16, i32, i64, u8
+    meaning: str = ""
+
+    def to_json(self) -> dict:
+        return dict(name=self.name, shape=list(self.shape), dtype=self.dtype, meaning=self.meaning)
+
+
+_METADATA = [
+    ("input_ids", ("T",), "new tokens of all sequences of the step, packed"),
+    ("positions", ("T",), "position of each new token in its sequence (RoPE)"),
+    ("slot_mapping", ("T",), "cache slot of each new token: block_id * block_size + offset; < 0 = do not write"),
+    ("query_start_loc", ("B+1",), "prefix sums of the query lengths: sequence b owns rows [qsl[b], qsl[b+1])"),
+    ("seq_lens", ("B",), "tokens of each sequence in the cache after this step (new ones included)"),
+    ("block_tables", ("B", "M"), "cache block ids of each sequence, in order; padding past its blocks"),
+    ("logits_indices", ("B",), "row of the packed T axis whose logits are returned, one per output row"),
+]
+
+
+def graph_io(num_layers: int, block_size: int, row_width: int, kv_dtype: str,
+             variant: str = "custom") -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """Inputs and outputs of a graph: variant "custom" (openvino / onnx with the MLA ops) or
+    "portable" (standard ONNX ops, caches returned)."""
+    if kv_dtype not in ("bf16", "f32"):
+        raise ContractError(f"cache dtype must be bf16 or f32, got {kv_dtype!r}")
+    if variant not in ("custom", "portable"):
+        raise ContractError(f"graph variant must be custom or portable, got {variant!r}")
+    inputs = [TensorSpec(n, s, "i32", m) for n, s, m in _METADATA]
+    if variant == "custom" and kv_dtype == "bf16":
+        cache_dtype, width, meaning = "u8", 2 * row_width, "latent cache of layer {i}: bf16 rows [kv_c | k_pe] as raw bytes, written in place"
+    else:
+        cache_dtype, width, meaning = kv_dtype, row_width, "latent cache of layer {i}: rows [kv_c | k_pe]"
+        if variant == "custom":
+            meaning += ", written in place"
+    for i in range(num_layers):
+        inputs.append(TensorSpec(f"kv_cache.{i}", ("NB", block_size, width), cache_dtype, meaning.format(i=i)))
+    outputs = [TensorSpec("logits", ("B", "vocab"), "f32", "next-token logits of the rows logits_indices picks")]
+    if variant == "portable":
+        for i in range(num_layers):
+            outputs.append(TensorSpec(f"kv_cache_out.{i}", ("NB", block_size, row_width), kv_dtype,
+                                      f"layer {i}'s cache after this step's writes"))
+    return inputs, outputs
+
+
+# ------------------------------------------------------------------------------- validation
+def schema() -> dict:
+    try:
+        return json.loads(SCHEMA_PATH.read_text())
+    except OSError as e:
+        raise ContractError(f"the contract schema {SCHEMA_PATH} is not readable: {e}") from e
+
+
+_JSON_TYPES = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None)}
+
+
+def _type_ok(value, type_name: str) -> bool:
+    if type_name == "integer":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if type_name == "number":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, _JSON_TYPES[type_name])
+
+
+def _check(value, sch: dict, root: dict, where: str) -> None:
+    """The JSON Schema keywords graphs/mla_graph.schema.json uses."""
+    if "$ref" in sch:
+        ref = sch["$ref"]
+        if not ref.startswith("#/$defs/"):
+            raise ContractError(f"schema: unsupported $ref {ref}")
+        sch = root["$defs"][ref.split("/")[-1]]
+    if "type" in sch:
+        types = sch["type"] if isinstance(sch["type"], list) else [sch["type"]]
+        if not any(_type_ok(value, t) for t in types):
+            raise ContractError(f"{where}: expected {' or '.join(types)}, got {json.dumps(value)[:60]}")
+    if "const" in sch and value != sch["const"]:
+        raise ContractError(f"{where}: must be {json.dumps(sch['const'])}, got {json.dumps(value)[:60]}")
+    if "enum" in sch and value not in sch["enum"]:
+        raise ContractError(f"{where}: must be one of {sch['enum']}, got {json.dumps(value)[:60]}")
+    if "minimum" in sch and _type_ok(value, "number") and value < sch["minimum"]:
+        raise ContractError(f"{where}: must be >= {sch['minimum']}, got {value}")
+    if isinstance(value, dict):
+        for key in sch.get("required", []):
+            if key not in value:
+                raise ContractError(f"{where}: missing key {key!r}")
+        props = sch.get("properties", {})
+        for key, item in value.items():
+            if key in props:
+                _check(item, props[key], root, f"{where}.{key}")
+            elif sch.get("additionalProperties") is False:
+                raise ContractError(f"{where}: unknown key {key!r}")
+    if isinstance(value, list):
+        if len(value) < sch.get("minItems", 0):
+            raise ContractError(f"{where}: needs at least {sch['minItems']} items, has {len(value)}")
+        if "items" in sch:
+            for i, item in enumerate(value):
+                _check(item, sch["items"], root, f"{where}[{i}]")
+
+
+def validate_contract(raw: dict, out_dir: str | Path | None = None) -> None:
+    """Schema check, then consistency: I/O lists as graph_io() defines them, files present."""
+    root = schema()
+    _check(raw, root, root, "mla_graph.json")
+    cache, model = raw["cache"], raw["model"]
+    if cache["row_width"] != model["kv_lora_rank"] + model["qk_rope_head_dim"]:
+        raise ContractError(f"mla_graph.json: cache.row_width {cache['row_width']} != kv_lora_rank + "
+                            f"qk_rope_head_dim ({model['kv_lora_rank']} + {model['qk_rope_head_dim']})")
+    if cache["num_layers"] != model["num_layers"]:
+        raise ContractError("mla_graph.json: cache.num_layers differs from model.num_layers")
+    graph_dtype, graph_width = ("u8", 2 * cache["row_width"]) if cache["dtype"] == "bf16" else ("f32", cache["row_width"])
+    if (cache["graph_dtype"], cache["graph_row_width"]) != (graph_dtype, graph_width):
+        raise ContractError(f"mla_graph.json: a {cache['dtype']} cache is declared {graph_dtype} [.., {graph_width}] "
+                            f"in the graphs, the file says {cache['graph_dtype']} [.., {cache['graph_row_width']}]")
+    variants = [("custom", raw["inputs"], raw["outputs"])]
+    if raw["portable"] is not None:
+        variants.append(("portable", raw["portable"]["inputs"], raw["portable"]["outputs"]))
+    for variant, inputs, outputs in variants:
+        want_in, want_out = graph_io(model["num_layers"], cache["block_size"], cache["row_width"], cache["dtype"], variant)
+        for label, got, want in (("inputs", inputs, want_in), ("outputs", outputs, want_out)):
+            got_key = [(t["name"], list(t["shape"]), t["dtype"]) for t in got]
+            want_key = [(t.name, list(t.shape), t.dtype) for t in want]
+            if got_key != want_key:
+                raise ContractError(f"mla_graph.json: {variant} {label} differ from contract version "
+                                    f"{CONTRACT_VERSION}: {_first_difference(got_key, want_key)}")
+    files = raw["files"]
+    if not (files["openvino_xml"] or files["onnx"] or files["onnx_portable"]):
+        raise ContractError("mla_graph.json: no graph file is listed")
+    if (files["onnx_portable"] is None) != (raw["portable"] is None):
+        raise ContractError("mla_graph.json: 'portable' I/O must be given exactly when onnx_portable is")
+    if out_dir is not None:
+        listed = [f for f in files.values() if f] + ([raw["tokenizer"]["file"]] if raw["tokenizer"] else [])
+        missing = [f for f in listed if not (Path(out_dir) / f).is_file()]
+        if missing:
+            raise ContractError(f"{out_dir}: file(s) listed in mla_graph.json are missing: {', '.join(missing)}")
+
+
+def _first_difference(got: list, want: list) -> str:
+    for i, (g, w) in enumerate(zip(got, want)):
+        if g != w:
+            return f"item {i} is {g}, expected {w}"
+    return f"{len(got)} items, expected {len(want)}"
+
+
+# ---------------------------------------------------------------------------- the contract
+_DTYPE_ALIASES = {
+    "f32": "f32", "float32": "f32", "float": "f32", "tensor(float)": "f32",
+    "bf16": "bf16", "bfloat16": "bf16", "tensor(bfloat16)": "bf16",
+    "f16": "f16", "float16": "f16", "half": "f16", "tensor(float16)": "f16",
+    "i32": "i32", "int32": "i32", "tensor(int32)": "i32",
+    "i64": "i64", "int64": "i64", "tensor(int64)": "i64",
+    "u8": "u8", "uint8": "u8", "tensor(uint8)": "u8",
+}
+
+
+def normalize_dtype(dtype) -> str:
+    """f32/bf16/f16/i32/i64/u8 from a string, numpy dtype or openvino Type."""
+    text = getattr(dtype, "get_type_name", None)
+    text = text() if callable(text) else str(getattr(dtype, "name", dtype))
+    key = text.strip().lower()
+    if key not in _DTYPE_ALIASES:
+        raise ContractError(f"unknown element type {dtype!r}")
+    return _DTYPE_ALIASES[key]
+
+
+def _dims(shape) -> list:
+    """A shape as a list of int (static) or None (dynamic), from a list, tuple or OpenVINO PartialShape."""
+    out = []
+    for d in shape:
+        if isinstance(d, int) and not isinstance(d, bool):
+            out.append(d if d >= 0 else None)
+        elif isinstance(d, str) or d is None:
+            out.append(None)
+        else:  # openvino Dimension
+            out.append(d.get_length() if d.is_static else None)
+    return out
+
+
+@dataclass
+class Contract:
+    raw: dict
+    out_dir: Path
+
+    @property
+    def version(self) -> int:
+        return self.raw["version"]
+
+    @property
+    def model(self) -> dict:
+        return self.raw["model"]
+
+    @property
+    def cache(self) -> dict:
+        return self.raw["cache"]
+
+    @property
+    def files(self) -> dict:
+        return self.raw["files"]
+
+    @property
+    def chat_template(self) -> str | None:
+        return self.raw["chat_template"]
+
+    def inputs(self, variant: str = "custom") -> list[TensorSpec]:
+        items = self.raw["inputs"] if variant == "custom" else (self.raw["portable"] or {}).get("inputs", [])
+        return [TensorSpec(t["name"], tuple(t["shape"]), t["dtype"], t["meaning"]) for t in items]
+
+    def outputs(self, variant: str = "custom") -> list[TensorSpec]:
+        items = self.raw["outputs"] if variant == "custom" else (self.raw["portable"] or {}).get("outputs", [])
+        return [TensorSpec(t["name"], tuple(t["shape"]), t["dtype"], t["meaning"]) for t in items]
+
+    def graph_path(self, key: str) -> Path | None:
+        """Path of files[key] (openvino_xml, openvino_bin, onnx, onnx_portable, onnx_data) or None."""
+        name = self.files.get(key)
+        return self.out_dir / name if name else None
+
+    def tokenizer_path(self) -> Path | None:
+        tok = self.raw["tokenizer"]
+        return self.out_dir / tok["file"] if tok else None
+
+    def validate_model_io(self, inputs, outputs, variant: str = "custom") -> None:
+        """inputs/outputs: (name, shape, dtype) triples of a loaded graph; shape items int or
+        None/-1/str for dynamic; dtype any spelling normalize_dtype() knows. Raises ContractError."""
+        for label, got, want in (("input", inputs, self.inputs(variant)), ("output", outputs, self.outputs(variant))):
+            got = {name: (_dims(shape), normalize_dtype(dtype)) for name, shape, dtype in got}
+            names = {spec.name for spec in want}
+            extra = sorted(set(got) - names)
+            if label == "input" and extra:
+                raise ContractError(f"graph has {label}(s) the contract does not know: {', '.join(extra)}")
+            for spec in want:
+                if spec.name not in got:
+                    raise ContractError(f"graph lacks the {label} {spec.name!r} the contract lists")
+                dims, dtype = got[spec.name]
+                if dtype != spec.dtype:
+                    raise ContractError(f"{label} {spec.name!r}: element type {dtype}, contract says {spec.dtype}")
+                if len(dims) != len(spec.shape):
+                    raise ContractError(f"{label} {spec.name!r}: rank {len(dims)}, contract says {len(spec.shape)}")
+                for axis, (d, s) in enumerate(zip(dims, spec.shape)):
+                    if isinstance(s, int) and d != s:
+                        raise ContractError(f"{label} {spec.name!r}: dim {axis} is {d if d is not None else 'dynamic'}, "
+                                            f"contract says {s}")
+
+    def validate_openvino_model(self, model) -> None:
+        """The same check on an `openvino.Model` (read with the extension)."""
+        def triples(ports):
+            return [(p.get_any_name(), list(p.get_partial_shape()), p.get_element_type()) for p in ports]
+
+        self.validate_model_io(triples(model.inputs), triples(model.outputs), "custom")
+
+
+def load_contract(out_dir: str | Path) -> Contract:
+    """Read and validate OUT_DIR/mla_graph.json (files listed must exist)."""
+    out_dir = Path(out_dir)
+    path = out_dir / CONTRACT_FILE
+    if not path.is_file():
+        raise ContractError(f"{path}: not found; is {out_dir} an `mla-export export` output directory?")
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ContractError(f"{path}: not readable as JSON: {e}") from e
+    if isinstance(raw, dict) and isinstance(raw.get("version"), int) and raw["version"] != CONTRACT_VERSION:
+        raise ContractError(f"{path}: contract version {raw['version']}, this mla-export reads version "
+                            f"{CONTRACT_VERSION}; export the model again")
+    validate_contract(raw, out_dir)
+    return Contract(raw, out_dir)
+
+
+_NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")
+
+
+def make_contract(*, model: dict, block_size: int, kv_dtype: str, files: dict, tokenizer: dict | None,
+                  chat_template: str | None, export: dict) -> dict:
+    """The mla_graph.json content for an export (validated before it is returned)."""
+    row_width = model["kv_lora_rank"] + model["qk_rope_head_dim"]
+    inputs, outputs = graph_io(model["num_layers"], block_size, row_width, kv_dtype, "custom")
+    portable = None
+    if files.get("onnx_portable"):
+        p_in, p_out = graph_io(model["num_layers"], block_size, row_width, kv_dtype, "portable")
+        portable = dict(inputs=[t.to_json() for t in p_in], outputs=[t.to_json() for t in p_out])
+    raw = dict(
+        format="mla_graph", version=CONTRACT_VERSION, model=model,
+        cache=dict(block_size=block_size, dtype=kv_dtype, row_width=row_width,
+                   graph_dtype="u8" if kv_dtype == "bf16" else "f32",
+                   graph_row_width=2 * row_width if kv_dtype == "bf16" else row_width,
+                   num_layers=model["num_layers"]),
+        inputs=[t.to_json() for t in inputs], outputs=[t.to_json() for t in outputs], portable=portable,
+        files={k: files.get(k) for k in ("openvino_xml", "openvino_bin", "onnx", "onnx_portable", "onnx_data")},
+        tokenizer=tokenizer, chat_template=chat_template, export=export)
+    for name in filter(None, raw["files"].values()):
+        if not _NAME.match(name):
+            raise ContractError(f"file name {name!r} must be a plain name inside the export directory")
+    validate_contract(raw)
+    return raw

@@ -1,0 +1,107 @@
+"""The whole model as ONNX: inputs from the contract, embedding, decoder layers streamed one at a
+time from the checkpoint, final norm on the rows `logits_indices` picks, lm_head.
+
+`build_onnx(...)` writes `model.onnx` (custom MLA ops) and/or `model_portable.onnx` (portable
+functions, updated caches as outputs) into a directory, both pointing at one external weights
+file, and returns their paths.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import onnx
+from onnx import TensorProto, helper
+
+from .. import onnx_ops
+from ..config import MLAModelConfig
+from ..contract import graph_io
+from .graph import GraphBuilder, WeightStore
+from .layers import attention, dense_mlp, moe, norm, rope_tables
+from .weights import CheckpointReader
+
+__all__ = ["build_onnx", "ONNX_FILES", "ONNX_DATA"]
+
+ONNX_FILES = {"custom": "model.onnx", "portable": "model_portable.onnx"}
+ONNX_DATA = "model.onnx.data"
+_ONNX_TYPES = {"f32": TensorProto.FLOAT, "bf16": TensorProto.BFLOAT16, "f16": TensorProto.FLOAT16,
+               "i32": TensorProto.INT32, "i64": TensorProto.INT64, "u8": TensorProto.UINT8}
+
+
+def _value_info(spec, vocab: int):
+    shape = [vocab if d == "vocab" else d for d in spec.shape]
+    return helper.make_tensor_value_info(spec.name, _ONNX_TYPES[spec.dtype], shape)
+
+
+def build_onnx(cfg: MLAModelConfig, reader: CheckpointReader, out_dir: Path, *, variants: list[str],
+               block_size: int, kv_dtype: str, weight_dtype: str,
+               progress: Callable[[int, int], None] | None = None) -> dict[str, Path]:
+    out_dir = Path(out_dir)
+    store = WeightStore(out_dir / ONNX_DATA, weight_dtype)
+    try:
+        g = GraphBuilder(store, variants)
+        io = _inputs(g, cfg)
+        h = _embed(g, reader, cfg)
+        for i in range(cfg.num_layers):
+            h = _decoder_layer(g, reader, cfg, i, h, io)
+            if progress:
+                progress(i + 1, cfg.num_layers)
+        picked = g.op("Gather", h, "logits_indices", axis=0)  # [B, hidden]: norm + lm_head on B rows only
+        picked = norm(g, reader, "model.norm.weight", picked, cfg.hidden_size, cfg.rms_norm_eps)
+        g.op("Gemm", picked, _lm_head(g, reader, cfg), transB=1, name="logits")
+    finally:
+        store.close()
+    onnx_ops.register_schemas()
+    paths = {}
+    for variant in variants:
+        inputs, outputs = graph_io(cfg.num_layers, block_size, cfg.row_width, kv_dtype, variant)
+        graph = helper.make_graph(g.variants[variant], f"{cfg.model_type}_mla_{variant}",
+                                  [_value_info(s, cfg.vocab_size) for s in inputs],
+                                  [_value_info(s, cfg.vocab_size) for s in outputs], store.initializers)
+        model = helper.make_model(graph, opset_imports=onnx_ops.opset_imports(variant == "portable"),
+                                  producer_name="mla-export", ir_version=10)
+        if variant == "portable":
+            model.functions.extend(onnx_ops.portable_functions())
+        path = out_dir / ONNX_FILES[variant]
+        onnx.save_model(model, str(path))
+        paths[variant] = path
+    return paths
+
+
+def _inputs(g: GraphBuilder, cfg: MLAModelConfig) -> dict:
+    """Graph-level values every layer shares: metadata names and the RoPE rows of `positions`."""
+    cos, sin = rope_tables(cfg)
+    cos_k = g.op("Gather", g.f32_tensor("rope.cos", cos), "positions", axis=0)  # [T, dr]
+    sin_k = g.op("Gather", g.f32_tensor("rope.sin", sin), "positions", axis=0)
+    return dict(slot_mapping="slot_mapping", query_start_loc="query_start_loc", seq_lens="seq_lens",
+                block_tables="block_tables", cos_k=cos_k, sin_k=sin_k,
+                cos_q=g.op("Unsqueeze", cos_k, g.i64(1)), sin_q=g.op("Unsqueeze", sin_k, g.i64(1)))
+
+
+def _embed(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig) -> str:
+    name = "model.embed_tokens.weight"
+    table = g.store.add(name, rd.get(name, (cfg.vocab_size, cfg.hidden_size)), g.store.weight_dtype)
+    rows = g.op("Gather", table, "input_ids", axis=0)  # gather first, widen only the T rows
+    return rows if g.store.weight_dtype == "f32" else g.op("Cast", rows, to=TensorProto.FLOAT)
+
+
+def _lm_head(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig) -> str:
+    if rd.has("lm_head.weight"):
+        return g.weight("lm_head.weight", rd.get("lm_head.weight", (cfg.vocab_size, cfg.hidden_size)))
+    if cfg.tie_word_embeddings:  # the stored embedding table serves as lm_head
+        table = "model.embed_tokens.weight"
+        return table if g.store.weight_dtype == "f32" else g.op("Cast", table, to=TensorProto.FLOAT)
+    return g.weight("lm_head.weight", rd.get("lm_head.weight"))  # raises the missing-tensor error
+
+
+def _decoder_layer(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig, i: int, h: str, io: dict) -> str:
+    p = f"model.layers.{i}"
+    x = norm(g, rd, f"{p}.input_layernorm.weight", h, cfg.hidden_size, cfg.rms_norm_eps)
+    h = g.op("Add", h, attention(g, rd, cfg, i, x, io))
+    x = norm(g, rd, f"{p}.post_attention_layernorm.weight", h, cfg.hidden_size, cfg.rms_norm_eps)
+    if cfg.is_moe_layer(i):
+        y = moe(g, rd, cfg, i, x)
+    else:
+        y = dense_mlp(g, rd, f"{p}.mlp", x, cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
+    return g.op("Add", h, y)

@@ -1,0 +1,134 @@
+"""Tiny random-weight checkpoints made with transformers' own DeepSeek classes.
+
+`make_checkpoint(out_dir, model_type="deepseek_v3", seed=0, **overrides)` writes a Hugging Face
+checkpoint directory (config.json, model.safetensors, generation_config.json) plus a small
+byte-level BPE tokenizer trained with the `tokenizers` library on a built-in text, so that text
+in and text out work end to end. The same seed gives the same files. `overrides` are config
+keys (e.g. `q_lora_rank=None`, `rope_parameters={...}`, `n_routed_experts=4`).
+
+The `tiny` preset (`mla-export export --preset tiny`) is `make_checkpoint(dir)` with the
+defaults below: a real DeepseekV3 config (q_lora, YaRN, interleaved RoPE, a dense first layer
+and MoE layers with group-limited routing and a shared expert), only small.
+
+Random weights are drawn with a larger spread than transformers' init (std 0.02 gives nearly
+uniform logits and near-tied router scores, which would make greedy tokens and expert choices
+hinge on the last bits), and norm weights and the router bias are perturbed away from their
+1/0 init so that a graph that drops one of them cannot pass a test.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+__all__ = ["make_checkpoint", "tiny_config", "train_tokenizer", "PRESETS", "BOS", "EOS"]
+
+BOS, EOS = "<|bos|>", "<|eos|>"
+
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}"
+    "{% if m['role'] == 'system' %}{{ m['content'] }}\n"
+    "{% elif m['role'] == 'user' %}User: {{ m['content'] }}\n"
+    "{% else %}Assistant: {{ m['content'] }}{{ eos_token }}\n{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}Assistant:{% endif %}"
+)
+
+_TEXT = """\
+The quick brown fox jumps over the lazy dog. A paged cache keeps the keys and values of every
+sequence in fixed-size blocks, and a block table says where each block lives. Multi-head latent
+attention stores one compressed row per token instead of one key and one value per head, so the
+cache is many times smaller. The model reads the rows of a sequence through its block table,
+scores them against the query, and mixes the latent values with the softmax weights.
+Once upon a time there was a small model that wanted to speak. It learned the letters first,
+then the words, then whole sentences: hello, world, how are you, I am fine, thank you.
+Numbers too: 0 1 2 3 4 5 6 7 8 9 10 11 12 100 1000 2024 3.14 2.71. Questions and answers,
+lists and code: def add(a, b): return a + b. for i in range(10): print(i).
+User: What is the capital of France? Assistant: Paris is the capital of France.
+User: Tell me a story. Assistant: Once there was a fox who lived near a river.
+"""
+
+
+def tiny_config(model_type: str = "deepseek_v3", **overrides) -> dict:
+    """The tiny preset's config keys (transformers constructor arguments)."""
+    common = dict(
+        vocab_size=384, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+        num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32,
+        q_lora_rank=48, qk_rope_head_dim=16, qk_nope_head_dim=32, v_head_dim=24,
+        n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, first_k_dense_replace=1,
+        max_position_embeddings=512, rms_norm_eps=1e-6, initializer_range=0.08,
+        bos_token_id=0, eos_token_id=1, tie_word_embeddings=False,
+        rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
+                             original_max_position_embeddings=128, beta_fast=32, beta_slow=1,
+                             mscale=1.0, mscale_all_dim=1.0),
+    )
+    if model_type == "deepseek_v3":
+        common.update(n_group=2, topk_group=1, routed_scaling_factor=2.5, norm_topk_prob=True,
+                      rope_interleave=True)
+    elif model_type == "deepseek_v2":
+        common.update(topk_method="group_limited_greedy", n_group=2, topk_group=1, routed_scaling_factor=1.5)
+    else:
+        raise ValueError(f"make_checkpoint: model_type must be deepseek_v2 or deepseek_v3, got {model_type!r}")
+    common.update(overrides)
+    return common
+
+
+def train_tokenizer(vocab_size: int, text: str = _TEXT):
+    """A byte-level BPE `tokenizers.Tokenizer` with BOS (id 0) and EOS (id 1); encode() adds BOS."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[BOS, EOS], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([text], trainer=trainer)
+    tok.post_processor = processors.TemplateProcessing(single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B",
+                                                       special_tokens=[(BOS, 0), (EOS, 1)])
+    return tok
+
+
+def _write_tokenizer(out: Path, vocab_size: int) -> None:
+    tok = train_tokenizer(vocab_size)
+    assert tok.get_vocab_size() <= vocab_size, "the tokenizer must fit the model's vocabulary"
+    tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps(dict(
+        tokenizer_class="PreTrainedTokenizerFast", bos_token=BOS, eos_token=EOS, add_bos_token=True,
+        add_eos_token=False, model_max_length=512, chat_template=CHAT_TEMPLATE), indent=2) + "\n")
+
+
+def _perturb(model, seed: int) -> None:
+    import torch
+
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in list(model.named_parameters()) + list(model.named_buffers()):
+            if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
+                p.add_(0.2 * torch.randn(p.shape, generator=g))
+            elif name.endswith("e_score_correction_bias") or name.endswith(".bias"):
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))
+
+
+def make_checkpoint(out_dir, model_type: str = "deepseek_v3", seed: int = 0, *, tokenizer: bool = True,
+                    dtype: str = "float32", **overrides) -> Path:
+    """Write a tiny random-weight checkpoint of `model_type` to `out_dir`; returns the path.
+
+    dtype: the saved weights' dtype ("float32", "bfloat16" or "float16")."""
+    import torch
+    from transformers import DeepseekV2Config, DeepseekV2ForCausalLM, DeepseekV3Config, DeepseekV3ForCausalLM
+
+    classes = {"deepseek_v2": (DeepseekV2Config, DeepseekV2ForCausalLM),
+               "deepseek_v3": (DeepseekV3Config, DeepseekV3ForCausalLM)}
+    cfg_dict = tiny_config(model_type, **overrides)
+    config_cls, model_cls = classes[model_type]
+    torch.manual_seed(seed)
+    model = model_cls(config_cls(**cfg_dict)).eval()
+    _perturb(model, seed)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.to(getattr(torch, dtype)).save_pretrained(out)
+    if tokenizer:
+        _write_tokenizer(out, cfg_dict["vocab_size"])
+    return out
+
+
+PRESETS = {"tiny": lambda out_dir: make_checkpoint(out_dir, "deepseek_v3", seed=0)}

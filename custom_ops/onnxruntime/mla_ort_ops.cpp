@@ -1,0 +1,361 @@
+// The MLA kernels as an onnxruntime custom-op library (domain "mla_export", opset 1).
+//
+// A thin wrapper: each op translates its OrtValues into mla::TensorView and calls the plain C++
+// kernels of ../kernels (the same code the OpenVINO extension runs), which validate every input
+// and throw mla::Error naming the input; that message is returned to onnxruntime as an
+// INVALID_ARGUMENT status.
+//
+// Built against Debian's libonnxruntime-dev headers (see tools/fetch_ort_headers.sh) with
+// ORT_API_MANUAL_INIT and not linked to libonnxruntime: the API table comes from the runtime
+// that loads us (RegisterCustomOps), so any onnxruntime at least as new as the headers works.
+//
+// Threads: the kernels' parallel-for runs on the session's intra-op thread pool
+// (KernelContext_ParallelFor, so SessionOptions.intra_op_num_threads is the one knob). The
+// thread count the kernels size their work split by is the session config entry
+// "mla_export.num_threads", else env MLA_EXPORT_ORT_THREADS, else hardware_concurrency.
+//
+// In place: MlaCacheWrite writes through the kv_cache input's buffer. A graph input fed from a
+// C-contiguous numpy array of the same element type (or an OrtValue made from one) is that very
+// buffer, so the caller's cache is updated.
+#define ORT_API_MANUAL_INIT
+#include <onnxruntime_cxx_api.h>
+#undef ORT_API_MANUAL_INIT
+
+#include <cstdlib>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../kernels/mla_kernels.hpp"
+
+namespace {
+
+constexpr const char* kDomain = "mla_export";
+constexpr const char* kThreadsConfigKey = "mla_export.num_threads";
+constexpr const char* kThreadsEnv = "MLA_EXPORT_ORT_THREADS";
+
+// ------------------------------------------------------------------ tensors
+
+mla::DType dtype_of(ONNXTensorElementDataType t) {
+    switch (t) {
+        case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT: return mla::DType::f32;
+        case ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16: return mla::DType::bf16;
+        case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16: return mla::DType::f16;
+        case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32: return mla::DType::i32;
+        case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64: return mla::DType::i64;
+        default: return mla::DType::other;
+    }
+}
+
+mla::TensorView input_view(Ort::KernelContext& ctx, size_t index, const char* name) {
+    Ort::ConstValue v = ctx.GetInput(index);
+    if (!v) throw mla::Error(std::string("input '") + name + "' is missing");
+    if (!v.IsTensor()) throw mla::Error(std::string("input '") + name + "' must be a tensor");
+    auto info = v.GetTensorTypeAndShapeInfo();
+    mla::TensorView t;
+    t.name = name;
+    t.dtype = dtype_of(info.GetElementType());
+    t.shape = info.GetShape();
+    // MlaCacheWrite writes through this pointer (the caller's cache buffer).
+    t.data = const_cast<void*>(v.GetTensorRawData());
+    return t;
+}
+
+mla::TensorView output_view(Ort::UnownedValue& v, const char* name) {
+    auto info = v.GetTensorTypeAndShapeInfo();
+    mla::TensorView t;
+    t.name = name;
+    t.dtype = dtype_of(info.GetElementType());
+    t.shape = info.GetShape();
+    t.data = v.GetTensorMutableRawData();
+    return t;
+}
+
+// ------------------------------------------------------------------ threads
+
+int default_num_threads() {
+    if (const char* env = std::getenv(kThreadsEnv)) {
+        const int n = std::atoi(env);
+        if (n > 0) return n;
+    }
+    const unsigned hw = std::thread::hardware_concurrency();
+    return hw > 0 ? static_cast<int>(hw) : 1;
+}
+
+struct ForState {
+    const std::function<void(int64_t)>* body;
+    std::mutex mutex;
+    std::exception_ptr error;
+};
+
+void run_one(void* user, size_t i) {
+    auto* st = static_cast<ForState*>(user);
+    try {
+        (*st->body)(static_cast<int64_t>(i));
+    } catch (...) {  // never let an exception cross onnxruntime's thread pool
+        std::lock_guard<std::mutex> lock(st->mutex);
+        if (!st->error) st->error = std::current_exception();
+    }
+}
+
+mla::Threading ort_threading(const OrtKernelContext* raw, int num_threads) {
+    mla::Threading th;
+    th.parallel_for = [raw](int64_t n, const std::function<void(int64_t)>& body) {
+        if (n <= 0) return;
+        if (n == 1) {
+            body(0);
+            return;
+        }
+        ForState st;
+        st.body = &body;
+        // num_batch = n: every index is its own task, spread over the session's intra-op pool.
+        Ort::ThrowOnError(Ort::GetApi().KernelContext_ParallelFor(raw, run_one, static_cast<size_t>(n),
+                                                                  static_cast<size_t>(n), &st));
+        if (st.error) std::rethrow_exception(st.error);
+    };
+    th.num_threads = num_threads;
+    return th;
+}
+
+// ------------------------------------------------------------------ statuses
+
+// Runs fn, turning every exception into an OrtStatus (nullptr on success).
+template <typename Fn>
+OrtStatusPtr guarded(const char* op, Fn&& fn) {
+    try {
+        fn();
+        return nullptr;
+    } catch (const mla::Error& e) {
+        return Ort::GetApi().CreateStatus(ORT_INVALID_ARGUMENT, e.what());
+    } catch (const Ort::Exception& e) {
+        return Ort::GetApi().CreateStatus(e.GetOrtErrorCode(), (std::string(op) + ": " + e.what()).c_str());
+    } catch (const std::exception& e) {
+        return Ort::GetApi().CreateStatus(ORT_RUNTIME_EXCEPTION, (std::string(op) + ": " + e.what()).c_str());
+    } catch (...) {
+        return Ort::GetApi().CreateStatus(ORT_RUNTIME_EXCEPTION, (std::string(op) + ": unknown error").c_str());
+    }
+}
+
+// A required float attribute.
+float float_attr(const OrtApi& api, const OrtKernelInfo* info, const char* op, const char* name) {
+    float value = 0.f;
+    if (OrtStatus* st = api.KernelInfoGetAttribute_float(info, name, &value)) {
+        api.ReleaseStatus(st);
+        throw mla::Error(std::string(op) + ": the float attribute '" + name + "' is required");
+    }
+    return value;
+}
+
+// An int attribute, or `fallback` when the node does not have it.
+int64_t int_attr(const OrtApi& api, const OrtKernelInfo* info, const char* name, int64_t fallback) {
+    int64_t value = fallback;
+    if (OrtStatus* st = api.KernelInfoGetAttribute_int64(info, name, &value)) {
+        api.ReleaseStatus(st);
+        return fallback;
+    }
+    return value;
+}
+
+// ------------------------------------------------------------------ op base
+
+// Inputs whose type the kernel validates itself are declared UNDEFINED (any type). The output of
+// the attention ops has q's type, which onnxruntime can only infer from a typed input, so those
+// ops are registered once per query type (f32, f16, bf16).
+template <typename TOp, typename TKernel>
+struct MlaOp : Ort::CustomOpBase<TOp, TKernel, /*WithStatus=*/true> {
+    explicit MlaOp(int num_threads, ONNXTensorElementDataType q_type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED)
+        : num_threads_(num_threads), q_type_(q_type) {}
+    const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
+    OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t index) const {
+        return index == TOp::kRequiredInputs ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
+    }
+    OrtStatusPtr CreateKernelV2(const OrtApi& api, const OrtKernelInfo* info, void** kernel) const {
+        return guarded(TOp::kName, [&] { *kernel = new TKernel(api, info, num_threads_); });
+    }
+
+    int num_threads_;
+    ONNXTensorElementDataType q_type_;
+};
+
+// ------------------------------------------------------------------ MlaCacheWrite
+
+struct CacheWriteKernel {
+    CacheWriteKernel(const OrtApi&, const OrtKernelInfo*, int num_threads) : num_threads_(num_threads) {}
+    OrtStatusPtr ComputeV2(OrtKernelContext* context) {
+        return guarded("MlaCacheWrite", [&] {
+            Ort::KernelContext ctx(context);
+            const int64_t written = mla::cache_write(
+                input_view(ctx, 0, "kv_c"), input_view(ctx, 1, "k_pe"), input_view(ctx, 2, "kv_cache"),
+                input_view(ctx, 3, "slot_mapping"), ort_threading(context, num_threads_));
+            const int64_t shape[1] = {1};
+            auto out = ctx.GetOutput(0, shape, 1);
+            out.GetTensorMutableData<int32_t>()[0] = static_cast<int32_t>(written);
+        });
+    }
+    int num_threads_;
+};
+
+struct CacheWriteOp : MlaOp<CacheWriteOp, CacheWriteKernel> {
+    static constexpr const char* kName = "MlaCacheWrite";
+    static constexpr size_t kRequiredInputs = 4;  // no optional input: index 4 never asked
+    using MlaOp::MlaOp;
+    const char* GetName() const { return kName; }
+    size_t GetInputTypeCount() const { return 4; }
+    ONNXTensorElementDataType GetInputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED; }
+    size_t GetOutputTypeCount() const { return 1; }
+    ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32; }
+};
+
+// ------------------------------------------------------------------ MlaPagedDecode
+
+struct DecodeKernel {
+    DecodeKernel(const OrtApi& api, const OrtKernelInfo* info, int num_threads)
+        : scale_(float_attr(api, info, "MlaPagedDecode", "scale")),
+          kv_lora_rank_(int_attr(api, info, "kv_lora_rank", 512)),
+          num_threads_(num_threads) {
+        if (kv_lora_rank_ <= 0)
+            throw mla::Error("MlaPagedDecode: attribute 'kv_lora_rank' must be positive, got " +
+                             std::to_string(kv_lora_rank_));
+    }
+    OrtStatusPtr ComputeV2(OrtKernelContext* context) {
+        return guarded("MlaPagedDecode", [&] {
+            Ort::KernelContext ctx(context);
+            const auto q = input_view(ctx, 0, "q"), cache = input_view(ctx, 1, "kv_cache");
+            const auto bt = input_view(ctx, 2, "block_tables"), lens = input_view(ctx, 3, "seq_lens");
+            const mla::DecodeShapes s = mla::paged_decode_shapes(q, cache, bt, lens, kv_lora_rank_);
+            const int64_t shape[3] = {s.batch, s.heads, s.rank};
+            auto out = ctx.GetOutput(0, shape, 3);
+            mla::paged_decode(q, cache, bt, lens, scale_, kv_lora_rank_, output_view(out, "output"),
+                              ort_threading(context, num_threads_));
+        });
+    }
+    float scale_;
+    int64_t kv_lora_rank_;
+    int num_threads_;
+};
+
+struct DecodeOp : MlaOp<DecodeOp, DecodeKernel> {
+    static constexpr const char* kName = "MlaPagedDecode";
+    static constexpr size_t kRequiredInputs = 4;
+    using MlaOp::MlaOp;
+    const char* GetName() const { return kName; }
+    size_t GetInputTypeCount() const { return 5; }
+    ONNXTensorElementDataType GetInputType(size_t i) const {
+        return i == 0 ? q_type_ : ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+    }
+    size_t GetOutputTypeCount() const { return 1; }
+    ONNXTensorElementDataType GetOutputType(size_t) const { return q_type_; }
+};
+
+// ------------------------------------------------------------------ MlaPagedAttention
+
+struct AttentionKernel {
+    AttentionKernel(const OrtApi& api, const OrtKernelInfo* info, int num_threads)
+        : scale_(float_attr(api, info, "MlaPagedAttention", "scale")),
+          form_(int_attr(api, info, "form", 0)),
+          num_threads_(num_threads) {
+        if (form_ < 0 || form_ > 2)
+            throw mla::Error("MlaPagedAttention attribute 'form' must be 0 (auto), 1 (absorbed) or 2 (expanded), got " +
+                             std::to_string(form_));
+    }
+    OrtStatusPtr ComputeV2(OrtKernelContext* context) {
+        return guarded("MlaPagedAttention", [&] {
+            Ort::KernelContext ctx(context);
+            const auto qn = input_view(ctx, 0, "q_nope"), qp = input_view(ctx, 1, "q_pe");
+            const auto cache = input_view(ctx, 2, "kv_cache");
+            const auto wuk = input_view(ctx, 3, "w_uk"), wuv = input_view(ctx, 4, "w_uv");
+            const auto qsl = input_view(ctx, 5, "query_start_loc"), lens = input_view(ctx, 6, "seq_lens");
+            const auto bt = input_view(ctx, 7, "block_tables");
+            const mla::AttentionShapes s = mla::paged_attention_shapes(qn, qp, cache, wuk, wuv, qsl, lens, bt);
+            const int64_t shape[3] = {s.tokens, s.heads, s.v_dim};
+            auto out = ctx.GetOutput(0, shape, 3);
+            mla::paged_attention(qn, qp, cache, wuk, wuv, qsl, lens, bt, scale_, static_cast<mla::Form>(form_),
+                                 output_view(out, "output"), ort_threading(context, num_threads_));
+        });
+    }
+    float scale_;
+    int64_t form_;
+    int num_threads_;
+};
+
+struct AttentionOp : MlaOp<AttentionOp, AttentionKernel> {
+    static constexpr const char* kName = "MlaPagedAttention";
+    static constexpr size_t kRequiredInputs = 8;
+    using MlaOp::MlaOp;
+    const char* GetName() const { return kName; }
+    size_t GetInputTypeCount() const { return 9; }
+    ONNXTensorElementDataType GetInputType(size_t i) const {
+        return i == 0 ? q_type_ : ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+    }
+    size_t GetOutputTypeCount() const { return 1; }
+    ONNXTensorElementDataType GetOutputType(size_t) const { return q_type_; }
+};
+
+// ------------------------------------------------------------------ registration
+
+// onnxruntime keeps raw pointers to the ops and the domain for as long as any session that was
+// given them lives, which this library cannot know: keep every registration until unload.
+struct Registration {
+    Ort::CustomOpDomain domain{nullptr};
+    std::vector<std::unique_ptr<OrtCustomOp>> ops;
+};
+std::mutex g_mutex;
+std::vector<std::unique_ptr<Registration>>& registrations() {
+    static auto* regs = new std::vector<std::unique_ptr<Registration>>();  // never destroyed
+    return *regs;
+}
+
+int threads_for(const OrtSessionOptions* options) {
+    Ort::ConstSessionOptions so(options);
+    if (so.HasConfigEntry(kThreadsConfigKey)) {
+        const std::string v = so.GetConfigEntry(kThreadsConfigKey);
+        const int n = std::atoi(v.c_str());
+        if (n <= 0)
+            throw mla::Error(std::string("session config '") + kThreadsConfigKey + "' must be a positive integer, got '" +
+                             v + "'");
+        return n;
+    }
+    return default_num_threads();
+}
+
+}  // namespace
+
+extern "C" {
+
+// Called by SessionOptions.register_custom_ops_library / RegisterCustomOpsLibrary_V2.
+__attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options,
+                                                                               const OrtApiBase* api_base) {
+    const OrtApi* api = api_base->GetApi(ORT_API_VERSION);
+    if (api == nullptr) {
+        // The runtime is older than the headers we were built with: report it through the
+        // version-1 API table, which every runtime has.
+        const std::string msg = std::string("mla_export: this library was built against onnxruntime API version ") +
+                                std::to_string(ORT_API_VERSION) + ", newer than the loading runtime (" +
+                                api_base->GetVersionString() + "); rebuild it with older headers";
+        return api_base->GetApi(1)->CreateStatus(ORT_FAIL, msg.c_str());
+    }
+    Ort::InitApi(api);
+    return guarded("mla_export RegisterCustomOps", [&] {
+        const int threads = threads_for(options);
+        auto reg = std::make_unique<Registration>();
+        reg->domain = Ort::CustomOpDomain(kDomain);
+        reg->ops.push_back(std::make_unique<CacheWriteOp>(threads));
+        for (auto q : {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16,
+                       ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16}) {
+            reg->ops.push_back(std::make_unique<DecodeOp>(threads, q));
+            reg->ops.push_back(std::make_unique<AttentionOp>(threads, q));
+        }
+        for (auto& op : reg->ops) reg->domain.Add(op.get());
+        Ort::UnownedSessionOptions(options).Add(reg->domain);
+        std::lock_guard<std::mutex> lock(g_mutex);
+        registrations().push_back(std::move(reg));
+    });
+}
+
+// Which vectorised kernel path the library runs (for describe() strings and benchmarks).
+__attribute__((visibility("default"))) const char* MlaExportOrtIsa() { return mla::isa_name(); }
+
+}  // extern "C"

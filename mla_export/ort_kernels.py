@@ -1,0 +1,213 @@
+"""numpy front of the three MLA ops through onnxruntime and the mla-export custom-op library.
+
+Each call runs a one-node ONNX model (built once per signature with every dimension dynamic,
+then cached) in an onnxruntime session that has `libmla_export_ort.so` registered. Inputs are
+passed as they are (no dtype checks here, so the library's own validation is what reports a bad
+input); bf16 arrays (ml_dtypes.bfloat16) are passed as onnx BFLOAT16 over their own memory. The
+cache of `cache_write` is updated in place: a C-contiguous cache is bound without a copy (the
+op writes into the caller's array); another layout goes through a contiguous copy that is
+written back.
+
+Used by the onnxruntime op tests and the kernel benchmark; needs onnx and onnxruntime, never
+torch or openvino.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+
+import numpy as np
+
+from . import ort_ops_path
+
+__all__ = ["available", "session_options", "ortvalue", "to_numpy", "single_op_model", "cache_write",
+           "paged_decode", "paged_attention", "cache_write_then_attention", "FORMS"]
+
+FORMS = {"auto": 0, "absorbed": 1, "expanded": 2}
+DOMAIN = "mla_export"
+THREADS_CONFIG_KEY = "mla_export.num_threads"
+
+_sessions: dict = {}
+_lock = threading.Lock()
+
+
+def available() -> bool:
+    """True when the onnxruntime custom-op library was built and installed."""
+    return ort_ops_path() is not None
+
+
+def _library() -> str:
+    path = ort_ops_path()
+    if path is None:
+        raise FileNotFoundError(
+            "the mla-export onnxruntime custom-op library (libmla_export_ort.so) is not installed: "
+            "run tools/fetch_ort_headers.sh (or pass -DMLA_ORT_INCLUDE_DIR) and reinstall the package")
+    return path
+
+
+def session_options(num_threads: int | None = None):
+    """SessionOptions with the custom-op library registered. num_threads (default: onnxruntime's
+    own default) sizes the intra-op pool the kernels run on, and the kernels' work split."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    if num_threads is not None:
+        if int(num_threads) < 1:
+            raise ValueError(f"num_threads must be >= 1, got {num_threads}")
+        so.intra_op_num_threads = int(num_threads)
+        so.add_session_config_entry(THREADS_CONFIG_KEY, str(int(num_threads)))
+    so.register_custom_ops_library(_library())
+    return so
+
+
+def _onnx_type(dtype: np.dtype) -> int:
+    from onnx import helper
+
+    from .ov_tensors import BF16
+
+    if np.dtype(dtype) == BF16:
+        from onnx import TensorProto
+
+        return TensorProto.BFLOAT16
+    return helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+
+
+def ortvalue(arr: np.ndarray):
+    """An OrtValue over arr's own memory (arr must be C-contiguous; bf16 included)."""
+    import onnxruntime as ort
+
+    from .ov_tensors import BF16
+
+    if not arr.flags.c_contiguous:
+        raise ValueError("only a C-contiguous array can be bound to onnxruntime without a copy")
+    if arr.dtype == BF16:
+        return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(arr.view(np.uint16), _onnx_type(BF16))
+    return ort.OrtValue.ortvalue_from_numpy(arr)
+
+
+def to_numpy(value) -> np.ndarray:
+    """An OrtValue's data as numpy (bf16 outputs as ml_dtypes.bfloat16)."""
+    from .ov_tensors import BF16
+
+    if value.data_type() == "tensor(bfloat16)":
+        # onnxruntime's numpy() does not know bf16: copy the raw 16-bit words out of its buffer.
+        shape = tuple(value.shape())
+        out = np.empty(shape, dtype=BF16)
+        if out.size:
+            ctypes.memmove(out.ctypes.data, value.data_ptr(), out.nbytes)
+        return out
+    return value.numpy()
+
+
+def single_op_model(nodes: list[tuple[str, list[tuple[str, np.dtype, int]], dict, list[str]]],
+                    graph_inputs: list[tuple[str, np.dtype, int]], outputs: list[tuple[str, np.dtype | None, int]]):
+    """An onnx ModelProto of the given mla_export nodes, every dimension dynamic.
+
+    nodes: (op_type, [input names], attrs, [output names]); graph_inputs / outputs:
+    (name, dtype, rank) (an output dtype None is left for onnxruntime to infer)."""
+    from onnx import TensorProto, helper
+
+    def vi(name, dtype, rank):
+        elem = _onnx_type(dtype) if dtype is not None else TensorProto.UNDEFINED
+        return helper.make_tensor_value_info(name, elem, [f"{name}_d{i}" for i in range(rank)])
+
+    onnx_nodes = [helper.make_node(op, ins, outs, domain=DOMAIN, **attrs) for op, ins, attrs, outs in nodes]
+    graph = helper.make_graph(onnx_nodes, "mla_single_op", [vi(*g) for g in graph_inputs], [vi(*o) for o in outputs])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1)])
+    model.ir_version = 10
+    return model
+
+
+def _session(key, build):
+    import onnxruntime as ort
+
+    with _lock:
+        sess = _sessions.get(key)
+        if sess is None:
+            sess = ort.InferenceSession(build().SerializeToString(), sess_options=session_options(),
+                                        providers=["CPUExecutionProvider"])
+            _sessions[key] = sess
+        return sess
+
+
+def _run(op: str, arrays: list[tuple[str, np.ndarray]], attrs: dict, out_dtype, out_rank: int):
+    key = (op, tuple((n, a.dtype.str, a.ndim) for n, a in arrays), tuple(sorted(attrs.items())))
+    sess = _session(key, lambda: single_op_model(
+        [(op, [n for n, _ in arrays], attrs, ["output"])],
+        [(n, a.dtype, a.ndim) for n, a in arrays], [("output", out_dtype, out_rank)]))
+    feeds = {n: ortvalue(a) for n, a in arrays}  # `arrays` keeps every buffer alive meanwhile
+    return to_numpy(sess.run_with_ort_values(["output"], feeds)[0])
+
+
+def _contiguous(x) -> np.ndarray:
+    return np.ascontiguousarray(np.asarray(x))
+
+
+def _float_attr(x) -> float:
+    return float(np.float32(x))
+
+
+def cache_write(kv_c, k_pe, kv_cache: np.ndarray, slot_mapping) -> np.ndarray:
+    """MlaCacheWrite: [kv_c[t] | k_pe[t]] -> kv_cache at slot_mapping[t] (slots < 0 skipped), in
+    place. Returns kv_cache."""
+    if not isinstance(kv_cache, np.ndarray):
+        raise TypeError("input 'kv_cache' must be a numpy array (it is updated in place)")
+    target = kv_cache if kv_cache.flags.c_contiguous else np.ascontiguousarray(kv_cache)
+    arrays = [("kv_c", _contiguous(kv_c)), ("k_pe", _contiguous(k_pe)), ("kv_cache", target),
+              ("slot_mapping", _contiguous(slot_mapping))]
+    _run("MlaCacheWrite", arrays, {}, np.int32, 1)
+    if target is not kv_cache:
+        kv_cache[...] = target
+    return kv_cache
+
+
+def paged_decode(q, kv_cache, block_tables, seq_lens, scale: float, kv_lora_rank: int | None = None) -> np.ndarray:
+    """MlaPagedDecode: q [B, H, r + dr] -> [B, H, r]. kv_lora_rank None: the op's default (512)."""
+    q = _contiguous(q)
+    arrays = [("q", q), ("kv_cache", _contiguous(kv_cache)), ("block_tables", _contiguous(block_tables)),
+              ("seq_lens", _contiguous(seq_lens))]
+    attrs = {"scale": _float_attr(scale)}
+    if kv_lora_rank is not None:
+        attrs["kv_lora_rank"] = int(kv_lora_rank)
+    return _run("MlaPagedDecode", arrays, attrs, q.dtype, 3)
+
+
+def paged_attention(q_nope, q_pe, kv_cache, w_uk, w_uv, query_start_loc, seq_lens, block_tables,
+                    scale: float, form: str | int = "auto") -> np.ndarray:
+    """MlaPagedAttention: causal paged MLA over packed new tokens -> [T, H, dv].
+    form: "auto", "absorbed", "expanded" (or the raw int attribute, passed unchecked)."""
+    if isinstance(form, str):
+        if form not in FORMS:
+            raise ValueError(f"form must be one of {sorted(FORMS)}, got {form!r}")
+        form = FORMS[form]
+    q_nope = _contiguous(q_nope)
+    arrays = [("q_nope", q_nope), ("q_pe", _contiguous(q_pe)), ("kv_cache", _contiguous(kv_cache)),
+              ("w_uk", _contiguous(w_uk)), ("w_uv", _contiguous(w_uv)),
+              ("query_start_loc", _contiguous(query_start_loc)), ("seq_lens", _contiguous(seq_lens)),
+              ("block_tables", _contiguous(block_tables))]
+    return _run("MlaPagedAttention", arrays, {"scale": _float_attr(scale), "form": int(form)}, q_nope.dtype, 3)
+
+
+def cache_write_then_attention(kv_c, k_pe, slot_mapping, q_nope, q_pe, kv_cache: np.ndarray, w_uk, w_uv,
+                               query_start_loc, seq_lens, block_tables, scale: float, form: str = "auto"):
+    """The graph pattern of a layer: MlaCacheWrite into kv_cache (in place, a C-contiguous
+    numpy array), its `written` output fed to MlaPagedAttention's ordering input `after`.
+    Returns (attention output, written)."""
+    if not (isinstance(kv_cache, np.ndarray) and kv_cache.flags.c_contiguous):
+        raise ValueError("kv_cache must be a C-contiguous numpy array (it is updated in place)")
+    arrays = [("kv_c", _contiguous(kv_c)), ("k_pe", _contiguous(k_pe)), ("slot_mapping", _contiguous(slot_mapping)),
+              ("q_nope", _contiguous(q_nope)), ("q_pe", _contiguous(q_pe)), ("kv_cache", kv_cache),
+              ("w_uk", _contiguous(w_uk)), ("w_uv", _contiguous(w_uv)),
+              ("query_start_loc", _contiguous(query_start_loc)), ("seq_lens", _contiguous(seq_lens)),
+              ("block_tables", _contiguous(block_tables))]
+    attrs = {"scale": _float_attr(scale), "form": FORMS[form]}
+    key = ("write+attention", tuple((n, a.dtype.str, a.ndim) for n, a in arrays), tuple(sorted(attrs.items())))
+    sess = _session(key, lambda: single_op_model(
+        [("MlaCacheWrite", ["kv_c", "k_pe", "kv_cache", "slot_mapping"], {}, ["written"]),
+         ("MlaPagedAttention", ["q_nope", "q_pe", "kv_cache", "w_uk", "w_uv", "query_start_loc", "seq_lens",
+                                "block_tables", "written"], attrs, ["output"])],
+        [(n, a.dtype, a.ndim) for n, a in arrays],
+        [("output", arrays[3][1].dtype, 3), ("written", np.int32, 1)]))
+    out, written = sess.run_with_ort_values(["output", "written"], {n: ortvalue(a) for n, a in arrays})
+    return to_numpy(out), int(to_numpy(written)[0])

@@ -1,0 +1,72 @@
+"""`mla-export export MODEL_DIR -o OUT_DIR`: a DeepSeek-V2/V3 checkpoint to OpenVINO IR / ONNX
+with the paged latent KV cache (or `--preset tiny` for a built-in random-weight model)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+
+# User errors (bad arguments, config, weights, output directory) exit with 2 and one message.
+EXIT_USAGE = 2
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("export", help="export a DeepSeek-V2/V3 checkpoint with the paged latent cache",
+                              description=__doc__.splitlines()[0])
+    p.add_argument("model_dir", nargs="?", metavar="MODEL_DIR",
+                   help="Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer files)")
+    p.add_argument("-o", "--output", dest="out_dir", required=True, metavar="OUT_DIR",
+                   help="export directory (created; written all at once at the end)")
+    p.add_argument("--preset", choices=("tiny",), help="export a built-in tiny random-weight DeepseekV3 instead")
+    p.add_argument("--format", dest="fmt", choices=("openvino", "onnx", "both"), default="openvino",
+                   help="openvino: IR (the runtime's fast path); onnx: model.onnx with the mla_export ops")
+    p.add_argument("--portable", action="store_true",
+                   help="also write model_portable.onnx (standard ops only, runs in plain onnxruntime)")
+    p.add_argument("--block-size", type=int, default=16, help="cache block size in tokens (default 16)")
+    p.add_argument("--kv-dtype", choices=("bf16", "f32"), default="bf16", help="cache element type (default bf16)")
+    p.add_argument("--weight-dtype", choices=("auto", "f32", "f16", "bf16"), default="auto",
+                   help="stored weight type (default: the checkpoint's)")
+    p.add_argument("--overwrite", action="store_true", help="replace a previous export in OUT_DIR")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    return p
+
+
+def _progress(quiet: bool):
+    if quiet:
+        return None
+    start = time.time()
+
+    def report(done: int, total: int) -> None:
+        print(f"[export] layer {done}/{total} ({time.time() - start:.1f} s)", file=sys.stderr, flush=True)
+
+    return report
+
+
+def run(args) -> int:
+    from mla_export.config import ConfigError
+    from mla_export.contract import ContractError
+    from mla_export.export import ExportError, export_model
+    from mla_export.export.summary import summary_lines
+    from mla_export.export.weights import WeightError
+
+    if (args.model_dir is None) == (args.preset is None):
+        print("mla-export export: give either MODEL_DIR or --preset tiny", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        with tempfile.TemporaryDirectory(prefix="mla-export-preset-") as preset_dir:
+            model_dir = args.model_dir
+            if args.preset:
+                from mla_export.presets import PRESETS
+
+                model_dir = PRESETS[args.preset](preset_dir)
+            result = export_model(model_dir, args.out_dir, fmt=args.fmt, portable=args.portable,
+                                  block_size=args.block_size, kv_dtype=args.kv_dtype, weight_dtype=args.weight_dtype,
+                                  overwrite=args.overwrite, progress=_progress(args.quiet))
+    except (ConfigError, WeightError, ExportError, ContractError) as e:
+        print(f"mla-export export: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    for line in summary_lines(result):
+        print(line)
+    return 0

@@ -1,0 +1,129 @@
+"""`export_model`: a checkpoint directory in, an export directory out, all or nothing.
+
+Everything is written into a temporary sibling of OUT_DIR and renamed into place at the end, so
+a failure (bad config, missing or misshapen weights, conversion error, Ctrl-C) leaves OUT_DIR as
+it was. The custom-op ONNX graph is always built (it is the source of the OpenVINO IR) and kept
+only when the ONNX format is asked for.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from .. import __version__
+from ..config import MLAModelConfig
+from ..contract import CONTRACT_FILE, make_contract
+from .graph import WEIGHT_DTYPES
+from .model import ONNX_DATA, ONNX_FILES, build_onnx
+from .tokenizer_files import copy_tokenizer_files
+from .weights import CheckpointReader
+
+__all__ = ["ExportError", "ExportResult", "export_model", "FORMATS"]
+
+FORMATS = ("openvino", "onnx", "both")
+KV_DTYPES = {"bf16": 2, "f32": 4}
+
+
+class ExportError(ValueError):
+    """The export was asked for something impossible (arguments, output directory)."""
+
+
+@dataclass
+class ExportResult:
+    out_dir: Path
+    contract: dict
+    seconds: float
+    files: dict = field(default_factory=dict)  # file name -> bytes
+    peak_rss_mb: float = 0.0
+
+
+def _weight_dtype(requested: str, cfg: MLAModelConfig) -> str:
+    if requested != "auto":
+        if requested not in WEIGHT_DTYPES:
+            raise ExportError(f"--weight-dtype must be auto, f32, f16 or bf16, got {requested!r}")
+        return requested
+    saved = str(cfg.raw.get("dtype") or cfg.raw.get("torch_dtype") or "float32")
+    return {"bfloat16": "bf16", "float16": "f16"}.get(saved, "f32")
+
+
+def _check_out_dir(out_dir: Path, overwrite: bool) -> None:
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ExportError(f"{out_dir} exists and is not a directory")
+    if out_dir.is_dir() and any(out_dir.iterdir()):
+        if not overwrite:
+            raise ExportError(f"{out_dir} is not empty; pass --overwrite to replace a previous export")
+        if not (out_dir / CONTRACT_FILE).is_file():
+            raise ExportError(f"{out_dir} is not empty and holds no {CONTRACT_FILE}: refusing to replace "
+                              "a directory that is not an mla-export output")
+
+
+def export_model(model_dir, out_dir, *, fmt: str = "openvino", portable: bool = False, block_size: int = 16,
+                 kv_dtype: str = "bf16", weight_dtype: str = "auto", overwrite: bool = False,
+                 progress: Callable[[int, int], None] | None = None) -> ExportResult:
+    start = time.time()
+    model_dir, out_dir = Path(model_dir), Path(out_dir)
+    if fmt not in FORMATS:
+        raise ExportError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    if kv_dtype not in KV_DTYPES:
+        raise ExportError(f"--kv-dtype must be bf16 or f32, got {kv_dtype!r}")
+    if not isinstance(block_size, int) or block_size < 1:
+        raise ExportError(f"--block-size must be a positive integer, got {block_size!r}")
+    if not model_dir.is_dir():
+        raise ExportError(f"{model_dir}: no such checkpoint directory")
+    _check_out_dir(out_dir, overwrite)
+    cfg = MLAModelConfig.from_dir(model_dir)
+    wdtype = _weight_dtype(weight_dtype, cfg)
+    reader = CheckpointReader(model_dir)
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private; the export is an ordinary directory
+    try:
+        variants = ["custom"] + (["portable"] if portable else [])
+        onnx_paths = build_onnx(cfg, reader, tmp, variants=variants, block_size=block_size, kv_dtype=kv_dtype,
+                                weight_dtype=wdtype, progress=progress)
+        reader.close()
+        files = dict(openvino_xml=None, openvino_bin=None, onnx=None, onnx_portable=None, onnx_data=None)
+        if fmt in ("openvino", "both"):
+            from .openvino_ir import IR_BIN, IR_XML, convert_to_ir
+
+            ir_model = convert_to_ir(onnx_paths["custom"], tmp)
+            files.update(openvino_xml=IR_XML, openvino_bin=IR_BIN)
+        if fmt in ("onnx", "both"):
+            files.update(onnx=ONNX_FILES["custom"], onnx_data=ONNX_DATA)
+        else:
+            (tmp / ONNX_FILES["custom"]).unlink()  # only the IR's source
+        if portable:
+            files.update(onnx_portable=ONNX_FILES["portable"], onnx_data=ONNX_DATA)
+        if files["onnx_data"] is None:
+            (tmp / ONNX_DATA).unlink()
+        tokenizer, chat_template = copy_tokenizer_files(model_dir, tmp)
+        contract = make_contract(
+            model=cfg.facts(), block_size=block_size, kv_dtype=kv_dtype, files=files, tokenizer=tokenizer,
+            chat_template=chat_template,
+            export=dict(weight_dtype=wdtype, exporter_version=__version__, source=str(model_dir.resolve()),
+                        seconds=round(time.time() - start, 3)))
+        (tmp / CONTRACT_FILE).write_text(json.dumps(contract, indent=2) + "\n")
+        if files["openvino_xml"]:
+            from ..contract import Contract
+
+            Contract(contract, tmp).validate_openvino_model(ir_model)  # the IR's real I/O, checked once here
+        sizes = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        tmp.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return ExportResult(out_dir, contract, time.time() - start, sizes, peak_mb)

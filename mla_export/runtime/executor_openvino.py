@@ -1,0 +1,115 @@
+"""The backend's implementation: the exported graph compiled on OpenVINO's CPU plugin.
+
+One compiled model and one infer request serve every step. The per-layer cache arrays of the
+KVCacheManager are bound once, as tensors over their own memory; the graph's MlaCacheWrite op
+writes the new rows straight into them, so nothing is copied per step and the numpy arrays
+*are* the cache (copy-on-write and block swaps act on them directly). Per step only the small
+int32 metadata arrays are bound (`infer(..., share_inputs=True)`: wrapped, not copied).
+
+That only holds when the plugin hands the op the caller's buffer. It silently makes a copy
+when the bound array's type differs from what the op consumes (a Convert is inserted: e.g. a
+bf16 input on a CPU without native bf16). So bf16 caches are bound as their raw bytes (see
+`ov_tensors.cache_binding`), and at start-up a sentinel step checks that a written row really
+appears in every layer's numpy array, and stops with a clear error if not.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import openvino as ov
+
+from .. import ov_core
+from ..ov_tensors import cache_binding, ov_type, shared_tensor
+from ..contract import Contract
+from .metadata import MLAMetadata, MLAMetadataBuilder
+from .model_dir import graph_path
+
+__all__ = ["OpenVINOMLAExecutor", "CacheNotInPlaceError"]
+
+PRECISIONS = ("f32", "bf16")
+_SENTINEL = -1234.0  # exactly representable in bf16; no real cache row is all this value
+
+
+class CacheNotInPlaceError(RuntimeError):
+    """The plugin wrote a copy of the cache, not the caller's arrays."""
+
+
+class OpenVINOMLAExecutor:
+    """Runs steps of the exported graph on the caches it was given (kept alive while bound)."""
+
+    def __init__(
+        self,
+        contract: Contract,
+        kv_caches: Sequence[np.ndarray],
+        *,
+        precision: str = "bf16",
+        num_threads: int | None = None,
+        device: str = "CPU",
+    ):
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+        if num_threads is not None and (not isinstance(num_threads, int) or num_threads < 1):
+            raise ValueError(f"num_threads must be a positive integer, got {num_threads!r}")
+        core = ov_core()
+        model = core.read_model(str(graph_path(contract)))
+        contract.validate_openvino_model(model)
+        # The arrays the graph sees: f32 caches as they are, bf16 ones as their bytes.
+        self._kv_caches = list(kv_caches)
+        self._bound = [cache_binding(c) for c in self._kv_caches]
+        _check_cache_bindings(model, self._bound)
+        config = {"INFERENCE_PRECISION_HINT": precision, "PERFORMANCE_HINT": "LATENCY"}
+        if num_threads is not None:
+            config["INFERENCE_NUM_THREADS"] = num_threads
+        self.compiled = core.compile_model(model, device, config)
+        self.request = self.compiled.create_infer_request()
+        for i, arr in enumerate(self._bound):
+            self.request.set_tensor(f"kv_cache.{i}", shared_tensor(arr))
+        self._logits = self.compiled.output("logits")
+        self.check_cache_written_in_place()
+
+    def execute(self, metadata: MLAMetadata) -> np.ndarray:
+        """Run one step; logits [B, vocab] f32, a view valid until the next call."""
+        # The metadata arrays are int32 and C-contiguous, so share_inputs wraps them without a
+        # copy; `metadata` holds them alive through this synchronous call.
+        self.request.infer(metadata.feeds(), share_inputs=True)
+        return self.request.get_tensor(self._logits).data
+
+    def check_cache_written_in_place(self) -> None:
+        """Sentinel step: fill block 0 with a sentinel, run one token at slot 0, read the row back
+        from every layer's numpy array. The block is zeroed again afterwards (it must be free)."""
+        for cache in self._kv_caches:
+            cache[0] = _SENTINEL
+        nb, bs, _ = self._kv_caches[0].shape
+        step = MLAMetadataBuilder(bs, nb, max_model_len=1).build([1], [1], [[0]], np.zeros(1, np.int32))
+        logits = self.execute(step)
+        stale = [i for i, c in enumerate(self._kv_caches) if np.all(c[0, 0] == _SENTINEL)]
+        for cache in self._kv_caches:
+            cache[0] = 0
+        if stale:
+            raise CacheNotInPlaceError(
+                f"the OpenVINO plugin did not write kv_cache.{stale[0]} (and {len(stale) - 1} other layers) in "
+                f"place: it made a private copy of the cache, so generation would read a stale cache. The bound "
+                f"array must be C-contiguous with exactly the graph input's element type (f32, or bf16 bound as "
+                f"u8 bytes); got {self._bound[stale[0]].dtype} {self._bound[stale[0]].shape}."
+            )
+        if not np.isfinite(logits).all():
+            raise RuntimeError("the start-up step produced non-finite logits: the exported graph is broken")
+
+
+def _check_cache_bindings(model: ov.Model, bound_caches: Sequence[np.ndarray]) -> None:
+    """Each cache input must take its array as it is (element type, static dims): any mismatch
+    would make the plugin convert a copy instead of writing the caller's memory."""
+    inputs = {p.get_any_name(): p for p in model.inputs}
+    for i, arr in enumerate(bound_caches):
+        port = inputs.get(f"kv_cache.{i}")
+        if port is None:
+            raise ValueError(f"the graph has no input kv_cache.{i} for the cache of layer {i}")
+        shape = port.get_partial_shape()
+        if port.get_element_type() != ov_type(arr.dtype) or shape.rank.get_length() != arr.ndim or any(
+            shape[d].is_static and shape[d].get_length() != arr.shape[d] for d in range(arr.ndim)
+        ):
+            raise ValueError(
+                f"graph input kv_cache.{i} is {port.get_element_type()} {shape}; the cache binds {arr.dtype} {arr.shape}"
+            )

@@ -17,11 +17,14 @@ from __future__ import annotations
 import ctypes
 import threading
 
+import ml_dtypes
 import numpy as np
 
 from . import ort_ops_path
 
-__all__ = ["available", "session_options", "ortvalue", "to_numpy", "single_op_model", "cache_write",
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+__all__ = ["BF16", "cache_bytes", "available", "session_options", "ortvalue", "to_numpy", "single_op_model", "cache_write",
            "paged_decode", "paged_attention", "cache_write_then_attention", "FORMS"]
 
 FORMS = {"auto": 0, "absorbed": 1, "expanded": 2}
@@ -30,6 +33,12 @@ THREADS_CONFIG_KEY = "mla_export.num_threads"
 
 _sessions: dict = {}
 _lock = threading.Lock()
+
+
+def cache_bytes(cache: np.ndarray) -> np.ndarray:
+    """A bf16 cache [NB, BS, W] as the u8 [NB, BS, 2 * W] view over the same memory, the way the
+    exported graphs declare bf16 caches (other dtypes are returned as they are)."""
+    return cache.view(np.uint8) if cache.dtype == BF16 else cache
 
 
 def available() -> bool:
@@ -64,8 +73,6 @@ def session_options(num_threads: int | None = None):
 def _onnx_type(dtype: np.dtype) -> int:
     from onnx import helper
 
-    from .ov_tensors import BF16
-
     if np.dtype(dtype) == BF16:
         from onnx import TensorProto
 
@@ -77,8 +84,6 @@ def ortvalue(arr: np.ndarray):
     """An OrtValue over arr's own memory (arr must be C-contiguous; bf16 included)."""
     import onnxruntime as ort
 
-    from .ov_tensors import BF16
-
     if not arr.flags.c_contiguous:
         raise ValueError("only a C-contiguous array can be bound to onnxruntime without a copy")
     if arr.dtype == BF16:
@@ -88,8 +93,6 @@ def ortvalue(arr: np.ndarray):
 
 def to_numpy(value) -> np.ndarray:
     """An OrtValue's data as numpy (bf16 outputs as ml_dtypes.bfloat16)."""
-    from .ov_tensors import BF16
-
     if value.data_type() == "tensor(bfloat16)":
         # onnxruntime's numpy() does not know bf16: copy the raw 16-bit words out of its buffer.
         shape = tuple(value.shape())

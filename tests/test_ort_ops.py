@@ -40,18 +40,21 @@ def expect_error(fn, *patterns):
 
 # ------------------------------------------------------------------ MlaCacheWrite
 
-@pytest.mark.parametrize("cache_dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("cache_dtype", ["f32", "bf16", "bf16-bytes"])
 @pytest.mark.parametrize("src_dtype", ["f32", "bf16", "f16"])
 @pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
 def test_cache_write_bit_exact_padding_skipped(rng, cache_dtype, src_dtype, index_dtype):
+    """bf16-bytes: the bf16 cache bound as its u8 [NB, BS, 2 W] view, as the exported graphs
+    declare it; the op must write the caller's bf16 array through that view."""
     nb, bs, r, dr = 6, 16, 512, 64
-    cache = randn(rng, (nb, bs, r + dr), cache_dtype)
+    cache = randn(rng, (nb, bs, r + dr), cache_dtype.split("-")[0])
     before = cache.copy()
     kv_c, k_pe = randn(rng, (8, r), src_dtype), randn(rng, (8, dr), src_dtype)
     slots = rng.choice(nb * bs, size=8, replace=False).astype(index_dtype)
     slots[-1] = -1
-    out = ok.cache_write(kv_c, k_pe, cache, slots)
-    assert out is cache
+    bound = ok.cache_bytes(cache) if cache_dtype.endswith("bytes") else cache
+    out = ok.cache_write(kv_c, k_pe, bound, slots)
+    assert out is bound
     expected = ref.cache_write(kv_c, k_pe, before.copy(), slots)
     np.testing.assert_array_equal(bits(cache), bits(expected))
     changed = np.any(bits(cache).reshape(nb * bs, -1) != bits(before).reshape(nb * bs, -1), axis=1)
@@ -124,7 +127,8 @@ def test_cache_is_written_in_place(rng, binding):
     assert np.count_nonzero(cache) > 0
 
 
-def test_bf16_cache_written_in_place_and_read_by_attention_after_write(rng):
+@pytest.mark.parametrize("layout", ["bf16", "bytes"])
+def test_bf16_cache_written_in_place_and_read_by_attention_after_write(rng, layout):
     """The layer pattern: MlaCacheWrite's `written` feeds MlaPagedAttention's ordering input
     `after`, so the attention reads the rows written in the same run (the new tokens' own rows,
     which are NaN before the write). The bf16 cache is updated in the caller's array."""
@@ -147,7 +151,8 @@ def test_bf16_cache_written_in_place_and_read_by_attention_after_write(rng):
         q_nope, q_pe = randn(rng, (t, h, dn)), randn(rng, (t, h, dr))
         w_uk, w_uv = randn(rng, (h, dn, r), scale=dn ** -0.5), randn(rng, (h, r, dv), scale=r ** -0.5)
         expected_cache = ref.cache_write(kv_c, k_pe, cache.copy(), slots)
-        out, written = ok.cache_write_then_attention(kv_c, k_pe, slots, q_nope, q_pe, cache, w_uk, w_uv,
+        bound = ok.cache_bytes(cache) if layout == "bytes" else cache
+        out, written = ok.cache_write_then_attention(kv_c, k_pe, slots, q_nope, q_pe, bound, w_uk, w_uv,
                                                      p.query_start_loc, p.seq_lens, p.block_tables, 0.125)
         assert written == t
         np.testing.assert_array_equal(bits(cache), bits(expected_cache))
@@ -160,10 +165,11 @@ def test_bf16_cache_written_in_place_and_read_by_attention_after_write(rng):
 # ------------------------------------------------------------------ MlaPagedDecode
 
 def run_decode(rng, seq_lens, h, r, dr, bs, q_dtype="f32", cache_dtype="f32", scale=None):
-    p = make_problem(rng, seq_lens, np.ones(len(seq_lens), int), r + dr, bs, cache_dtype)
+    p = make_problem(rng, seq_lens, np.ones(len(seq_lens), int), r + dr, bs, cache_dtype.split("-")[0])
     q = randn(rng, (len(seq_lens), h, r + dr), q_dtype)
     scale = (r + dr) ** -0.5 if scale is None else scale
-    out = ok.paged_decode(q, p.kv_cache, p.block_tables, p.seq_lens, scale, kv_lora_rank=r)
+    bound = ok.cache_bytes(p.kv_cache) if cache_dtype.endswith("bytes") else p.kv_cache
+    out = ok.paged_decode(q, bound, p.block_tables, p.seq_lens, scale, kv_lora_rank=r)
     expected = ref.paged_decode(q, p.kv_cache, p.block_tables, p.seq_lens, scale, kv_lora_rank=r)
     assert out.shape == (len(seq_lens), h, r) and out.dtype == q.dtype
     assert not np.isnan(out.astype(np.float32)).any(), "read a NaN-poisoned row no sequence owns"
@@ -172,7 +178,7 @@ def run_decode(rng, seq_lens, h, r, dr, bs, q_dtype="f32", cache_dtype="f32", sc
 
 
 @pytest.mark.parametrize("lens", [[5], [1, 300, 33], [513, 1, 129, 7]])
-@pytest.mark.parametrize("cache_dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("cache_dtype", ["f32", "bf16", "bf16-bytes"])
 def test_decode_lengths(rng, lens, cache_dtype):
     run_decode(rng, lens, 16, 512, 64, 16, cache_dtype=cache_dtype)
 
@@ -200,14 +206,15 @@ def test_decode_default_rank_and_long_context_split(rng):
 
 def run_attention(rng, seq_lens, qlens, dims, bs=16, form="auto", act="f32", cache_dtype="f32"):
     h, dn, dr, r, dv = dims["h"], dims["dn"], dims["dr"], dims["r"], dims["dv"]
-    p = make_problem(rng, seq_lens, qlens, r + dr, bs, cache_dtype)
+    p = make_problem(rng, seq_lens, qlens, r + dr, bs, cache_dtype.split("-")[0])
     t = int(p.qlens.sum())
     q_nope, q_pe = randn(rng, (t, h, dn), act), randn(rng, (t, h, dr), act)
     w_uk = randn(rng, (h, dn, r), act, scale=dn ** -0.5)
     w_uv = randn(rng, (h, r, dv), act, scale=r ** -0.5)
     scale = (dn + dr) ** -0.5
     args = (q_nope, q_pe, p.kv_cache, w_uk, w_uv, p.query_start_loc, p.seq_lens, p.block_tables, scale)
-    out = ok.paged_attention(*args, form=form)
+    bound = ok.cache_bytes(p.kv_cache) if cache_dtype.endswith("bytes") else p.kv_cache
+    out = ok.paged_attention(q_nope, q_pe, bound, *args[3:], form=form)
     expected = ref.paged_attention_expanded(*args)
     assert out.shape == (t, h, dv) and out.dtype == q_nope.dtype
     assert not np.isnan(out.astype(np.float32)).any(), "read a NaN-poisoned row no sequence owns"
@@ -234,8 +241,9 @@ def test_attention_dtypes(rng, act, cache_dtype):
 
 
 @pytest.mark.parametrize("form", ["absorbed", "expanded"])
-def test_attention_deepseek_dims_bf16_cache(rng, form):
-    run_attention(rng, [64 + 17, 23], [17, 23], DEEPSEEK, form=form, cache_dtype="bf16")
+@pytest.mark.parametrize("cache_dtype", ["bf16", "bf16-bytes"])
+def test_attention_deepseek_dims_bf16_cache(rng, form, cache_dtype):
+    run_attention(rng, [64 + 17, 23], [17, 23], DEEPSEEK, form=form, cache_dtype=cache_dtype)
 
 
 # ------------------------------------------------------------------ validation
@@ -322,6 +330,8 @@ def test_cache_write_rejects_and_writes_nothing(rng):
     # inserts no Convert, so it is written in place too; the contract still says f32 or bf16.)
     expect_error(lambda: ok.cache_write(kv_c, k_pe, cache.astype(np.float64), np.arange(3, dtype=np.int32)),
                  "'kv_cache'")
+    expect_error(lambda: ok.cache_write(kv_c, k_pe, cache.view(np.uint8)[..., 1:], np.arange(3, dtype=np.int32)),
+                 "'kv_cache'", "even last dimension")
     expect_error(lambda: ok.cache_write(kv_c, k_pe, cache, np.array([0, 1, 2**40])), "'slot_mapping'",
                  "slot 1099511627776")  # i64 reaches the kernel unconverted
     np.testing.assert_array_equal(cache, before)

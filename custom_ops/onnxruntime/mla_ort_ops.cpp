@@ -46,6 +46,9 @@ mla::DType dtype_of(ONNXTensorElementDataType t) {
         case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16: return mla::DType::f16;
         case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32: return mla::DType::i32;
         case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64: return mla::DType::i64;
+        // A cache of bf16 rows bound as raw bytes [NB, BS, 2 * W] (the exported graphs declare
+        // bf16 caches this way for OpenVINO; the same graph runs here).
+        case ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8: return mla::DType::u8;
         default: return mla::DType::other;
     }
 }

@@ -59,11 +59,16 @@ def load_hf(model_dir):
 
 
 def hf_last_logits(model, tokens) -> np.ndarray:
+    """transformers' logits after `tokens` (memoised per model: backends replay the same prefixes)."""
     import torch
 
-    with torch.no_grad():
-        out = model(torch.tensor([tokens], dtype=torch.long), use_cache=False)
-    return out.logits[0, -1].float().numpy()
+    memo = model.__dict__.setdefault("_last_logits_memo", {})
+    key = tuple(int(t) for t in tokens)
+    if key not in memo:
+        with torch.no_grad():
+            out = model(torch.tensor([key], dtype=torch.long), use_cache=False)
+        memo[key] = out.logits[0, -1].float().numpy()
+    return memo[key]
 
 
 def rel_err(actual, expected) -> float:

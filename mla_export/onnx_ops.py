@@ -148,13 +148,13 @@ class _Body:
 
 def _cache_update_function():
     b = _Body()
-    rows = b("CastLike", b("Concat", "kv_c", "k_pe", axis=1), "kv_cache")  # [T, W] in the cache dtype
+    rows = b("Concat", "kv_c", "k_pe", axis=1)  # [T, W]
     shape = b("Shape", "kv_cache")
     flat = b("Reshape", "kv_cache", b("Concat", b.ints(-1), b.dim("kv_cache", 2), axis=0))  # [NB*BS, W]
     slots = b("Cast", "slot_mapping", to=TensorProto.INT64)
     keep = b("GreaterOrEqual", slots, b.int_scalar(0))  # padding slots (< 0) leave their row untouched
     kept_slots = b("Unsqueeze", b("Compress", slots, keep, axis=0), b.ints(1))
-    kept_rows = b("Compress", rows, keep, axis=0)
+    kept_rows = b("CastLike", b("Compress", rows, keep, axis=0), "kv_cache")  # (Compress-11 has no bf16)
     updated = b("ScatterND", flat, kept_slots, kept_rows)
     b.nodes.append(helper.make_node("Reshape", [updated, shape], ["kv_cache_out"]))
     return helper.make_function(PORTABLE_DOMAIN, "MlaCacheUpdate", ["kv_c", "k_pe", "kv_cache", "slot_mapping"],

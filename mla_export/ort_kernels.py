@@ -8,8 +8,9 @@ cache of `cache_write` is updated in place: a C-contiguous cache is bound withou
 op writes into the caller's array); another layout goes through a contiguous copy that is
 written back.
 
-Used by the onnxruntime op tests and the kernel benchmark; needs onnx and onnxruntime, never
-torch or openvino.
+Used by the onnxruntime op tests, the kernel benchmark and (`ortvalue`, `to_numpy`,
+`session_options`) the onnxruntime executor; building models needs onnx, running them only
+onnxruntime; never torch or openvino.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import numpy as np
 from . import ort_ops_path
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
+ONNX_BFLOAT16 = 16  # onnx.TensorProto.BFLOAT16
 
 __all__ = ["BF16", "cache_bytes", "available", "session_options", "ortvalue", "to_numpy", "single_op_model", "cache_write",
            "paged_decode", "paged_attention", "cache_write_then_attention", "FORMS"]
@@ -71,12 +73,10 @@ def session_options(num_threads: int | None = None):
 
 
 def _onnx_type(dtype: np.dtype) -> int:
+    if np.dtype(dtype) == BF16:
+        return ONNX_BFLOAT16  # without importing onnx: the runtime executor uses this too
     from onnx import helper
 
-    if np.dtype(dtype) == BF16:
-        from onnx import TensorProto
-
-        return TensorProto.BFLOAT16
     return helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
 
 

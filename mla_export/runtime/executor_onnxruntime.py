@@ -1,0 +1,218 @@
+"""The backend's implementation on onnxruntime (CPU), the same interface as
+`executor_openvino.OpenVINOMLAExecutor`: constructed on the shared per-layer cache arrays,
+`execute(metadata) -> logits [B, vocab] f32`, a start-up self-check, and `describe()`.
+
+Two paths, picked at construction:
+- "custom": `model.onnx` (the graph with the MLA ops) in a session that has the mla-export
+  custom-op library (`libmla_export_ort.so`) registered. The caches are bound once through
+  IOBinding as OrtValues over the arrays' own memory (bf16 caches as their u8 bytes, as the
+  graph declares them), and MlaCacheWrite writes the new rows straight into them: nothing is
+  copied per step, the numpy arrays *are* the cache. A sentinel step at start-up checks it.
+- "portable": `model_portable.onnx` (standard ONNX ops in model-local functions, no library),
+  used when the library was not built or the export has no `model.onnx`. Its caches go in as
+  inputs and come back as `kv_cache_out.<i>` outputs, copied into the cache arrays after every
+  step (one full cache copy per layer per step: correct, but slow for big caches).
+
+Threads: `num_threads` sets the session's intra-op pool, which both onnxruntime's own kernels
+and the MLA kernels run on (and the MLA kernels' work split). `precision` is accepted for the
+engine's interface but onnxruntime has no inference-precision hint: the graph runs in the
+dtypes it was exported with.
+
+Imports onnxruntime, numpy and ml_dtypes only (never torch, onnx or openvino).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from typing import Sequence
+
+import numpy as np
+
+from .. import ort_kernels, ort_ops_path
+from ..contract import Contract, ContractError
+from .metadata import METADATA_INPUTS, MLAMetadata, MLAMetadataBuilder
+
+__all__ = ["OnnxRuntimeMLAExecutor", "CacheNotInPlaceError", "VARIANTS"]
+
+log = logging.getLogger("mla_export.runtime")
+
+PRECISIONS = ("f32", "bf16")
+VARIANTS = ("auto", "custom", "portable")
+_SENTINEL = -1234.0  # exactly representable in bf16; no real cache row is all this value
+
+
+class CacheNotInPlaceError(RuntimeError):
+    """onnxruntime gave the MLA op a copy of the cache, not the caller's arrays."""
+
+
+def _ort():
+    try:
+        import onnxruntime
+    except ImportError as e:  # pragma: no cover - depends on the install
+        raise ImportError("the onnxruntime runtime needs the onnxruntime package: "
+                          "pip install 'mla-export[onnxruntime]'") from e
+    return onnxruntime
+
+
+def choose_variant(contract: Contract, variant: str = "auto") -> tuple[str, str]:
+    """(variant, reason): which graph the executor runs and why."""
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    has_custom = contract.graph_path("onnx") is not None
+    has_portable = contract.graph_path("onnx_portable") is not None
+    lib = ort_ops_path()
+    if variant == "custom" or (variant == "auto" and has_custom and lib):
+        if not has_custom:
+            raise ContractError(f"{contract.out_dir}: the export has no ONNX graph with the MLA ops (model.onnx); "
+                                "export with --format onnx or both")
+        if not lib:
+            raise FileNotFoundError(
+                "the mla-export onnxruntime custom-op library (libmla_export_ort.so) is not installed: run "
+                "tools/fetch_ort_headers.sh and reinstall the package, or use the portable ONNX graph")
+        return "custom", f"custom-op library {lib}"
+    if variant == "auto":
+        if not has_portable:
+            why = ("the custom-op library libmla_export_ort.so is not installed" if has_custom
+                   else "the export has no model.onnx")
+            raise ContractError(
+                f"{contract.out_dir}: cannot run on onnxruntime: {why}, and the export has no portable ONNX graph "
+                "(export with --format onnx --portable)")
+        why = "the export has no model.onnx" if not has_custom else "libmla_export_ort.so is not installed"
+        return "portable", f"portable ONNX functions ({why})"
+    if not has_portable:
+        raise ContractError(f"{contract.out_dir}: the export has no portable ONNX graph (export with --portable)")
+    return "portable", "portable ONNX functions (asked for)"
+
+
+class OnnxRuntimeMLAExecutor:
+    """Runs steps of the exported ONNX graph on the caches it was given (kept alive while bound)."""
+
+    def __init__(
+        self,
+        contract: Contract,
+        kv_caches: Sequence[np.ndarray],
+        *,
+        precision: str = "bf16",
+        num_threads: int | None = None,
+        variant: str = "auto",
+    ):
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+        if num_threads is not None and (not isinstance(num_threads, int) or num_threads < 1):
+            raise ValueError(f"num_threads must be a positive integer, got {num_threads!r}")
+        ort = _ort()
+        self.variant, self._reason = choose_variant(contract, variant)
+        self.precision = precision
+        self.num_threads = num_threads
+        self._kv_caches = list(kv_caches)
+        if len(self._kv_caches) != contract.model["num_layers"]:
+            raise ValueError(f"got {len(self._kv_caches)} cache arrays for {contract.model['num_layers']} layers")
+        for i, c in enumerate(self._kv_caches):
+            if not (isinstance(c, np.ndarray) and c.flags.c_contiguous):
+                raise ValueError(f"cache of layer {i} must be a C-contiguous numpy array")
+
+        if self.variant == "custom":
+            so = ort_kernels.session_options(num_threads)
+            path = contract.graph_path("onnx")
+        else:
+            so = ort.SessionOptions()
+            if num_threads is not None:
+                so.intra_op_num_threads = num_threads
+            path = contract.graph_path("onnx_portable")
+            log.warning("onnxruntime: running %s with %s; caches are returned and copied back every step",
+                        path.name, self._reason)
+        self.session = ort.InferenceSession(str(path), sess_options=so, providers=["CPUExecutionProvider"])
+        self.graph_file = path.name
+        io_variant = "custom" if self.variant == "custom" else "portable"
+        contract.validate_model_io([(i.name, i.shape, i.type) for i in self.session.get_inputs()],
+                                   [(o.name, o.shape, o.type) for o in self.session.get_outputs()], io_variant)
+        specs = {s.name: s for s in contract.inputs(io_variant)}
+
+        # The arrays the graph sees: the custom graph takes bf16 caches as u8 bytes.
+        self._bound = [ort_kernels.cache_bytes(c) if self.variant == "custom" else c for c in self._kv_caches]
+        for i, arr in enumerate(self._bound):
+            spec = specs[f"kv_cache.{i}"]
+            want = {"u8": np.uint8, "f32": np.float32, "bf16": ort_kernels.BF16}[spec.dtype]
+            if arr.dtype != want or arr.ndim != len(spec.shape) or any(
+                    isinstance(s, int) and s != d for s, d in zip(spec.shape, arr.shape)):
+                raise ValueError(f"graph input kv_cache.{i} is {spec.dtype} {list(spec.shape)}; "
+                                 f"the cache binds {arr.dtype} {list(arr.shape)}")
+        self._cache_values = [ort_kernels.ortvalue(a) for a in self._bound]  # over the arrays' memory
+        self._io = self.session.io_binding()
+        for i, v in enumerate(self._cache_values):
+            self._io.bind_ortvalue_input(f"kv_cache.{i}", v)
+        self._io.bind_output("logits")
+        self._cache_outputs = []
+        if self.variant == "portable":
+            self._cache_outputs = [f"kv_cache_out.{i}" for i in range(len(self._kv_caches))]
+            for name in self._cache_outputs:
+                self._io.bind_output(name)
+        self.check_cache_written_in_place()
+
+    # -- steps -----------------------------------------------------------------------------------
+
+    def execute(self, metadata: MLAMetadata) -> np.ndarray:
+        """Run one step; logits [B, vocab] f32."""
+        feeds = metadata.feeds()
+        keep = []  # the OrtValues wrap the metadata arrays (no copy); `feeds` keeps those alive
+        for name in METADATA_INPUTS:
+            value = ort_kernels.ortvalue(np.ascontiguousarray(feeds[name], dtype=np.int32))
+            keep.append(value)
+            self._io.bind_ortvalue_input(name, value)
+        self.session.run_with_iobinding(self._io)
+        outputs = self._io.get_outputs()
+        if self._cache_outputs:
+            for cache, value in zip(self._kv_caches, outputs[1:]):
+                _copy_into(cache, value)
+        return outputs[0].numpy()
+
+    def check_cache_written_in_place(self) -> None:
+        """Sentinel step: fill block 0 with a sentinel, run one token at slot 0, read the row back
+        from every layer's numpy array. The block is zeroed again afterwards (it must be free)."""
+        for cache in self._kv_caches:
+            cache[0] = _SENTINEL
+        nb, bs, _ = self._kv_caches[0].shape
+        step = MLAMetadataBuilder(bs, nb, max_model_len=1).build([1], [1], [[0]], np.zeros(1, np.int32))
+        logits = self.execute(step)
+        stale = [i for i, c in enumerate(self._kv_caches) if np.all(c[0, 0] == _SENTINEL)]
+        for cache in self._kv_caches:
+            cache[0] = 0
+        if stale:
+            raise CacheNotInPlaceError(
+                f"onnxruntime did not write kv_cache.{stale[0]} (and {len(stale) - 1} other layers) into the "
+                f"bound array: it made a private copy of the cache, so generation would read a stale cache "
+                f"(bound {self._bound[stale[0]].dtype} {self._bound[stale[0]].shape}, {self.graph_file}).")
+        if not np.isfinite(logits).all():
+            raise RuntimeError("the start-up step produced non-finite logits: the exported graph is broken")
+
+    # -- facts -----------------------------------------------------------------------------------
+
+    def describe(self) -> str:
+        ort = _ort()
+        threads = self.num_threads if self.num_threads is not None else "default"
+        if self.variant == "custom":
+            isa = _library_isa()
+            return (f"onnxruntime {ort.__version__} CPU: {self.graph_file} with the mla_export custom-op library "
+                    f"({isa} kernels), caches written in place, intra-op threads {threads}")
+        return (f"onnxruntime {ort.__version__} CPU: {self.graph_file}, {self._reason}, caches returned as "
+                f"outputs and copied back each step, intra-op threads {threads}")
+
+
+def _library_isa() -> str:
+    path = ort_ops_path()
+    if not path:
+        return "unknown"
+    fn = ctypes.CDLL(path).MlaExportOrtIsa
+    fn.restype = ctypes.c_char_p
+    return fn().decode()
+
+
+def _copy_into(cache: np.ndarray, value) -> None:
+    """cache[...] = the OrtValue's contents (same shape and element size), without a temporary."""
+    shape = tuple(value.shape())
+    if shape != cache.shape:
+        raise RuntimeError(f"the portable graph returned a cache of shape {shape}, the bound cache is {cache.shape}")
+    if value.tensor_size_in_bytes() != cache.nbytes:
+        raise RuntimeError(f"the portable graph returned {value.data_type()} for a {cache.dtype} cache")
+    ctypes.memmove(cache.ctypes.data, value.data_ptr(), cache.nbytes)

@@ -44,6 +44,14 @@ SeqCache seq_cache(const TensorView& cache, const TensorView& bt, int64_t b) {
                     dtype_size(cache.dtype), &bt, b * bt.dim(1)};
 }
 
+void prefetch_rows(const SeqCache& sc, int64_t c0, int64_t n) {
+    const int64_t bytes = sc.width * sc.esz;
+    for (int64_t j = 0; j < n; ++j) {
+        const char* row = static_cast<const char*>(sc.row(c0 + j));
+        for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(row + off, 0, 3);
+    }
+}
+
 // Per-thread scratch, grown on demand and reused across calls.
 struct Scratch {
     std::vector<float> kr, kt, s, knt, v;
@@ -117,24 +125,27 @@ inline int64_t row_limit(const AbsorbedSeq& s, int64_t i) { return s.seq_len - s
 
 void absorbed_task(const IsaKernels& K, const AbsorbedSeq& s, const Partial& p, int64_t r, float scale) {
     const int64_t rows = s.qlen * s.heads, w = s.cache.width;
-    Scratch& sc = tls;
-    float* kr = Scratch::get(sc.kr, kChunk * w);
-    float* kt = Scratch::get(sc.kt, kChunk * w);
-    float* sbuf = Scratch::get(sc.s, rows * kChunk);
+    float* sbuf = Scratch::get(tls.s, rows * kChunk);
     std::fill(p.mx, p.mx + rows, kNegInf);
     std::fill(p.l, p.l + rows, 0.f);
     std::fill(p.o, p.o + rows * r, 0.f);
+    const void* chunk_rows[kChunk];
     for (int64_t c0 = p.c_begin; c0 < p.c_end; c0 += kChunk) {
         const int64_t n = std::min(kChunk, p.c_end - c0);
         // Rows are ordered by token, so by limit: skip the leading rows that see nothing here.
         const int64_t t0 = std::max<int64_t>(0, c0 - (s.seq_len - s.qlen));
         const int64_t i0 = t0 * s.heads;
         if (i0 >= rows) break;
-        gather_chunk(K, s.cache, c0, n, kr, kt);
-        K.gemm(rows - i0, n, w, s.q + i0 * w, w, kt, kChunk, sbuf, kChunk, false);
+        // The cache rows are read where they live (bf16 widened in registers): all heads of
+        // the sequence share each loaded row.
+        for (int64_t j = 0; j < n; ++j) chunk_rows[j] = s.cache.row(c0 + j);
+        // Pull the next chunk toward the core while this one computes: blocks sit at scattered
+        // addresses, which the hardware prefetcher does not follow across block boundaries.
+        prefetch_rows(s.cache, c0 + kChunk, std::min(kChunk, p.c_end - c0 - kChunk));
+        K.row_dot(rows - i0, n, w, s.q + i0 * w, w, chunk_rows, s.cache.dtype, 0, sbuf, kChunk, false);
         auto visible = [&](int64_t i) { return std::clamp<int64_t>(row_limit(s, i0 + i) - c0, 0, n); };
         softmax_step(K, sbuf, rows - i0, scale, visible, p.mx + i0, p.l + i0, p.o + i0 * r, r, r);
-        K.gemm(rows - i0, r, n, sbuf, kChunk, kr, w, p.o + i0 * r, r, true);
+        K.row_axpy(rows - i0, n, r, sbuf, kChunk, chunk_rows, s.cache.dtype, p.o + i0 * r, r);
     }
 }
 

@@ -142,12 +142,9 @@ class OnnxRuntimeMLAExecutor:
         self._io = self.session.io_binding()
         for i, v in enumerate(self._cache_values):
             self._io.bind_ortvalue_input(f"kv_cache.{i}", v)
-        self._io.bind_output("logits")
-        self._cache_outputs = []
+        self._outputs = ["logits"]
         if self.variant == "portable":
-            self._cache_outputs = [f"kv_cache_out.{i}" for i in range(len(self._kv_caches))]
-            for name in self._cache_outputs:
-                self._io.bind_output(name)
+            self._outputs += [f"kv_cache_out.{i}" for i in range(len(self._kv_caches))]
         self.check_cache_written_in_place()
 
     # -- steps -----------------------------------------------------------------------------------
@@ -160,9 +157,14 @@ class OnnxRuntimeMLAExecutor:
             value = ort_kernels.ortvalue(np.ascontiguousarray(feeds[name], dtype=np.int32))
             keep.append(value)
             self._io.bind_ortvalue_input(name, value)
+        # Outputs unallocated every step: onnxruntime allocates them at this step's shapes (a
+        # binding kept from the previous step would pin its [B, vocab] shape).
+        self._io.clear_binding_outputs()
+        for name in self._outputs:
+            self._io.bind_output(name)
         self.session.run_with_iobinding(self._io)
         outputs = self._io.get_outputs()
-        if self._cache_outputs:
+        if self.variant == "portable":
             for cache, value in zip(self._kv_caches, outputs[1:]):
                 _copy_into(cache, value)
         return outputs[0].numpy()

@@ -1,0 +1,152 @@
+"""`mla-export serve OUT_DIR`: the OpenAI-compatible HTTP server on uvicorn.
+
+Shutdown (SIGINT/SIGTERM): uvicorn stops accepting connections and lets running requests
+finish for up to --shutdown-timeout seconds, then cancels the rest (each cancelled request is
+aborted in the engine); the engine thread then stops and the command reports the cache state:
+exit code 0 when no KV block is left held, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import sys
+from pathlib import Path
+
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
+          "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_size(text: str) -> int:
+    """'2GiB' -> 2147483648, '512MB' -> 512000000, '1000000' -> 1000000."""
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 2GiB, 512MiB, 1GB)")
+    value = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"the size must be positive: {text!r}")
+    return value
+
+
+def _positive(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
+
+
+def _non_negative(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
+    return v
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "serve", help="serve an exported model with an OpenAI-compatible HTTP API",
+        description="Serve an exported model directory with an OpenAI-compatible HTTP API "
+                    "(/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics).")
+    p.add_argument("out_dir", metavar="OUT_DIR", help="a directory written by `mla-export export`")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 for all)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
+    p.add_argument("--served-model-name", default=None,
+                   help="the model id clients send and /v1/models lists (default: OUT_DIR's name)")
+    p.add_argument("--max-num-seqs", type=_positive, default=64, help="sequences the engine runs at once (default 64)")
+    p.add_argument("--max-queue", type=_non_negative, default=256,
+                   help="sequences that may wait beyond --max-num-seqs; more are refused with 429 (default 256)")
+    p.add_argument("--max-num-batched-tokens", type=_positive, default=512,
+                   help="token budget of one engine step (default 512)")
+    p.add_argument("--kv-cache-memory", type=parse_size, default=None,
+                   help="KV cache budget, e.g. 2GiB (default: the engine's: a full batch at full context, capped)")
+    p.add_argument("--num-blocks", type=_positive, default=None, help="KV cache size in blocks (instead of a budget)")
+    p.add_argument("--precision", choices=("bf16", "f32"), default="bf16", help="CPU inference precision (default bf16)")
+    p.add_argument("--threads", type=_positive, default=None, help="inference threads (default: the plugin's)")
+    p.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
+    p.add_argument("--api-key", default=os.environ.get("MLA_EXPORT_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on /v1/* (default: $MLA_EXPORT_API_KEY, else none)")
+    p.add_argument("--chat-template", default=None,
+                   help="a Jinja2 chat template file overriding the model directory's")
+    p.add_argument("--shutdown-timeout", type=float, default=30.0,
+                   help="seconds running requests get to finish on shutdown before they are cancelled (default 30)")
+    p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    return p
+
+
+def _server_class():
+    import contextlib
+
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn re-raises SIGINT/SIGTERM after a graceful shutdown (so the process dies of the
+        signal); here the command reports the cache state and exits with its own code instead."""
+
+        @contextlib.contextmanager
+        def capture_signals(self):
+            with super().capture_signals():
+                try:
+                    yield
+                finally:
+                    captured = getattr(self, "_captured_signals", None)
+                    if isinstance(captured, list):
+                        captured.clear()
+
+    return Server
+
+
+def run(args) -> int:
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        import uvicorn
+        from mla_export.runtime.engine import LLMEngine
+        from mla_export.server.app import create_app
+    except ImportError as e:
+        print(f"mla-export serve: missing dependency ({e}); install with `pip install mla-export[serve]`",
+              file=sys.stderr)
+        return 2
+    out_dir = Path(args.out_dir)
+    if args.kv_cache_memory is not None and args.num_blocks is not None:
+        print("mla-export serve: give --kv-cache-memory or --num-blocks, not both", file=sys.stderr)
+        return 2
+    try:
+        engine = LLMEngine(out_dir, precision=args.precision, num_threads=args.threads, num_blocks=args.num_blocks,
+                           kv_cache_memory=args.kv_cache_memory, max_num_seqs=args.max_num_seqs,
+                           max_num_batched_tokens=args.max_num_batched_tokens,
+                           enable_prefix_caching=not args.no_prefix_caching)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"mla-export serve: {e}", file=sys.stderr)
+        return 2
+    name = args.served_model_name or out_dir.resolve().name
+    try:
+        app = create_app(engine, model_name=name, api_key=args.api_key, max_num_seqs=args.max_num_seqs,
+                         max_queue=args.max_queue, chat_template=args.chat_template)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"mla-export serve: {e}", file=sys.stderr)
+        return 2
+    st = app.state.server
+    stats = engine.stats()
+    print(f"mla-export serve: model '{name}' from {out_dir}, context {st.max_model_len} tokens, "
+          f"{stats['kv_blocks_total']} KV blocks of {stats['kv_block_size']} tokens, "
+          f"chat {'on' if st.chat_template else 'off'}, auth {'on' if args.api_key else 'off'}", file=sys.stderr)
+    _Server = _server_class()
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                            timeout_graceful_shutdown=args.shutdown_timeout, lifespan="on", access_log=False)
+    server = _Server(config)
+    server.run()
+    final = st.final_stats
+    if final is None:  # uvicorn never ran the lifespan shutdown (failed start, or forced exit)
+        print("mla-export serve: stopped without a clean shutdown", file=sys.stderr)
+        return 1
+    used = final.get("kv_blocks_used", 0)
+    print(f"mla-export serve: stopped; running={final.get('num_running')} waiting={final.get('num_waiting')} "
+          f"kv_blocks_used={used} of {final.get('kv_blocks_total')}", file=sys.stderr)
+    return 0 if used == 0 and not final.get("num_running") and not final.get("num_waiting") else 1

@@ -1,0 +1,388 @@
+"""OpenAI-compatible request parsing and response bodies for `mla-export serve`.
+
+Parsing is explicit (no framework magic) so that every rejection is a 400 with an OpenAI-style
+error body naming the offending parameter:
+
+    {"error": {"message": "...", "type": "invalid_request_error", "param": "max_tokens", "code": null}}
+
+Unknown fields are ignored (as OpenAI-compatible servers commonly do), but a *known* field of
+the wrong type or out of range is an error, and so is a known OpenAI option this server cannot
+honour (logprobs, echo, best_of > n, suffix, penalties, logit_bias, tools): silently ignoring
+it would return something other than what the client asked for.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "APIError",
+    "CompletionRequest",
+    "ChatRequest",
+    "error_body",
+    "parse_json_body",
+    "parse_completion_request",
+    "parse_chat_request",
+    "new_id",
+]
+
+MAX_N = 16
+MAX_STOP = 16
+
+
+class APIError(Exception):
+    """An error answered with an OpenAI-style body."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None, headers: dict | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return error_body(self.message, type=self.type, param=self.param, code=self.code)
+
+
+def error_body(message: str, *, type: str = "invalid_request_error", param: str | None = None,
+               code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def parse_json_body(raw: bytes) -> dict:
+    if not raw:
+        raise bad_request("the request body is empty; expected a JSON object")
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise bad_request(f"the request body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise bad_request(f"the request body must be a JSON object, got {type(body).__name__}")
+    return body
+
+
+# ---- typed field readers ---------------------------------------------------------------------
+
+def _type_name(v: Any) -> str:
+    if v is None:
+        return "null"
+    return {bool: "boolean", int: "integer", float: "number", str: "string", list: "array",
+            dict: "object"}.get(type(v), type(v).__name__)
+
+
+def _get_int(body: dict, name: str, default, lo=None, hi=None):
+    v = body.get(name, None)
+    if v is None:
+        return default
+    # JSON has one number type: accept 3.0 for an integer field, reject 3.5 and booleans.
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not v.is_integer()):
+        raise bad_request(f"'{name}' must be an integer, got {_type_name(v)} {v!r}", name)
+    v = int(v)
+    if lo is not None and v < lo:
+        raise bad_request(f"'{name}' must be >= {lo}, got {v}", name)
+    if hi is not None and v > hi:
+        raise bad_request(f"'{name}' must be <= {hi}, got {v}", name)
+    return v
+
+
+def _get_float(body: dict, name: str, default, lo=None, hi=None):
+    v = body.get(name, None)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise bad_request(f"'{name}' must be a number, got {_type_name(v)} {v!r}", name)
+    v = float(v)
+    if not math.isfinite(v):
+        raise bad_request(f"'{name}' must be finite", name)
+    if lo is not None and v < lo:
+        raise bad_request(f"'{name}' must be >= {lo}, got {v}", name)
+    if hi is not None and v > hi:
+        raise bad_request(f"'{name}' must be <= {hi}, got {v}", name)
+    return v
+
+
+def _get_bool(body: dict, name: str, default: bool) -> bool:
+    v = body.get(name, None)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise bad_request(f"'{name}' must be a boolean, got {_type_name(v)} {v!r}", name)
+    return v
+
+
+def _get_str(body: dict, name: str, default):
+    v = body.get(name, None)
+    if v is None:
+        return default
+    if not isinstance(v, str):
+        raise bad_request(f"'{name}' must be a string, got {_type_name(v)}", name)
+    return v
+
+
+def _is_token_list(v) -> bool:
+    return isinstance(v, list) and len(v) > 0 and all(isinstance(t, int) and not isinstance(t, bool) for t in v)
+
+
+# ---- sampling options shared by both endpoints ---------------------------------------------
+
+@dataclass
+class Sampling:
+    max_tokens: int | None  # None: up to the context length (chat default)
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int | None
+    n: int
+    stop: list[str]
+    stop_token_ids: list[int]
+    ignore_eos: bool
+    stream: bool
+    include_usage: bool
+    return_token_ids: bool
+
+
+def _reject_unsupported(body: dict, chat: bool) -> None:
+    def nonzero(name):
+        v = body.get(name)
+        if v is None:
+            return
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise bad_request(f"'{name}' must be a number, got {_type_name(v)}", name)
+        if not (-2.0 <= v <= 2.0):
+            raise bad_request(f"'{name}' must be in [-2, 2], got {v}", name)
+        if v != 0:
+            raise bad_request(f"'{name}' is not supported by this server (only 0)", name)
+
+    nonzero("presence_penalty")
+    nonzero("frequency_penalty")
+    if body.get("logit_bias"):
+        raise bad_request("'logit_bias' is not supported by this server", "logit_bias")
+    if chat:
+        if body.get("logprobs") not in (None, False):
+            raise bad_request("'logprobs' is not supported by this server", "logprobs")
+        if body.get("top_logprobs") is not None:
+            raise bad_request("'top_logprobs' is not supported by this server", "top_logprobs")
+        for name in ("tools", "functions", "response_format"):
+            v = body.get(name)
+            if v and not (name == "response_format" and isinstance(v, dict) and v.get("type") == "text"):
+                raise bad_request(f"'{name}' is not supported by this server", name)
+    else:
+        if body.get("logprobs") is not None:
+            raise bad_request("'logprobs' is not supported by this server", "logprobs")
+        if body.get("echo"):
+            raise bad_request("'echo' is not supported by this server", "echo")
+        if body.get("suffix"):
+            raise bad_request("'suffix' is not supported by this server", "suffix")
+
+
+def _parse_sampling(body: dict, *, chat: bool) -> Sampling:
+    _reject_unsupported(body, chat)
+    if chat:
+        # `max_completion_tokens` is the newer name for the same limit.
+        mt = _get_int(body, "max_completion_tokens", None, lo=1)
+        if mt is None:
+            mt = _get_int(body, "max_tokens", None, lo=1)
+    else:
+        mt = _get_int(body, "max_tokens", 16, lo=1)
+    temperature = _get_float(body, "temperature", 1.0, lo=0.0, hi=2.0)
+    top_p = _get_float(body, "top_p", 1.0, lo=0.0, hi=1.0)
+    if top_p == 0.0:
+        raise bad_request("'top_p' must be in (0, 1]", "top_p")
+    top_k = _get_int(body, "top_k", -1, lo=-1)
+    if top_k == 0:
+        raise bad_request("'top_k' must be -1 (off) or >= 1", "top_k")
+    seed = _get_int(body, "seed", None, lo=-(2**63), hi=2**64 - 1)
+    if seed is not None:
+        seed %= 2**63  # numpy seeds are non-negative; keep the mapping deterministic
+    n = _get_int(body, "n", 1, lo=1, hi=MAX_N)
+    if not chat:
+        best_of = _get_int(body, "best_of", None, lo=1)
+        if best_of is not None and best_of != n:
+            raise bad_request("'best_of' different from 'n' is not supported by this server", "best_of")
+
+    stop_strs: list[str] = []
+    stop_ids: list[int] = []
+    stop = body.get("stop")
+    if stop is not None:
+        items = [stop] if isinstance(stop, (str, int)) and not isinstance(stop, bool) else stop
+        if not isinstance(items, list):
+            raise bad_request(f"'stop' must be a string or an array of strings (or token ids), got {_type_name(stop)}", "stop")
+        if len(items) > MAX_STOP:
+            raise bad_request(f"'stop' has at most {MAX_STOP} entries", "stop")
+        for s in items:
+            if isinstance(s, str):
+                if not s:
+                    raise bad_request("'stop' strings must not be empty", "stop")
+                stop_strs.append(s)
+            elif isinstance(s, int) and not isinstance(s, bool):
+                if s < 0:
+                    raise bad_request("'stop' token ids must be >= 0", "stop")
+                stop_ids.append(s)
+            else:
+                raise bad_request(f"'stop' entries must be strings or token ids, got {_type_name(s)}", "stop")
+    extra_ids = body.get("stop_token_ids")
+    if extra_ids is not None:
+        if not isinstance(extra_ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in extra_ids):
+            raise bad_request("'stop_token_ids' must be an array of non-negative integers", "stop_token_ids")
+        stop_ids.extend(extra_ids)
+
+    stream = _get_bool(body, "stream", False)
+    include_usage = False
+    so = body.get("stream_options")
+    if so is not None:
+        if not isinstance(so, dict):
+            raise bad_request("'stream_options' must be an object", "stream_options")
+        if not stream:
+            raise bad_request("'stream_options' is only allowed when 'stream' is true", "stream_options")
+        include_usage = _get_bool(so, "include_usage", False)
+    return Sampling(
+        max_tokens=mt, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, n=n,
+        stop=stop_strs, stop_token_ids=sorted(set(stop_ids)),
+        ignore_eos=_get_bool(body, "ignore_eos", False), stream=stream,
+        include_usage=include_usage, return_token_ids=_get_bool(body, "return_token_ids", False))
+
+
+# ---- endpoint requests ------------------------------------------------------------------------
+
+@dataclass
+class CompletionRequest:
+    model: str | None
+    prompts: list[str | list[int]]  # one entry per prompt: text or token ids
+    sampling: Sampling
+
+
+@dataclass
+class ChatRequest:
+    model: str | None
+    messages: list[dict]
+    sampling: Sampling
+    add_generation_prompt: bool = True
+    template_kwargs: dict = field(default_factory=dict)
+
+
+def parse_completion_request(body: dict) -> CompletionRequest:
+    model = _get_str(body, "model", None)
+    if "prompt" not in body or body["prompt"] is None:
+        raise bad_request("'prompt' is required", "prompt")
+    p = body["prompt"]
+    if isinstance(p, str):
+        prompts: list = [p]
+    elif _is_token_list(p):
+        prompts = [list(p)]
+    elif isinstance(p, list) and p and all(isinstance(x, str) for x in p):
+        prompts = list(p)
+    elif isinstance(p, list) and p and all(_is_token_list(x) for x in p):
+        prompts = [list(x) for x in p]
+    else:
+        raise bad_request("'prompt' must be a string, an array of strings, an array of token ids "
+                          "or an array of arrays of token ids (none empty)", "prompt")
+    for x in prompts:
+        if isinstance(x, str) and not x:
+            raise bad_request("'prompt' must not be empty", "prompt")
+        if isinstance(x, list) and any(t < 0 for t in x):
+            raise bad_request("'prompt' token ids must be >= 0", "prompt")
+    if len(prompts) > 64:
+        raise bad_request("at most 64 prompts per request", "prompt")
+    return CompletionRequest(model=model, prompts=prompts, sampling=_parse_sampling(body, chat=False))
+
+
+_ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+def parse_chat_request(body: dict) -> ChatRequest:
+    model = _get_str(body, "model", None)
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise bad_request("'messages' must be a non-empty array", "messages")
+    out = []
+    for i, m in enumerate(msgs):
+        param = f"messages.[{i}]"
+        if not isinstance(m, dict):
+            raise bad_request(f"{param} must be an object", param)
+        role = m.get("role")
+        if role not in _ROLES:
+            raise bad_request(f"{param}.role must be one of {list(_ROLES)}, got {role!r}", f"{param}.role")
+        content = m.get("content")
+        if isinstance(content, list):  # content parts: only text is supported
+            texts = []
+            for part in content:
+                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise bad_request(f"{param}.content: only text parts are supported", f"{param}.content")
+                texts.append(part["text"])
+            content = "".join(texts)
+        elif content is None:
+            if role != "assistant":
+                raise bad_request(f"{param}.content is required", f"{param}.content")
+            content = ""
+        elif not isinstance(content, str):
+            raise bad_request(f"{param}.content must be a string or an array of text parts", f"{param}.content")
+        msg = {"role": role, "content": content}
+        if isinstance(m.get("name"), str):
+            msg["name"] = m["name"]
+        out.append(msg)
+    agp = _get_bool(body, "add_generation_prompt", True)
+    kwargs = body.get("chat_template_kwargs") or {}
+    if not isinstance(kwargs, dict):
+        raise bad_request("'chat_template_kwargs' must be an object", "chat_template_kwargs")
+    return ChatRequest(model=model, messages=out, sampling=_parse_sampling(body, chat=True),
+                       add_generation_prompt=agp, template_kwargs=kwargs)
+
+
+# ---- response bodies ----------------------------------------------------------------------------
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def completion_body(rid: str, model: str, created: int, choices: list[dict], use: dict | None) -> dict:
+    body = {"id": rid, "object": "text_completion", "created": created, "model": model,
+            "choices": choices, "system_fingerprint": None}
+    if use is not None:
+        body["usage"] = use
+    return body
+
+
+def chat_body(rid: str, model: str, created: int, choices: list[dict], use: dict | None) -> dict:
+    body = {"id": rid, "object": "chat.completion", "created": created, "model": model,
+            "choices": choices, "system_fingerprint": None}
+    if use is not None:
+        body["usage"] = use
+    return body
+
+
+def chat_chunk(rid: str, model: str, created: int, choices: list[dict], use: dict | None = None) -> dict:
+    body = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+            "choices": choices, "system_fingerprint": None}
+    if use is not None:
+        body["usage"] = use
+    return body
+
+
+def sse(obj: dict | str) -> bytes:
+    """One server-sent event: `data: <json>` and a blank line."""
+    data = obj if isinstance(obj, str) else json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+    return f"data: {data}\n\n".encode()
+
+
+SSE_DONE = sse("[DONE]")
+
+
+def now() -> int:
+    return int(time.time())

@@ -77,7 +77,7 @@ def test_random_batches_match_a_per_token_loop(rng):
         (dict(seq_lens=[65], query_lens=[1], block_tables=[list(range(17))], new_token_ids=[[1]]), "context"),
         (dict(seq_lens=[5], query_lens=[1], block_tables=[[0]], new_token_ids=[[1]]), "block table shorter"),
         (dict(seq_lens=[3], query_lens=[1], block_tables=[[8]], new_token_ids=[[1]]), "block ids"),
-        (dict(seq_lens=[3], query_lens=[2], block_tables=[[1]], new_token_ids=[[1]]), "new token ids"),
+        (dict(seq_lens=[3], query_lens=[2], block_tables=[[1]], new_token_ids=[[1]]), "new_token_ids must hold"),
         (dict(seq_lens=[3], query_lens=[1], block_tables=[[1]], new_token_ids=[[100]]), "token ids must lie"),
         (dict(seq_lens=[3, 4], query_lens=[1], block_tables=[[1]], new_token_ids=[[1]]), "same sequences"),
         (dict(seq_lens=[], query_lens=[], block_tables=[], new_token_ids=[]), "at least one"),

@@ -4,7 +4,7 @@ One compiled model and one infer request serve every step. The per-layer cache a
 KVCacheManager are bound once, as tensors over their own memory; the graph's MlaCacheWrite op
 writes the new rows straight into them, so nothing is copied per step and the numpy arrays
 *are* the cache (copy-on-write and block swaps act on them directly). Per step only the small
-int32 metadata arrays are bound (`infer(..., share_inputs=True)`: wrapped, not copied).
+int32 metadata values are copied into the executor's own input tensors.
 
 That only holds when the plugin hands the op the caller's buffer. It silently makes a copy
 when the bound array's type differs from what the op consumes (a Convert is inserted: e.g. a
@@ -23,7 +23,7 @@ import openvino as ov
 from .. import ov_core
 from ..ov_tensors import cache_binding, ov_type, shared_tensor
 from ..contract import Contract
-from .metadata import MLAMetadata, MLAMetadataBuilder
+from .metadata import METADATA_INPUTS, MLAMetadata, MLAMetadataBuilder
 from .model_dir import graph_path
 
 __all__ = ["OpenVINOMLAExecutor", "CacheNotInPlaceError"]
@@ -66,14 +66,35 @@ class OpenVINOMLAExecutor:
         self.request = self.compiled.create_infer_request()
         for i, arr in enumerate(self._bound):
             self.request.set_tensor(f"kv_cache.{i}", shared_tensor(arr))
+        self._meta_tensors = {}
+        self._meta_views: dict[str, np.ndarray] = {}  # numpy views of the tensors at their current shape
+        for name in METADATA_INPUTS:
+            rank = self.compiled.input(name).get_partial_shape().rank.get_length()
+            self._meta_tensors[name] = ov.Tensor(ov.Type.i32, [1] * rank)
+            self.request.set_tensor(name, self._meta_tensors[name])
         self._logits = self.compiled.output("logits")
         self.check_cache_written_in_place()
 
     def execute(self, metadata: MLAMetadata) -> np.ndarray:
         """Run one step; logits [B, vocab] f32, a view valid until the next call."""
-        # The metadata arrays are int32 and C-contiguous, so share_inputs wraps them without a
-        # copy; `metadata` holds them alive through this synchronous call.
-        self.request.infer(metadata.feeds(), share_inputs=True)
+        self.bind(metadata)
+        return self.run()
+
+    def bind(self, metadata: MLAMetadata) -> None:
+        """Copy the step's metadata into the executor's own input tensors (bound once at start-up).
+        They hold only T + B * M + 3B int32 values; a tensor is resized only when its shape changes.
+        (Wrapping each step's arrays in fresh shared tensors costs more than copying them.)"""
+        for name, arr in metadata.feeds().items():
+            view = self._meta_views.get(name)
+            if view is None or view.shape != arr.shape:
+                tensor = self._meta_tensors[name]
+                tensor.shape = arr.shape
+                view = self._meta_views[name] = tensor.data
+            view[...] = arr
+
+    def run(self) -> np.ndarray:
+        """The graph alone, on the inputs bound last."""
+        self.request.infer()
         return self.request.get_tensor(self._logits).data
 
     def check_cache_written_in_place(self) -> None:

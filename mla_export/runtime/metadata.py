@@ -19,6 +19,7 @@ B sequences (to pack their ragged tables), never over tokens.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
 from typing import Sequence
 
 import numpy as np
@@ -62,13 +63,13 @@ class MLAMetadata:
         return {name: getattr(self, name) for name in METADATA_INPUTS}
 
 
-def _as_int_vector(values, name: str) -> np.ndarray:
+def _int32_vector(values, name: str) -> np.ndarray:
     arr = np.asarray(values)
     if arr.ndim != 1:
         raise ValueError(f"{name} must be one-dimensional, got shape {arr.shape}")
-    if arr.size and not np.issubdtype(arr.dtype, np.integer):
+    if arr.size and arr.dtype.kind not in "iu":
         raise ValueError(f"{name} must hold integers, got {arr.dtype}")
-    return arr.astype(np.int64, copy=False)
+    return np.ascontiguousarray(arr, dtype=np.int32)
 
 
 class MLAMetadataBuilder:
@@ -82,6 +83,8 @@ class MLAMetadataBuilder:
     def __init__(self, block_size: int, num_blocks: int, max_model_len: int, vocab_size: int | None = None):
         if block_size < 1 or num_blocks < 1 or max_model_len < 1:
             raise ValueError("block_size, num_blocks and max_model_len must be positive")
+        if num_blocks * block_size > np.iinfo(np.int32).max:
+            raise ValueError("num_blocks * block_size must fit the graph's int32 slot_mapping")
         self.block_size = int(block_size)
         self.num_blocks = int(num_blocks)
         self.max_model_len = int(max_model_len)
@@ -94,10 +97,15 @@ class MLAMetadataBuilder:
         block_tables: Sequence[Sequence[int]],
         new_token_ids: Sequence[Sequence[int]] | np.ndarray,
     ) -> MLAMetadata:
-        """`new_token_ids` is either one sequence of ids per sequence or the packed [T] array."""
+        """`new_token_ids` is either one sequence of ids per sequence or the packed [T] array.
+
+        This runs once per step on the hot path, so it keeps the number of numpy calls small:
+        one combined validity mask (explained in detail only when it fails) and a shortcut for
+        pure decode steps (every query_len 1), where token t is sequence t.
+        """
         bs = self.block_size
-        seq_lens = _as_int_vector(seq_lens, "seq_lens")
-        query_lens = _as_int_vector(query_lens, "query_lens")
+        seq_lens = _int32_vector(seq_lens, "seq_lens")
+        query_lens = _int32_vector(query_lens, "query_lens")
         num_seqs = seq_lens.shape[0]
         if num_seqs == 0:
             raise ValueError("a step needs at least one sequence")
@@ -106,69 +114,75 @@ class MLAMetadataBuilder:
                 f"seq_lens ({num_seqs}), query_lens ({query_lens.shape[0]}) and block_tables "
                 f"({len(block_tables)}) must describe the same sequences"
             )
-        self._check_per_sequence(
-            (query_lens < 1), "has no new token (query_len < 1)", query_lens
-        )
-        self._check_per_sequence((query_lens > seq_lens), "has query_len > seq_len", query_lens)
-        self._check_per_sequence(
-            (seq_lens > self.max_model_len), f"is longer than the model's context ({self.max_model_len})", seq_lens
-        )
+        # Each sequence needs ceil(seq_len / BS) blocks.
+        needed = (seq_lens + (bs - 1)) // bs
+        table_lens = np.fromiter(map(len, block_tables), dtype=np.int64, count=num_seqs)
+        bad = (query_lens < 1) | (query_lens > seq_lens) | (seq_lens > self.max_model_len) | (table_lens < needed)
+        if bad.any():
+            self._explain(seq_lens, query_lens, table_lens, needed)
 
-        # Block tables: each sequence needs ceil(seq_len / BS) blocks; pad to the widest with 0
-        # (a valid block id that the kernels never read past seq_len).
-        needed = (seq_lens + bs - 1) // bs
+        # Block tables padded with 0 to the widest (a valid block id the kernels never read,
+        # since they stop at seq_len).
         width = int(needed.max())
-        table_lens = np.fromiter((len(t) for t in block_tables), dtype=np.int64, count=num_seqs)
-        self._check_per_sequence(table_lens < needed, "has a block table shorter than its seq_len needs", table_lens)
-        flat_blocks = np.concatenate(
-            [np.asarray(t[:n], dtype=np.int64) for t, n in zip(block_tables, needed.tolist())]
+        total = int(needed.sum())
+        flat = np.fromiter(
+            chain.from_iterable(t[:n] for t, n in zip(block_tables, needed.tolist())), dtype=np.int64, count=total
         )
-        if flat_blocks.size and (flat_blocks.min() < 0 or flat_blocks.max() >= self.num_blocks):
-            raise ValueError(f"block ids must lie in [0, {self.num_blocks}); got {flat_blocks.min()}..{flat_blocks.max()}")
-        tables = np.zeros((num_seqs, width), dtype=np.int32)
-        tables[np.arange(width)[None, :] < needed[:, None]] = flat_blocks
+        if flat.min() < 0 or flat.max() >= self.num_blocks:
+            raise ValueError(f"block ids must lie in [0, {self.num_blocks}); got {flat.min()}..{flat.max()}")
+        if total == num_seqs * width:  # no padding needed (e.g. a decode batch in step)
+            tables = flat.astype(np.int32).reshape(num_seqs, width)
+        else:
+            tables = np.zeros((num_seqs, width), dtype=np.int32)
+            tables[np.arange(width) < needed[:, None]] = flat
 
-        # Token axis: which sequence each packed token belongs to and its index j within the chunk.
-        query_start_loc = np.zeros(num_seqs + 1, dtype=np.int64)
+        query_start_loc = np.zeros(num_seqs + 1, dtype=np.int32)
         np.cumsum(query_lens, out=query_start_loc[1:])
         num_tokens = int(query_start_loc[-1])
-        seq_of_token = np.repeat(np.arange(num_seqs), query_lens)
-        j = np.arange(num_tokens) - query_start_loc[:-1][seq_of_token]
-        positions = (seq_lens - query_lens)[seq_of_token] + j
-        slot_mapping = tables[seq_of_token, positions // bs].astype(np.int64) * bs + positions % bs
-
-        input_ids = self._pack_token_ids(new_token_ids, query_lens, num_tokens)
+        if num_tokens == num_seqs:  # all query_lens are 1 (each is >= 1)
+            seq_of_token = np.arange(num_seqs)
+            positions = seq_lens - 1
+        else:  # which sequence each packed token belongs to, and its index j within the chunk
+            seq_of_token = np.repeat(np.arange(num_seqs), query_lens)
+            j = np.arange(num_tokens, dtype=np.int32) - query_start_loc[:-1][seq_of_token]
+            positions = (seq_lens - query_lens)[seq_of_token] + j
+        # int32 cannot overflow: __init__ checked num_blocks * block_size.
+        slot_mapping = tables[seq_of_token, positions // bs] * bs + positions % bs
 
         return MLAMetadata(
-            input_ids=input_ids,
-            positions=positions.astype(np.int32),
-            slot_mapping=slot_mapping.astype(np.int32),
-            query_start_loc=query_start_loc.astype(np.int32),
-            seq_lens=seq_lens.astype(np.int32),
+            input_ids=self._pack_token_ids(new_token_ids, query_lens, num_tokens),
+            positions=positions,
+            slot_mapping=slot_mapping,
+            query_start_loc=query_start_loc,
+            seq_lens=seq_lens,
             block_tables=tables,
-            logits_indices=(query_start_loc[1:] - 1).astype(np.int32),
+            logits_indices=query_start_loc[1:] - 1,
         )
 
     def _pack_token_ids(self, new_token_ids, query_lens: np.ndarray, num_tokens: int) -> np.ndarray:
-        if isinstance(new_token_ids, np.ndarray) and new_token_ids.ndim == 1:
-            packed = new_token_ids
+        if isinstance(new_token_ids, np.ndarray):
+            packed = _int32_vector(new_token_ids, "new_token_ids")
+            if packed.shape[0] != num_tokens:
+                raise ValueError(f"expected {num_tokens} packed new token ids, got {packed.shape[0]}")
         else:
-            if len(new_token_ids) != query_lens.shape[0]:
-                raise ValueError("new_token_ids must give the new tokens of every sequence")
-            lens = np.fromiter((len(t) for t in new_token_ids), dtype=np.int64, count=len(new_token_ids))
-            self._check_per_sequence(lens != query_lens, "has a number of new token ids != its query_len", lens)
-            packed = np.concatenate([np.asarray(t, dtype=np.int64) for t in new_token_ids])
-        if packed.shape != (num_tokens,):
-            raise ValueError(f"expected {num_tokens} packed new token ids, got shape {packed.shape}")
-        if packed.size and not np.issubdtype(packed.dtype, np.integer):
-            raise ValueError(f"token ids must be integers, got {packed.dtype}")
+            num_seqs = query_lens.shape[0]
+            lens = np.fromiter(map(len, new_token_ids), dtype=np.int64, count=len(new_token_ids))
+            if lens.shape[0] != num_seqs or (lens != query_lens).any():
+                raise ValueError(f"new_token_ids must hold query_lens {query_lens.tolist()} ids, got {lens.tolist()}")
+            packed = np.fromiter(chain.from_iterable(new_token_ids), dtype=np.int64, count=num_tokens)
         upper = self.vocab_size if self.vocab_size is not None else np.iinfo(np.int32).max
-        if packed.size and (packed.min() < 0 or packed.max() >= upper):
+        if packed.min() < 0 or packed.max() >= upper:
             raise ValueError(f"token ids must lie in [0, {upper}); got {packed.min()}..{packed.max()}")
-        return np.ascontiguousarray(packed, dtype=np.int32)
+        return packed.astype(np.int32, copy=False)
 
-    @staticmethod
-    def _check_per_sequence(bad: np.ndarray, what: str, values: np.ndarray) -> None:
-        if bad.any():
-            b = int(np.flatnonzero(bad)[0])
-            raise ValueError(f"sequence {b} {what} (value {int(values[b])})")
+    def _explain(self, seq_lens, query_lens, table_lens, needed) -> None:
+        """Raise for the first sequence that failed the combined check, saying why."""
+        for what, bad, values in (
+            ("has no new token (query_len < 1)", query_lens < 1, query_lens),
+            ("has query_len > seq_len", query_lens > seq_lens, query_lens),
+            (f"is longer than the model's context ({self.max_model_len})", seq_lens > self.max_model_len, seq_lens),
+            ("has a block table shorter than its seq_len needs", table_lens < needed, table_lens),
+        ):
+            if bad.any():
+                b = int(np.flatnonzero(bad)[0])
+                raise ValueError(f"sequence {b} {what} (value {int(values[b])})")

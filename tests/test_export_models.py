@@ -63,13 +63,13 @@ def _prompts(seed: int, vocab: int) -> dict:
     return {s: rng.integers(2, vocab, n) for s, n in PROMPT_LENS.items()}
 
 
-def openvino_runner(path, num_layers: int, width: int):
+def openvino_runner(path, num_layers: int, width: int, dtype=np.float32):
     from mla_export import ov_core
     from mla_export.ov_tensors import cache_binding
 
     core = ov_core()
     compiled = core.compile_model(core.read_model(str(path)), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
-    caches = [np.full((NUM_BLOCKS, BLOCK, width), np.nan, np.float32) for _ in range(num_layers)]
+    caches = [np.full((NUM_BLOCKS, BLOCK, width), np.nan, dtype) for _ in range(num_layers)]
     request = compiled.create_infer_request()
 
     def run(feeds):
@@ -114,3 +114,39 @@ def test_matches_transformers(exported, backend, rng):
         owned[np.asarray(blocks)[pos // BLOCK], pos % BLOCK] = True
     for c in caches:
         assert np.isfinite(c[owned]).all() and np.isnan(c[~owned]).all()
+
+
+def _round_stored_weights_to_bf16(hf) -> None:
+    """Round in transformers' model exactly the tensors the export stores in --weight-dtype
+    (projections, experts, embeddings, lm_head); norms, biases and the router stay f32."""
+    import torch
+
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if name.endswith(("proj.weight", "proj", "proj_with_mqa.weight", "embed_tokens.weight", "lm_head.weight")):
+                p.copy_(p.to(torch.bfloat16).float())
+    hf.__dict__.pop("_last_logits_memo", None)
+
+
+@pytest.mark.parametrize("kv_dtype", ["f32", "bf16"])
+def test_bf16_weights_and_cache(tmp_path, rng, kv_dtype):
+    import ml_dtypes
+
+    ckpt = make_checkpoint(tmp_path / "ckpt", "deepseek_v3", seed=11)
+    out = tmp_path / "out"
+    export_model(ckpt, out, fmt="openvino", block_size=BLOCK, kv_dtype=kv_dtype, weight_dtype="bf16")
+    hf = load_hf(ckpt)
+    _round_stored_weights_to_bf16(hf)
+    cfg = hf.config
+    dtype = np.float32 if kv_dtype == "f32" else ml_dtypes.bfloat16
+    run, caches = openvino_runner(out / "openvino_model.xml", cfg.num_hidden_layers,
+                                  cfg.kv_lora_rank + cfg.qk_rope_head_dim, dtype)
+    # bf16 weights are exact (the same rounded values in both); a bf16 cache rounds every row.
+    tol = TOL if kv_dtype == "f32" else 2e-2
+    session = PagedSession(BLOCK, NUM_BLOCKS, rng)
+    stats = drive_and_compare(run, hf, session, _prompts(3, cfg.vocab_size), SCHEDULE, tol)
+    if kv_dtype == "f32":
+        assert stats["agree"] == stats["total"]
+    # Written in place into our arrays (bf16 bound as u8 bytes): one finite row per cached token.
+    written = sum(int(np.isfinite(c.astype(np.float32)).all(axis=-1).sum()) for c in caches)
+    assert written == cfg.num_hidden_layers * sum(session.cached.values())

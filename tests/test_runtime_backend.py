@@ -20,6 +20,9 @@ def test_names_and_shapes():
     assert B.get_builder_cls() is MLAMetadataBuilder
     assert B.get_metadata_cls() is MLAMetadata
     assert B.get_impl_cls().__name__ == "OpenVINOMLAExecutor"
+    assert B.get_impl_cls("onnxruntime").__name__ == "OnnxRuntimeMLAExecutor"
+    with pytest.raises(ValueError, match="runtime must be one of"):
+        B.get_impl_cls("tensorrt")
 
 
 @pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])

@@ -28,6 +28,7 @@ def test_generate_json_matches_llm_generate(out_dir, capsys):
     assert report["token_ids"] == expected.token_ids and report["prompt_token_ids"] == [5, 6, 7, 8]
     assert report["text"] == expected.text
     assert report["time_to_first_token_s"] > 0
+    assert report["runtime"].startswith("OpenVINO ") and "openvino_model.xml" in report["runtime"]
     if len(expected.token_ids) > 1:
         assert report["decode_tokens_per_s"] > 0
 

@@ -57,7 +57,7 @@ def test_contract_that_does_not_match_the_graph(out_dir, tmp_path):
 
 def test_unknown_runtime_and_precision(out_dir):
     with pytest.raises(ValueError, match="runtime"):
-        LLMEngine(out_dir, runtime="onnxruntime")
+        LLMEngine(out_dir, runtime="tensorrt")
     with pytest.raises(ValueError, match="precision"):
         LLMEngine(out_dir, precision="f16")
     with pytest.raises(ValueError, match="not both"):

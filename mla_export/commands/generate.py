@@ -23,7 +23,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print token ids and timings as JSON")
     p.add_argument("--precision", choices=("f32", "bf16"), default="bf16", help="inference precision hint")
     p.add_argument("--threads", type=int, default=None, help="inference threads (default: the plugin's)")
-    p.add_argument("--runtime", choices=("openvino",), default="openvino")
+    p.add_argument("--runtime", choices=("openvino", "onnxruntime"), default="openvino")
     return p
 
 
@@ -74,6 +74,7 @@ def run(args) -> int:
             "time_to_first_token_s": first_token_at - start,
             "decode_tokens_per_s": decode_tokens / decode_time if decode_tokens and decode_time > 0 else None,
             "total_time_s": end - start,
+            "runtime": engine.executor.describe(),
         }, indent=2))
     elif engine.tokenizer is not None:
         print(final.text)

@@ -11,15 +11,24 @@ The cache is the MLA latent cache: one [num_blocks, block_size, W] array per lay
 
 from __future__ import annotations
 
+import importlib
 from typing import Sequence
 
 import numpy as np
 
 from .metadata import MLAMetadata, MLAMetadataBuilder
 
-__all__ = ["OpenVINOMLABackend"]
+__all__ = ["OpenVINOMLABackend", "RUNTIMES"]
 
 DEEPSEEK_ROW_WIDTH = 576  # kv_lora_rank 512 + qk_rope_head_dim 64
+
+# runtime -> (module, executor class); every executor takes (contract, kv_caches, *, precision,
+# num_threads), writes the caches in place (or says why not) and has execute(metadata) -> logits.
+_IMPLS = {
+    "openvino": ("executor_openvino", "OpenVINOMLAExecutor"),
+    "onnxruntime": ("executor_onnxruntime", "OnnxRuntimeMLAExecutor"),
+}
+RUNTIMES = tuple(_IMPLS)
 
 
 class OpenVINOMLABackend:
@@ -51,10 +60,13 @@ class OpenVINOMLABackend:
         return MLAMetadataBuilder
 
     @staticmethod
-    def get_impl_cls():
-        from .executor_openvino import OpenVINOMLAExecutor  # imports openvino only when needed
-
-        return OpenVINOMLAExecutor
+    def get_impl_cls(runtime: str = "openvino"):
+        """The executor class running the exported graph: OpenVINO (the IR, or the ONNX graph
+        with the MLA ops) or onnxruntime. Imported on demand, so only the chosen runtime loads."""
+        if runtime not in _IMPLS:
+            raise ValueError(f"runtime must be one of {RUNTIMES}, got {runtime!r}")
+        module, name = _IMPLS[runtime]
+        return getattr(importlib.import_module(f"{__package__}.{module}"), name)
 
     @staticmethod
     def swap_blocks(src_cache: np.ndarray, dst_cache: np.ndarray, src_to_dst) -> None:

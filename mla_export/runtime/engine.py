@@ -16,16 +16,15 @@ from typing import Sequence
 
 import numpy as np
 
-from .backend import OpenVINOMLABackend
+from .backend import RUNTIMES, OpenVINOMLABackend
 from .kv_cache import KVCacheManager
 from .model_dir import ModelFacts, load_model_dir
 from .request import Request
 from .sampling import Sampler, SamplingParams
 from .scheduler import Scheduler
 
-__all__ = ["LLMEngine", "SamplingParams", "RequestOutput", "RequestMetrics"]
+__all__ = ["LLMEngine", "SamplingParams", "RequestOutput", "RequestMetrics", "RUNTIMES"]
 
-RUNTIMES = ("openvino",)
 _DEFAULT_CACHE_CAP = 2 << 30  # bytes, when neither num_blocks nor kv_cache_memory is given
 
 
@@ -79,7 +78,7 @@ class LLMEngine:
         self.builder = OpenVINOMLABackend.get_builder_cls()(
             facts.block_size, num_blocks, facts.max_model_len, facts.vocab_size
         )
-        self.executor = OpenVINOMLABackend.get_impl_cls()(
+        self.executor = OpenVINOMLABackend.get_impl_cls(runtime)(
             self.contract, self.kv_cache.kv_caches, precision=precision, num_threads=num_threads
         )
         self.scheduler = Scheduler(self.kv_cache, max_num_seqs, max_num_batched_tokens)

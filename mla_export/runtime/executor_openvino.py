@@ -53,7 +53,9 @@ class OpenVINOMLAExecutor:
         if num_threads is not None and (not isinstance(num_threads, int) or num_threads < 1):
             raise ValueError(f"num_threads must be a positive integer, got {num_threads!r}")
         core = ov_core()
-        model = core.read_model(str(graph_path(contract)))
+        path = graph_path(contract)
+        self.graph_file = path.name
+        model = core.read_model(str(path))
         contract.validate_openvino_model(model)
         # The arrays the graph sees: f32 caches as they are, bf16 ones as their bytes.
         self._kv_caches = list(kv_caches)
@@ -96,6 +98,13 @@ class OpenVINOMLAExecutor:
         """The graph alone, on the inputs bound last."""
         self.request.infer()
         return self.request.get_tensor(self._logits).data
+
+    def describe(self) -> str:
+        # What the plugin really uses: a bf16 hint falls back to f32 on CPUs without bf16.
+        precision = self.compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
+        threads = self.compiled.get_property("INFERENCE_NUM_THREADS")
+        return (f"OpenVINO {ov.get_version().split('-')[0]} CPU: {self.graph_file}, inference precision {precision}, "
+                f"threads {threads or 'default'}, caches written in place")
 
     def check_cache_written_in_place(self) -> None:
         """Sentinel step: fill block 0 with a sentinel, run one token at slot 0, read the row back

@@ -34,7 +34,10 @@ __all__ = ["CONTRACT_FILE", "CONTRACT_VERSION", "Contract", "ContractError", "Te
 
 CONTRACT_FILE = "mla_graph.json"
 CONTRACT_VERSION = 1
-SCHEMA_PATH = Path(__file__).resolve().parent.parent / "graphs" / "mla_graph.schema.json"
+# The schema lives in the repository's graphs/; a wheel may ship it inside the package instead.
+_SCHEMA_CANDIDATES = (Path(__file__).resolve().parent / "graphs" / "mla_graph.schema.json",
+                      Path(__file__).resolve().parent.parent / "graphs" / "mla_graph.schema.json")
+SCHEMA_PATH = next((p for p in _SCHEMA_CANDIDATES if p.is_file()), _SCHEMA_CANDIDATES[-1])
 
 
 class ContractError(ValueError):

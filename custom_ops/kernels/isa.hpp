@@ -16,6 +16,8 @@ struct IsaKernels {
                  int64_t ldb, float* c, int64_t ldc, bool accumulate);
     // dst[i] = float(src[i]) for src in f32/bf16/f16.
     void (*load_f32)(const void* src, DType dtype, float* dst, int64_t n);
+    // x[i] *= scale for i < n; returns max_i x[i] (-inf when n == 0).
+    float (*scale_max)(float* x, int64_t n, float scale);
     // x[i] = exp(x[i] - shift) for i < n; returns the sum. (x[i] = -inf gives 0.)
     float (*exp_sum)(float* x, int64_t n, float shift);
     // Scores against cache rows read where they live (no gather, no transpose):

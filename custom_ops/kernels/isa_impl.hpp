@@ -131,6 +131,24 @@ static inline v8f exp_neg(v8f x) {
     return x <= lo ? splat(0.f) : r;
 }
 
+static float scale_max(float* x, int64_t n, float scale) {
+    const v8f sv = splat(scale);
+    v8f mv = splat(-__builtin_inff());
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const v8f v = loadu(x + i) * sv;
+        storeu(x + i, v);
+        mv = v > mv ? v : mv;
+    }
+    float m = -__builtin_inff();
+    for (int j = 0; j < 8; ++j) m = mv[j] > m ? mv[j] : m;
+    for (; i < n; ++i) {
+        x[i] *= scale;
+        m = x[i] > m ? x[i] : m;
+    }
+    return m;
+}
+
 static float exp_sum(float* x, int64_t n, float shift) {
     v8f acc = splat(0.f);
     int64_t i = 0;
@@ -316,7 +334,7 @@ static void row_axpy(int64_t m, int64_t n, int64_t width, const float* p, int64_
     row_axpy_t<float>(m, n, width, p, ldp, ptrs.data(), o, ldo);
 }
 
-static const IsaKernels table = {MLA_ISA_NAME, gemm, load_f32, exp_sum, row_dot, row_axpy};
+static const IsaKernels table = {MLA_ISA_NAME, gemm, load_f32, scale_max, exp_sum, row_dot, row_axpy};
 
 }  // namespace MLA_ISA_NS
 }  // namespace mla

@@ -83,11 +83,7 @@ void softmax_step(const IsaKernels& K, float* s, int64_t rows, float scale, Visi
     for (int64_t i = 0; i < rows; ++i) {
         float* row = s + i * kChunk;
         const int64_t v = visible(i);
-        float cmax = kNegInf;
-        for (int64_t j = 0; j < v; ++j) {
-            row[j] *= scale;
-            cmax = std::max(cmax, row[j]);
-        }
+        const float cmax = K.scale_max(row, v, scale);
         for (int64_t j = v; j < kChunk; ++j) row[j] = kNegInf;
         if (v == 0) {  // nothing visible: contributes nothing, state unchanged
             for (int64_t j = 0; j < kChunk; ++j) row[j] = 0.f;

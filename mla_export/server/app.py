@@ -33,6 +33,7 @@ from .metrics import CONTENT_TYPE, ServerMetrics
 __all__ = ["create_app", "ServerState"]
 
 log = logging.getLogger("mla_export.server")
+MAX_BODY_BYTES = 16 << 20  # a prompt is at most the context length: far below this
 
 
 # ---- engine facts ---------------------------------------------------------------------------
@@ -44,6 +45,12 @@ def _contract(engine) -> dict:
         return c
     raw = getattr(c, "raw", None)
     return raw if isinstance(raw, dict) else {}
+
+
+def _have_jinja2() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("jinja2") is not None
 
 
 def _token_str(tokenizer, token_id) -> str | None:
@@ -142,7 +149,7 @@ class ServerState:
     """What the routes share: the engine loop, the tokenizer, the template, the settings."""
 
     def __init__(self, engine, *, model_name: str, api_key: str | None, max_num_seqs: int, max_queue: int,
-                 chat_template: str | None = None, shutdown_drain_s: float = 0.0):
+                 chat_template: str | None = None):
         self.engine = engine
         self.model_name = model_name
         self.api_key = api_key
@@ -154,12 +161,14 @@ class ServerState:
         facts = contract.get("model", {})
         self.vocab_size = facts.get("vocab_size")
         self.created = int(time.time())
-        self.shutdown_drain_s = shutdown_drain_s
         self.final_stats: dict | None = None
         out_dir = getattr(getattr(engine, "facts", None), "out_dir", None) or getattr(
             getattr(engine, "contract", None), "out_dir", None)
         tmpl_src = load_chat_template(out_dir, contract.get("chat_template"), chat_template)
         self.chat_template: ChatTemplate | None = None
+        if tmpl_src is not None and not _have_jinja2():
+            log.warning("the model has a chat template but jinja2 is not installed: /v1/chat/completions is off")
+            tmpl_src = None
         if tmpl_src is not None:
             tok = contract.get("tokenizer") or {}
             eos_ids = facts.get("eos_token_ids") or facts.get("eos_token_id")
@@ -215,7 +224,17 @@ def create_app(engine, *, model_name: str, api_key: str | None = None, max_num_s
                              param="model", code="model_not_found")
 
     async def read_body(request: Request) -> dict:
-        return P.parse_json_body(await request.body())
+        too_big = P.APIError(413, f"The request body is larger than {MAX_BODY_BYTES} bytes.", code="body_too_large")
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
+            raise too_big
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_BODY_BYTES:
+                raise too_big
+            chunks.append(chunk)
+        return P.parse_json_body(b"".join(chunks))
 
     def to_ids(prompt) -> list[int]:
         if isinstance(prompt, list):

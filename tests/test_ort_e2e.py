@@ -159,14 +159,12 @@ def test_portable_fallback_is_chosen_and_said_without_the_library(tmp_path_facto
 
 @needs_library
 def test_llm_runtime_onnxruntime_equals_openvino(tmp_path_factory):
-    from mla_export.runtime import engine
-
-    if "onnxruntime" not in engine.RUNTIMES:
-        pytest.skip("LLMEngine does not dispatch runtime='onnxruntime' yet (engine.RUNTIMES lacks it)")
     from mla_export.runtime import LLM
 
     _, out = _export(tmp_path_factory, "deepseek_v3", "bf16")
     prompts = _prompts(load_model_dir(out)[1].vocab_size, lengths=(4, 11, 6), seed=5)
     ov = LLM(out, runtime="openvino", precision="f32", num_blocks=32).generate(prompts, max_tokens=MAX_TOKENS)
-    ort = LLM(out, runtime="onnxruntime", num_blocks=32).generate(prompts, max_tokens=MAX_TOKENS)
+    ort_llm = LLM(out, runtime="onnxruntime", num_blocks=32)
+    ort = ort_llm.generate(prompts, max_tokens=MAX_TOKENS)
     assert [o.token_ids for o in ort] == [o.token_ids for o in ov]
+    assert "custom-op library" in ort_llm.engine.executor.describe()

@@ -1,5 +1,7 @@
-"""`mla-export`: one command, one module per subcommand (mla_export/commands/<name>.py, each
-with add_parser(subparsers) and run(args) -> exit code), imported only when chosen so that
+"""Export and run DeepSeek-style MLA models on CPU with a paged latent KV cache.
+
+One command, one module per subcommand (mla_export/commands/<name>.py, each with
+add_parser(subparsers) and run(args) -> exit code), imported only when chosen so that
 `generate` and `serve` never import the exporter's torch."""
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ COMMANDS = {
     "export": "export a DeepSeek-V2/V3 checkpoint to ONNX / OpenVINO IR with the paged latent cache",
     "generate": "generate text from an exported model directory",
     "serve": "serve an exported model with an OpenAI-compatible HTTP API",
+    "ovms": "lay out an OpenVINO Model Server repository from an export directory",
     "bench": "end-to-end benchmark against transformers and optimum-intel",
 }
 

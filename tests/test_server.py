@@ -318,6 +318,23 @@ def test_client_disconnect_aborts_and_frees_blocks(small_server):
     assert r.choices[0].finish_reason in ("stop", "length")
 
 
+def test_client_disconnect_without_streaming_aborts(small_server):
+    import socket
+
+    before = _aborted(metrics(small_server.base))
+    body = json.dumps({"model": "tiny-small", "prompt": PROMPTS[0], "max_tokens": LONG, "temperature": 0,
+                       "ignore_eos": True}).encode()
+    with socket.create_connection(("127.0.0.1", small_server.port)) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Authorization: Bearer " + API_KEY.encode() + b"\r\n"
+                     b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        wait_until(lambda: metrics(small_server.base)["mla_num_requests_running"] == 1, "the request to run")
+    # The socket is closed before any answer: the request is aborted, its blocks freed.
+    wait_until(lambda: _aborted(metrics(small_server.base)) == before + 1, "the abort")
+    wait_until(lambda: metrics(small_server.base)["mla_kv_blocks_used"] == 0, "the blocks to be freed")
+    assert metrics(small_server.base)["mla_server_requests_in_flight"] == 0
+
+
 def test_queue_full_is_429_at_once(small_server):
     c = client(small_server, api_key=API_KEY)
     with _long_stream(small_server, AUTH) as r:

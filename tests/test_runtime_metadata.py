@@ -88,3 +88,16 @@ def test_bad_inputs_are_rejected(kwargs, message):
     builder = MLAMetadataBuilder(block_size=4, num_blocks=8, max_model_len=64, vocab_size=100)
     with pytest.raises(ValueError, match=message):
         builder.build(**kwargs)
+
+
+def test_hand_computed_decode_step():
+    # The decode shortcut (every query_len 1): token b is sequence b.
+    builder = MLAMetadataBuilder(block_size=4, num_blocks=8, max_model_len=64, vocab_size=100)
+    md = builder.build(seq_lens=[5, 9], query_lens=[1, 1], block_tables=[[3, 1], [0, 2, 4]], new_token_ids=[[7], [8]])
+    assert md.positions.tolist() == [4, 8]
+    assert md.slot_mapping.tolist() == [1 * 4 + 0, 4 * 4 + 0]
+    assert md.block_tables.tolist() == [[3, 1, 0], [0, 2, 4]]
+    assert md.query_start_loc.tolist() == [0, 1, 2] and md.logits_indices.tolist() == [0, 1]
+    assert md.input_ids.tolist() == [7, 8]
+    for arr in md.feeds().values():
+        assert arr.dtype == np.int32 and arr.flags.c_contiguous

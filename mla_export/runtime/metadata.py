@@ -63,13 +63,22 @@ class MLAMetadata:
         return {name: getattr(self, name) for name in METADATA_INPUTS}
 
 
-def _int32_vector(values, name: str) -> np.ndarray:
-    arr = np.asarray(values)
-    if arr.ndim != 1:
-        raise ValueError(f"{name} must be one-dimensional, got shape {arr.shape}")
-    if arr.size and arr.dtype.kind not in "iu":
-        raise ValueError(f"{name} must hold integers, got {arr.dtype}")
-    return np.ascontiguousarray(arr, dtype=np.int32)
+def _int_list(values, name: str) -> list[int]:
+    """Per-sequence integers as a Python list (cheap to check for a handful of sequences)."""
+    if isinstance(values, np.ndarray):
+        if values.ndim != 1 or (values.size and values.dtype.kind not in "iu"):
+            raise ValueError(f"{name} must be a one-dimensional integer array, got {values.dtype} {values.shape}")
+        return values.tolist()
+    values = list(values)
+    if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in values):
+        raise ValueError(f"{name} must hold integers")
+    return values
+
+
+def _out_of_range(arr: np.ndarray, upper: int) -> bool:
+    """Any value outside [0, upper) in an int32 array, with one reduction: viewed as uint32, a
+    negative value is >= 2**31 > upper."""
+    return arr.size > 0 and int(arr.view(np.uint32).max()) >= upper
 
 
 class MLAMetadataBuilder:
@@ -99,53 +108,57 @@ class MLAMetadataBuilder:
     ) -> MLAMetadata:
         """`new_token_ids` is either one sequence of ids per sequence or the packed [T] array.
 
-        This runs once per step on the hot path, so it keeps the number of numpy calls small:
-        one combined validity mask (explained in detail only when it fails) and a shortcut for
-        pure decode steps (every query_len 1), where token t is sequence t.
+        This runs once per step on the hot path. Numpy's per-call cost dominates at decode batch
+        sizes, so the per-sequence facts (B values) are checked with Python builtins, and numpy
+        does the per-token work (T values) in a few whole-array operations.
         """
         bs = self.block_size
-        seq_lens = _int32_vector(seq_lens, "seq_lens")
-        query_lens = _int32_vector(query_lens, "query_lens")
-        num_seqs = seq_lens.shape[0]
+        seq_lens = _int_list(seq_lens, "seq_lens")
+        query_lens = _int_list(query_lens, "query_lens")
+        num_seqs = len(seq_lens)
         if num_seqs == 0:
             raise ValueError("a step needs at least one sequence")
-        if query_lens.shape[0] != num_seqs or len(block_tables) != num_seqs:
+        if len(query_lens) != num_seqs or len(block_tables) != num_seqs:
             raise ValueError(
-                f"seq_lens ({num_seqs}), query_lens ({query_lens.shape[0]}) and block_tables "
+                f"seq_lens ({num_seqs}), query_lens ({len(query_lens)}) and block_tables "
                 f"({len(block_tables)}) must describe the same sequences"
             )
-        # Each sequence needs ceil(seq_len / BS) blocks.
-        needed = (seq_lens + (bs - 1)) // bs
-        table_lens = np.fromiter(map(len, block_tables), dtype=np.int64, count=num_seqs)
-        bad = (query_lens < 1) | (query_lens > seq_lens) | (seq_lens > self.max_model_len) | (table_lens < needed)
-        if bad.any():
-            self._explain(seq_lens, query_lens, table_lens, needed)
+        needed = [-(-s // bs) for s in seq_lens]  # blocks each sequence reads: ceil(seq_len / BS)
+        if (
+            min(query_lens) < 1
+            or max(seq_lens) > self.max_model_len
+            or any(q > s for q, s in zip(query_lens, seq_lens))
+            or any(len(t) < n for t, n in zip(block_tables, needed))
+        ):
+            self._explain(seq_lens, query_lens, block_tables, needed)
 
         # Block tables padded with 0 to the widest (a valid block id the kernels never read,
         # since they stop at seq_len).
-        width = int(needed.max())
-        total = int(needed.sum())
+        width, total = max(needed), sum(needed)
         flat = np.fromiter(
-            chain.from_iterable(t[:n] for t, n in zip(block_tables, needed.tolist())), dtype=np.int64, count=total
+            chain.from_iterable(t[:n] for t, n in zip(block_tables, needed)), dtype=np.int32, count=total
         )
-        if flat.min() < 0 or flat.max() >= self.num_blocks:
+        if _out_of_range(flat, self.num_blocks):
             raise ValueError(f"block ids must lie in [0, {self.num_blocks}); got {flat.min()}..{flat.max()}")
-        if total == num_seqs * width:  # no padding needed (e.g. a decode batch in step)
-            tables = flat.astype(np.int32).reshape(num_seqs, width)
+        if total == num_seqs * width:  # every table has the same width: no padding
+            tables = flat.reshape(num_seqs, width)
         else:
             tables = np.zeros((num_seqs, width), dtype=np.int32)
-            tables[np.arange(width) < needed[:, None]] = flat
+            tables[np.arange(width) < np.array(needed)[:, None]] = flat
 
-        query_start_loc = np.zeros(num_seqs + 1, dtype=np.int32)
-        np.cumsum(query_lens, out=query_start_loc[1:])
-        num_tokens = int(query_start_loc[-1])
-        if num_tokens == num_seqs:  # all query_lens are 1 (each is >= 1)
-            seq_of_token = np.arange(num_seqs)
-            positions = seq_lens - 1
+        seq_lens_arr = np.array(seq_lens, dtype=np.int32)
+        num_tokens = sum(query_lens)
+        if num_tokens == num_seqs:  # a pure decode step (each query_len is >= 1): token b is sequence b
+            query_start_loc = np.arange(num_seqs + 1, dtype=np.int32)
+            seq_of_token = query_start_loc[:-1]
+            positions = seq_lens_arr - 1
         else:  # which sequence each packed token belongs to, and its index j within the chunk
-            seq_of_token = np.repeat(np.arange(num_seqs), query_lens)
+            query_lens_arr = np.array(query_lens, dtype=np.int32)
+            query_start_loc = np.zeros(num_seqs + 1, dtype=np.int32)
+            np.cumsum(query_lens_arr, out=query_start_loc[1:])
+            seq_of_token = np.repeat(np.arange(num_seqs), query_lens_arr)
             j = np.arange(num_tokens, dtype=np.int32) - query_start_loc[:-1][seq_of_token]
-            positions = (seq_lens - query_lens)[seq_of_token] + j
+            positions = (seq_lens_arr - query_lens_arr)[seq_of_token] + j
         # int32 cannot overflow: __init__ checked num_blocks * block_size.
         slot_mapping = tables[seq_of_token, positions // bs] * bs + positions % bs
 
@@ -154,35 +167,35 @@ class MLAMetadataBuilder:
             positions=positions,
             slot_mapping=slot_mapping,
             query_start_loc=query_start_loc,
-            seq_lens=seq_lens,
+            seq_lens=seq_lens_arr,
             block_tables=tables,
             logits_indices=query_start_loc[1:] - 1,
         )
 
-    def _pack_token_ids(self, new_token_ids, query_lens: np.ndarray, num_tokens: int) -> np.ndarray:
+    def _pack_token_ids(self, new_token_ids, query_lens: list[int], num_tokens: int) -> np.ndarray:
         if isinstance(new_token_ids, np.ndarray):
-            packed = _int32_vector(new_token_ids, "new_token_ids")
-            if packed.shape[0] != num_tokens:
-                raise ValueError(f"expected {num_tokens} packed new token ids, got {packed.shape[0]}")
+            if new_token_ids.shape != (num_tokens,) or new_token_ids.dtype.kind not in "iu":
+                raise ValueError(f"expected {num_tokens} packed integer token ids, got {new_token_ids.dtype} "
+                                 f"{new_token_ids.shape}")
+            packed = np.ascontiguousarray(new_token_ids, dtype=np.int32)
         else:
-            num_seqs = query_lens.shape[0]
-            lens = np.fromiter(map(len, new_token_ids), dtype=np.int64, count=len(new_token_ids))
-            if lens.shape[0] != num_seqs or (lens != query_lens).any():
-                raise ValueError(f"new_token_ids must hold query_lens {query_lens.tolist()} ids, got {lens.tolist()}")
-            packed = np.fromiter(chain.from_iterable(new_token_ids), dtype=np.int64, count=num_tokens)
+            lens = [len(t) for t in new_token_ids]
+            if lens != query_lens:
+                raise ValueError(f"new_token_ids must hold query_lens {query_lens} ids, got {lens}")
+            packed = np.fromiter(chain.from_iterable(new_token_ids), dtype=np.int32, count=num_tokens)
         upper = self.vocab_size if self.vocab_size is not None else np.iinfo(np.int32).max
-        if packed.min() < 0 or packed.max() >= upper:
+        if _out_of_range(packed, upper):
             raise ValueError(f"token ids must lie in [0, {upper}); got {packed.min()}..{packed.max()}")
-        return packed.astype(np.int32, copy=False)
+        return packed
 
-    def _explain(self, seq_lens, query_lens, table_lens, needed) -> None:
-        """Raise for the first sequence that failed the combined check, saying why."""
-        for what, bad, values in (
-            ("has no new token (query_len < 1)", query_lens < 1, query_lens),
-            ("has query_len > seq_len", query_lens > seq_lens, query_lens),
-            (f"is longer than the model's context ({self.max_model_len})", seq_lens > self.max_model_len, seq_lens),
-            ("has a block table shorter than its seq_len needs", table_lens < needed, table_lens),
-        ):
-            if bad.any():
-                b = int(np.flatnonzero(bad)[0])
-                raise ValueError(f"sequence {b} {what} (value {int(values[b])})")
+    def _explain(self, seq_lens, query_lens, block_tables, needed) -> None:
+        """Raise for the first sequence that failed the checks, saying why."""
+        for b, (s, q, t, n) in enumerate(zip(seq_lens, query_lens, block_tables, needed)):
+            for bad, what, value in (
+                (q < 1, "has no new token (query_len < 1)", q),
+                (q > s, "has query_len > seq_len", q),
+                (s > self.max_model_len, f"is longer than the model's context ({self.max_model_len})", s),
+                (len(t) < n, "has a block table shorter than its seq_len needs", len(t)),
+            ):
+                if bad:
+                    raise ValueError(f"sequence {b} {what} (value {value})")

@@ -543,7 +543,7 @@ def parse_args(argv=None):
     args = ap.parse_args(argv)
     args.forms = [f for f in args.forms.split(",") if f]
     if args.budget is None:
-        args.budget = 1.5 if args.quick else 3.0
+        args.budget = 2.5 if args.quick else 3.0
     return args
 
 

@@ -122,6 +122,7 @@ inline int64_t row_limit(const AbsorbedSeq& s, int64_t i) { return s.seq_len - s
 void absorbed_task(const IsaKernels& K, const AbsorbedSeq& s, const Partial& p, int64_t r, float scale) {
     const int64_t rows = s.qlen * s.heads, w = s.cache.width;
     float* sbuf = Scratch::get(tls.s, rows * kChunk);
+    float* kr = Scratch::get(tls.kr, kChunk * w);
     std::fill(p.mx, p.mx + rows, kNegInf);
     std::fill(p.l, p.l + rows, 0.f);
     std::fill(p.o, p.o + rows * r, 0.f);
@@ -134,14 +135,25 @@ void absorbed_task(const IsaKernels& K, const AbsorbedSeq& s, const Partial& p, 
         if (i0 >= rows) break;
         // The cache rows are read where they live (bf16 widened in registers): all heads of
         // the sequence share each loaded row.
-        for (int64_t j = 0; j < n; ++j) chunk_rows[j] = s.cache.row(c0 + j);
+        DType rows_dtype = s.cache.dtype;
+        if (rows_dtype == DType::f32) {
+            for (int64_t j = 0; j < n; ++j) chunk_rows[j] = s.cache.row(c0 + j);
+        } else {
+            // Widen a bf16/f16 chunk once into f32 scratch, shared by every head and both
+            // products, instead of converting each element in every tile that reads it.
+            for (int64_t j = 0; j < n; ++j) {
+                K.load_f32(s.cache.row(c0 + j), rows_dtype, kr + j * w, w);
+                chunk_rows[j] = kr + j * w;
+            }
+            rows_dtype = DType::f32;
+        }
         // Pull the next chunk toward the core while this one computes: blocks sit at scattered
         // addresses, which the hardware prefetcher does not follow across block boundaries.
         prefetch_rows(s.cache, c0 + kChunk, std::min(kChunk, p.c_end - c0 - kChunk));
-        K.row_dot(rows - i0, n, w, s.q + i0 * w, w, chunk_rows, s.cache.dtype, 0, sbuf, kChunk, false);
+        K.row_dot(rows - i0, n, w, s.q + i0 * w, w, chunk_rows, rows_dtype, 0, sbuf, kChunk, false);
         auto visible = [&](int64_t i) { return std::clamp<int64_t>(row_limit(s, i0 + i) - c0, 0, n); };
         softmax_step(K, sbuf, rows - i0, scale, visible, p.mx + i0, p.l + i0, p.o + i0 * r, r, r);
-        K.row_axpy(rows - i0, n, r, sbuf, kChunk, chunk_rows, s.cache.dtype, p.o + i0 * r, r);
+        K.row_axpy(rows - i0, n, r, sbuf, kChunk, chunk_rows, rows_dtype, p.o + i0 * r, r);
     }
 }
 

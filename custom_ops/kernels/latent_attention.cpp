@@ -223,7 +223,12 @@ struct ExpandedSeq {
     int64_t start, qlen, seq_len;
 };
 
-// One (sequence, head): up-project each chunk once, attend all of the sequence's new tokens.
+constexpr int64_t kSpan = 512;   // keys up-projected at once per head (their K^T and V stay in scratch)
+constexpr int64_t kQTile = 64;   // query rows whose scores and outputs stay cache-resident
+
+// One (sequence, head). The context is walked in spans: each span's latent rows are
+// up-projected once (K_nope^T = W_UK kv_c, V = kv_c W_UV), then every tile of new tokens that
+// sees the span attends to it chunk by chunk, with its online-softmax state kept across spans.
 void expanded_task(const IsaKernels& K, const ExpandedSeq& s, int64_t h, int64_t heads, const float* qn,
                    const float* qp, const float* wuk, const float* wuv, int64_t r, int64_t dn, int64_t dr,
                    int64_t dv, float scale, float* out /*[T, H, dv]*/) {
@@ -231,10 +236,11 @@ void expanded_task(const IsaKernels& K, const ExpandedSeq& s, int64_t h, int64_t
     Scratch& sc = tls;
     float* kr = Scratch::get(sc.kr, kChunk * w);
     float* kt = Scratch::get(sc.kt, kChunk * w);
-    float* knt = Scratch::get(sc.knt, dn * kChunk);
-    float* v = Scratch::get(sc.v, kChunk * dv);
-    float* sbuf = Scratch::get(sc.s, s.qlen * kChunk + s.qlen * (dv + 2));
-    float* o = sbuf + s.qlen * kChunk;
+    float* knt = Scratch::get(sc.knt, (dn + dr) * kSpan);  // rows 0..dn: K_nope^T, dn..dn+dr: k_pe^T
+    float* kpt = knt + dn * kSpan;
+    float* v = Scratch::get(sc.v, kSpan * dv);
+    float* sbuf = Scratch::get(sc.s, kQTile * kChunk + s.qlen * (dv + 2));
+    float* o = sbuf + kQTile * kChunk;
     float* mx = o + s.qlen * dv;
     float* l = mx + s.qlen;
     std::fill(o, o + s.qlen * dv, 0.f);
@@ -242,21 +248,30 @@ void expanded_task(const IsaKernels& K, const ExpandedSeq& s, int64_t h, int64_t
     std::fill(l, l + s.qlen, 0.f);
     const float* wuk_h = wuk + h * dn * r;  // [dn, r]
     const float* wuv_h = wuv + h * r * dv;  // [r, dv]
-    const int64_t past = s.seq_len - s.qlen;
-    for (int64_t c0 = 0; c0 < s.seq_len; c0 += kChunk) {
-        const int64_t n = std::min(kChunk, s.seq_len - c0);
-        const int64_t t0 = std::max<int64_t>(0, c0 - past);  // first token that sees this chunk
-        gather_chunk(K, s.cache, c0, n, kr, kt);
-        K.gemm(dn, n, r, wuk_h, r, kt, kChunk, knt, kChunk, false);  // K_nope^T [dn, n]
-        K.gemm(n, dv, r, kr, w, wuv_h, dv, v, dv, false);            // V [n, dv]
-        const int64_t rows = s.qlen - t0;
-        const float* qn_t = qn + ((s.start + t0) * heads + h) * dn;
-        const float* qp_t = qp + ((s.start + t0) * heads + h) * dr;
-        K.gemm(rows, n, dn, qn_t, heads * dn, knt, kChunk, sbuf, kChunk, false);
-        K.gemm(rows, n, dr, qp_t, heads * dr, kt + r * kChunk, kChunk, sbuf, kChunk, true);
-        auto visible = [&](int64_t i) { return std::clamp<int64_t>(past + t0 + i + 1 - c0, 0, n); };
-        softmax_step(K, sbuf, rows, scale, visible, mx + t0, l + t0, o + t0 * dv, dv, dv);
-        K.gemm(rows, dv, n, sbuf, kChunk, v, dv, o + t0 * dv, dv, true);
+    const int64_t past = s.seq_len - s.qlen;  // new token t sees positions <= past + t
+    for (int64_t s0 = 0; s0 < s.seq_len; s0 += kSpan) {
+        const int64_t ns = std::min(kSpan, s.seq_len - s0);
+        for (int64_t c = 0; c < ns; c += kChunk) {
+            const int64_t n = std::min(kChunk, ns - c);
+            gather_chunk(K, s.cache, s0 + c, n, kr, kt);
+            K.gemm(dn, n, r, wuk_h, r, kt, kChunk, knt + c, kSpan, false);  // K_nope^T [dn, n]
+            for (int64_t d = 0; d < dr; ++d) std::copy_n(kt + (r + d) * kChunk, n, kpt + d * kSpan + c);
+            K.gemm(n, dv, r, kr, w, wuv_h, dv, v + c * dv, dv, false);       // V [n, dv]
+        }
+        for (int64_t q0 = std::max<int64_t>(0, s0 - past); q0 < s.qlen; q0 += kQTile) {
+            const int64_t rows = std::min(kQTile, s.qlen - q0);
+            for (int64_t c = 0; c < ns; c += kChunk) {
+                const int64_t pos0 = s0 + c, n = std::min(kChunk, ns - c);
+                const int64_t i0 = std::max<int64_t>(0, pos0 - past - q0);  // first row of the tile that sees it
+                if (i0 >= rows) break;  // later chunks are later still
+                const int64_t t = q0 + i0, rr = rows - i0;
+                K.gemm(rr, n, dn, qn + ((s.start + t) * heads + h) * dn, heads * dn, knt + c, kSpan, sbuf, kChunk, false);
+                K.gemm(rr, n, dr, qp + ((s.start + t) * heads + h) * dr, heads * dr, kpt + c, kSpan, sbuf, kChunk, true);
+                auto visible = [&](int64_t i) { return std::clamp<int64_t>(past + t + i + 1 - pos0, 0, n); };
+                softmax_step(K, sbuf, rr, scale, visible, mx + t, l + t, o + t * dv, dv, dv);
+                K.gemm(rr, dv, n, sbuf, kChunk, v + c * dv, dv, o + t * dv, dv, true);
+            }
+        }
     }
     for (int64_t t = 0; t < s.qlen; ++t) {
         const float inv = 1.f / l[t];

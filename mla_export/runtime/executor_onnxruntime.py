@@ -31,19 +31,14 @@ import numpy as np
 
 from .. import ort_kernels, ort_ops_path
 from ..contract import Contract, ContractError
-from .metadata import METADATA_INPUTS, MLAMetadata, MLAMetadataBuilder
+from .executor_common import CacheNotInPlaceError, check_cache_written_in_place, check_options
+from .metadata import METADATA_INPUTS, MLAMetadata
 
 __all__ = ["OnnxRuntimeMLAExecutor", "CacheNotInPlaceError", "VARIANTS"]
 
 log = logging.getLogger("mla_export.runtime")
 
-PRECISIONS = ("f32", "bf16")
 VARIANTS = ("auto", "custom", "portable")
-_SENTINEL = -1234.0  # exactly representable in bf16; no real cache row is all this value
-
-
-class CacheNotInPlaceError(RuntimeError):
-    """onnxruntime gave the MLA op a copy of the cache, not the caller's arrays."""
 
 
 def _ort():
@@ -97,10 +92,7 @@ class OnnxRuntimeMLAExecutor:
         num_threads: int | None = None,
         variant: str = "auto",
     ):
-        if precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-        if num_threads is not None and (not isinstance(num_threads, int) or num_threads < 1):
-            raise ValueError(f"num_threads must be a positive integer, got {num_threads!r}")
+        check_options(precision, num_threads)
         ort = _ort()
         self.variant, self._reason = choose_variant(contract, variant)
         self.precision = precision
@@ -170,23 +162,10 @@ class OnnxRuntimeMLAExecutor:
         return outputs[0].numpy()
 
     def check_cache_written_in_place(self) -> None:
-        """Sentinel step: fill block 0 with a sentinel, run one token at slot 0, read the row back
-        from every layer's numpy array. The block is zeroed again afterwards (it must be free)."""
-        for cache in self._kv_caches:
-            cache[0] = _SENTINEL
-        nb, bs, _ = self._kv_caches[0].shape
-        step = MLAMetadataBuilder(bs, nb, max_model_len=1).build([1], [1], [[0]], np.zeros(1, np.int32))
-        logits = self.execute(step)
-        stale = [i for i, c in enumerate(self._kv_caches) if np.all(c[0, 0] == _SENTINEL)]
-        for cache in self._kv_caches:
-            cache[0] = 0
-        if stale:
-            raise CacheNotInPlaceError(
-                f"onnxruntime did not write kv_cache.{stale[0]} (and {len(stale) - 1} other layers) into the "
-                f"bound array: it made a private copy of the cache, so generation would read a stale cache "
-                f"(bound {self._bound[stale[0]].dtype} {self._bound[stale[0]].shape}, {self.graph_file}).")
-        if not np.isfinite(logits).all():
-            raise RuntimeError("the start-up step produced non-finite logits: the exported graph is broken")
+        """The start-up sentinel step (see executor_common)."""
+        check_cache_written_in_place(
+            self.execute, self._kv_caches, "onnxruntime",
+            lambda i: f"bound {self._bound[i].dtype} {self._bound[i].shape}, {self.graph_file}")
 
     # -- facts -----------------------------------------------------------------------------------
 

@@ -23,18 +23,11 @@ import openvino as ov
 from .. import ov_core
 from ..ov_tensors import cache_binding, ov_type, shared_tensor
 from ..contract import Contract
-from .metadata import METADATA_INPUTS, MLAMetadata, MLAMetadataBuilder
+from .executor_common import CacheNotInPlaceError, check_cache_written_in_place, check_options
+from .metadata import METADATA_INPUTS, MLAMetadata
 from .model_dir import graph_path
 
 __all__ = ["OpenVINOMLAExecutor", "CacheNotInPlaceError"]
-
-PRECISIONS = ("f32", "bf16")
-_SENTINEL = -1234.0  # exactly representable in bf16; no real cache row is all this value
-
-
-class CacheNotInPlaceError(RuntimeError):
-    """The plugin wrote a copy of the cache, not the caller's arrays."""
-
 
 class OpenVINOMLAExecutor:
     """Runs steps of the exported graph on the caches it was given (kept alive while bound)."""
@@ -48,10 +41,7 @@ class OpenVINOMLAExecutor:
         num_threads: int | None = None,
         device: str = "CPU",
     ):
-        if precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-        if num_threads is not None and (not isinstance(num_threads, int) or num_threads < 1):
-            raise ValueError(f"num_threads must be a positive integer, got {num_threads!r}")
+        check_options(precision, num_threads)
         core = ov_core()
         path = graph_path(contract)
         self.graph_file = path.name
@@ -107,25 +97,11 @@ class OpenVINOMLAExecutor:
                 f"threads {threads or 'default'}, caches written in place")
 
     def check_cache_written_in_place(self) -> None:
-        """Sentinel step: fill block 0 with a sentinel, run one token at slot 0, read the row back
-        from every layer's numpy array. The block is zeroed again afterwards (it must be free)."""
-        for cache in self._kv_caches:
-            cache[0] = _SENTINEL
-        nb, bs, _ = self._kv_caches[0].shape
-        step = MLAMetadataBuilder(bs, nb, max_model_len=1).build([1], [1], [[0]], np.zeros(1, np.int32))
-        logits = self.execute(step)
-        stale = [i for i, c in enumerate(self._kv_caches) if np.all(c[0, 0] == _SENTINEL)]
-        for cache in self._kv_caches:
-            cache[0] = 0
-        if stale:
-            raise CacheNotInPlaceError(
-                f"the OpenVINO plugin did not write kv_cache.{stale[0]} (and {len(stale) - 1} other layers) in "
-                f"place: it made a private copy of the cache, so generation would read a stale cache. The bound "
-                f"array must be C-contiguous with exactly the graph input's element type (f32, or bf16 bound as "
-                f"u8 bytes); got {self._bound[stale[0]].dtype} {self._bound[stale[0]].shape}."
-            )
-        if not np.isfinite(logits).all():
-            raise RuntimeError("the start-up step produced non-finite logits: the exported graph is broken")
+        """The start-up sentinel step (see executor_common)."""
+        check_cache_written_in_place(
+            self.execute, self._kv_caches, "the OpenVINO plugin",
+            lambda i: f"the bound array must be C-contiguous with exactly the graph input's element type (f32, "
+                      f"or bf16 bound as u8 bytes); got {self._bound[i].dtype} {self._bound[i].shape}")
 
 
 def _check_cache_bindings(model: ov.Model, bound_caches: Sequence[np.ndarray]) -> None:

@@ -1,0 +1,52 @@
+"""What every executor shares: its options, and the start-up check that the graph writes the
+caller's cache arrays in place.
+
+Both runtimes make a private copy of a bound cache silently when the array does not match what
+the op consumes (element type, layout); generation would then read a stale cache. One sentinel
+step at start-up catches that, for OpenVINO and onnxruntime alike.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+
+from .metadata import MLAMetadata, MLAMetadataBuilder
+
+__all__ = ["PRECISIONS", "CacheNotInPlaceError", "check_options", "check_cache_written_in_place"]
+
+PRECISIONS = ("f32", "bf16")
+_SENTINEL = -1234.0  # exactly representable in bf16; no real cache row is all this value
+
+
+class CacheNotInPlaceError(RuntimeError):
+    """The runtime wrote a copy of the cache, not the caller's arrays."""
+
+
+def check_options(precision: str, num_threads: int | None) -> None:
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if num_threads is not None and (not isinstance(num_threads, int) or num_threads < 1):
+        raise ValueError(f"num_threads must be a positive integer, got {num_threads!r}")
+
+
+def check_cache_written_in_place(execute: Callable[[MLAMetadata], np.ndarray], kv_caches: Sequence[np.ndarray],
+                                 who: str, binding_of: Callable[[int], str]) -> None:
+    """Sentinel step: fill block 0 with a sentinel, run one token at slot 0, read the row back
+    from every layer's numpy array. The block is zeroed again afterwards (it must be free).
+    `who` names the runtime; `binding_of(i)` describes how layer i's cache is bound."""
+    for cache in kv_caches:
+        cache[0] = _SENTINEL
+    nb, bs, _ = kv_caches[0].shape
+    step = MLAMetadataBuilder(bs, nb, max_model_len=1).build([1], [1], [[0]], np.zeros(1, np.int32))
+    logits = execute(step)
+    stale = [i for i, c in enumerate(kv_caches) if np.all(c[0, 0] == _SENTINEL)]
+    for cache in kv_caches:
+        cache[0] = 0
+    if stale:
+        raise CacheNotInPlaceError(
+            f"{who} did not write kv_cache.{stale[0]} (and {len(stale) - 1} other layers) in place: it made a "
+            f"private copy of the cache, so generation would read a stale cache ({binding_of(stale[0])}).")
+    if not np.isfinite(logits).all():
+        raise RuntimeError("the start-up step produced non-finite logits: the exported graph is broken")

@@ -141,8 +141,16 @@ def _ours_model(op: str, inputs: list[tuple[str, np.ndarray]], attrs: dict):
     return ov_core().read_model(model=xml, weights=ov.Tensor(ov.Type.u8, [0]))
 
 
+def _as_graph_binds(inp: dict, names: list[str]) -> list[tuple[str, np.ndarray]]:
+    """The inputs as the exported graphs bind them: a bf16 cache as its raw bytes (the CPU
+    plugin would convert a bf16 cache input into an f32 copy on every call on CPUs without
+    native bf16; see mla_export.ov_tensors.cache_binding)."""
+    from mla_export.ov_tensors import cache_binding
+    return [(n, cache_binding(inp[n]) if n == "kv_cache" else inp[n]) for n in names]
+
+
 def ours_decode(inp: dict, scale: float, threads: int) -> Impl:
-    named = [(n, inp[n]) for n in DECODE_INPUTS]
+    named = _as_graph_binds(inp, DECODE_INPUTS)
     attrs = {"scale": repr(float(scale)), "kv_lora_rank": R}
     key = ("ours_decode", inp["q"].dtype.str, scale)
     compiled = _compile(key, lambda: _ours_model("MlaPagedDecode", named, attrs), threads)
@@ -150,7 +158,7 @@ def ours_decode(inp: dict, scale: float, threads: int) -> Impl:
 
 
 def ours_prefill(inp: dict, scale: float, threads: int, form: str = "auto") -> Impl:
-    named = [(n, inp[n]) for n in PREFILL_INPUTS]
+    named = _as_graph_binds(inp, PREFILL_INPUTS)
     attrs = {"scale": repr(float(scale)), "form": {"auto": 0, "absorbed": 1, "expanded": 2}[form]}
     key = ("ours_prefill", inp["q_nope"].dtype.str, scale, form)
     compiled = _compile(key, lambda: _ours_model("MlaPagedAttention", named, attrs), threads)

@@ -32,6 +32,7 @@ transformers.
     python tools/bench_e2e.py                  # the full grid
     python tools/bench_e2e.py --profile        # also: where a decode step of ours spends its time
     mla-export bench ...                       # the same
+    python tools/bench_e2e.py --render bench_results/e2e.json   # re-write the table and plot
 
 Outputs: bench_results/e2e.json, bench_results/e2e.md, bench_results/e2e_decode.png; the last
 stdout line is a one-line JSON summary with the ratios.
@@ -281,6 +282,20 @@ def worker_profile(spec: dict) -> dict:
         return r
 
     ex.run = timed_run
+    # The CPU plugin reports each node's AVERAGE over every inference since compilation (the
+    # start-up sentinel step, the prefill chunks, ...): per-step times are differences of
+    # average x number of inferences (exact for nodes that run at every inference).
+    n_infer = [1]  # the executor's start-up sentinel step
+
+    def cumulative():
+        return {(pi.node_name, pi.node_type): pi.real_time.total_seconds() * 1e6 * n_infer[0]
+                for pi in ex.request.profiling_info}
+
+    def counted_run():
+        n_infer[0] += 1
+        return timed_run()
+
+    ex.run = counted_run
     params = SamplingParams(max_tokens=new, temperature=0.0, ignore_eos=True)
     for i, p in enumerate(prompts):
         engine.add_request(f"p{i}", p, params)
@@ -293,30 +308,32 @@ def worker_profile(spec: dict) -> dict:
     by_type: dict[str, float] = {}
     step_times, infer_dec = [], []
     n_prof = 0
+    prev = cumulative()
     while engine.has_unfinished_requests():
         infer_times.clear()
         t = time.perf_counter()
         outs = engine.step()
         dt = time.perf_counter() - t
+        cur = cumulative()
+        delta = {k: v - prev.get(k, 0.0) for k, v in cur.items()}
+        prev = cur
         if len(outs) != batch:
             continue
         step_times.append(dt)
         infer_dec.append(sum(infer_times))
         n_prof += 1
-        for pi in ex.request.profiling_info:
-            us = pi.real_time.total_seconds() * 1e6
+        for (name, node_type), us in delta.items():
             if us <= 0:
                 continue
-            g = classify_node(pi.node_name, pi.node_type, weight_of.get(pi.node_name, ""))
+            g = classify_node(name, node_type, weight_of.get(name, ""))
             groups[g] = groups.get(g, 0.0) + us
-            by_type[pi.node_type] = by_type.get(pi.node_type, 0.0) + us
+            by_type[node_type] = by_type.get(node_type, 0.0) + us
     step_ms = statistics.median(step_times) * 1e3
     infer_ms = statistics.median(infer_dec) * 1e3
     groups_ms = {k: v / n_prof / 1e3 for k, v in sorted(groups.items(), key=lambda kv: -kv[1])}
     node_sum = sum(groups_ms.values())
-    # On a loaded machine the per-node counters add up to more than the wall time of the
-    # inference (each node's timer also runs while the thread is descheduled): the shares are
-    # what to read; scaled_ms = share x the measured infer time.
+    # The node times are wall times of each node (on a loaded machine they include time the
+    # threads were descheduled); scaled_ms = share x the measured infer time.
     shares = {k: v / node_sum for k, v in groups_ms.items()} if node_sum else {}
     return {"ok": True, "prompt_len": plen, "batch": batch, "decode_steps_profiled": n_prof,
             "step_ms_median": step_ms, "infer_ms_median": infer_ms,
@@ -325,8 +342,8 @@ def worker_profile(spec: dict) -> dict:
             "graph_scaled_ms": {k: v * infer_ms for k, v in shares.items()},
             "by_node_type_ms_mean": {k: v / n_prof / 1e3 for k, v in sorted(by_type.items(), key=lambda kv: -kv[1])[:15]},
             "inference_precision": type_name(ex.compiled.get_property("INFERENCE_PRECISION_HINT")),
-            "note": "PERF_COUNT per-node real times grouped by the node's weight / op; on a loaded machine "
-                    "their sum exceeds the infer wall time, so graph_scaled_ms = share x infer_ms"}
+            "note": "PERF_COUNT per-node real times of the decode steps (differences of the plugin's running "
+                    "averages), grouped by the node's weight / op; graph_scaled_ms = share x infer_ms"}
 
 
 def classify_node(name: str, node_type: str, weight: str = "") -> str:
@@ -563,17 +580,18 @@ def run_bench(args) -> int:
         (r["kv_states"].get("values_per_token_per_layer_measured") for r in results
          if r["system"] == "optimum" and r.get("ok") and isinstance(r.get("kv_states"), dict)), None)
 
-    profile = None
+    profile = []  # one per batch size, at the longest prompt
     if args.profile and any(s.startswith("ours") for s in systems):
-        plen, batch = (prompt_lens[-1], batches[-1])
-        pf = work / f"prompts-{plen}x{batch}-s{args.seed}.json"
-        spec = {"export_dir": str(ours_dirs["f32"]), "prompts_file": str(pf), "new_tokens": min(args.new_tokens, 24),
-                "threads": args.threads, "precision": "f32", "max_batched_tokens": args.max_batched_tokens}
-        sf = work / "spec-profile.json"
-        sf.write_text(json.dumps(spec))
-        log(f"profiling a decode step of ours at prompt {plen} x batch {batch}")
-        rc, o, e = sh([py, __file__, "--worker", "profile", "--spec", str(sf)], timeout=args.timeout, env=env)
-        profile = parse_result(rc, o, e)
+        plen = prompt_lens[-1]
+        for batch in batches:
+            pf = work / f"prompts-{plen}x{batch}-s{args.seed}.json"
+            spec = {"export_dir": str(ours_dirs["f32"]), "prompts_file": str(pf), "new_tokens": args.new_tokens,
+                    "threads": args.threads, "precision": "f32", "max_batched_tokens": args.max_batched_tokens}
+            sf = work / f"spec-profile-{plen}x{batch}.json"
+            sf.write_text(json.dumps(spec))
+            log(f"profiling the decode steps of ours (f32) at prompt {plen} x batch {batch}")
+            rc, o, e = sh([py, __file__, "--worker", "profile", "--spec", str(sf)], timeout=args.timeout, env=env)
+            profile.append(parse_result(rc, o, e))
 
     doc = {
         "schema_version": SCHEMA_VERSION,
@@ -745,15 +763,22 @@ def markdown(doc: dict) -> str:
               "TTFT = until every sequence of the batch has its first token. decode tok/s = batch / median "
               "full-batch decode step time (the mean column: all decode-phase tokens / decode time). "
               "Each system and grid point runs in its own process after a short warm-up."]
-    p = doc.get("profile_ours_decode")
-    if p and p.get("ok"):
-        lines += ["", f"Where a decode step of ours goes (prompt {p['prompt_len']} x batch {p['batch']}, f32, "
-                      f"median step {p['step_ms_median']:.1f} ms, infer {p['infer_ms_median']:.1f} ms, Python "
-                      f"{p['python_overhead_ms']:.1f} ms):", "",
-                  "| part | share of graph node time | ~ms per step |", "|---|---:|---:|"]
-        for k, v in p["graph_shares"].items():
-            lines.append(f"| {k} | {100 * v:.1f} % | {p['graph_scaled_ms'][k]:.1f} |")
-        lines.append(f"| Python (scheduler, metadata, sampling; step - infer) | | {p['python_overhead_ms']:.1f} |")
+    profs = doc.get("profile_ours_decode") or []
+    profs = [p for p in (profs if isinstance(profs, list) else [profs]) if p.get("ok") and "graph_shares" in p]
+    if profs:
+        parts = list(dict.fromkeys(k for p in profs for k in p["graph_shares"]))
+        head = " | ".join(f"batch {p['batch']}: ms (share)" for p in profs)
+        lines += ["", f"Where a decode step of ours goes (f32 cache, prompt {profs[0]['prompt_len']}; OpenVINO "
+                      "PERF_COUNT per node over the full-batch decode steps, grouped by the node's weight):", "",
+                  f"| part | {head} |", "|---|" + "---:|" * len(profs)]
+        lines.append("| decode step (median) | " + " | ".join(
+            f"{p['step_ms_median']:.1f} ms (infer {p['infer_ms_median']:.1f})" for p in profs) + " |")
+        for k in parts:
+            lines.append(f"| {k} | " + " | ".join(
+                f"{p['graph_scaled_ms'].get(k, 0.0):.1f} ({100 * p['graph_shares'].get(k, 0.0):.0f} %)" for p in profs)
+                + " |")
+        lines.append("| Python (scheduler, metadata, sampling: step - infer) | " + " | ".join(
+            f"{p['python_overhead_ms']:.1f}" for p in profs) + " |")
     lines += ["", "Summary: `" + json.dumps(doc["summary"]) + "`", ""]
     return "\n".join(lines)
 
@@ -773,6 +798,7 @@ def plot(doc: dict, path: Path) -> None:
             if pts:
                 ax.plot([p for p, _ in pts], [v for _, v in pts], marker="o", label=system)
         ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
         ax.set_xlabel("context (prompt tokens)")
         ax.set_ylabel("decode tokens/s")
         ax.set_title(f"batch {b}")
@@ -823,6 +849,16 @@ def main(argv: list[str] | None = None) -> int:
         mp.add_argument("--seed", type=int, default=0)
         a = mp.parse_args(argv)
         make_bench_checkpoint(Path(a.make_checkpoint), checkpoint_config(a.shape, a.layers), a.seed)
+        return 0
+    if argv[:1] == ["--render"]:  # re-write e2e.md and e2e_decode.png from an e2e.json
+        path = Path(argv[1])
+        doc = json.loads(path.read_text())
+        doc["summary"] = summary(doc)
+        path.write_text(json.dumps(doc, indent=1) + "\n")
+        path.with_name("e2e.md").write_text(markdown(doc))
+        plot(doc, path.with_name("e2e_decode.png"))
+        print(markdown(doc))
+        print(json.dumps(doc["summary"]))
         return 0
     p = add_arguments(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
     return run_bench(p.parse_args(argv))

@@ -34,6 +34,11 @@ transformers.
     mla-export bench ...                       # the same
     python tools/bench_e2e.py --render bench_results/e2e.json   # re-write the table and plot
 
+Memory: transformers' prefill of 8 x 4096 tokens peaked at ~22.6 GB RSS here (its SDPA with a mask
+materialises the attention scores), optimum's at ~16.6 GB (logits for every prompt position):
+on a shared 23 GB machine run the 4096 x 8 point when nothing else is big.
+The full grid took ~31 min here (transformers at 4096 x 8 alone ~12 min); --quick ~11 min.
+
 Outputs: bench_results/e2e.json, bench_results/e2e.md, bench_results/e2e_decode.png; the last
 stdout line is a one-line JSON summary with the ratios.
 """

@@ -29,6 +29,7 @@ from .model_dir import graph_path
 
 __all__ = ["OpenVINOMLAExecutor", "CacheNotInPlaceError"]
 
+
 class OpenVINOMLAExecutor:
     """Runs steps of the exported graph on the caches it was given (kept alive while bound)."""
 

@@ -135,18 +135,14 @@ void absorbed_task(const IsaKernels& K, const AbsorbedSeq& s, const Partial& p, 
         if (i0 >= rows) break;
         // The cache rows are read where they live (bf16 widened in registers): all heads of
         // the sequence share each loaded row.
-        DType rows_dtype = s.cache.dtype;
-        if (rows_dtype == DType::f32) {
-            for (int64_t j = 0; j < n; ++j) chunk_rows[j] = s.cache.row(c0 + j);
-        } else {
-            // Widen a bf16/f16 chunk once into f32 scratch, shared by every head and both
-            // products, instead of converting each element in every tile that reads it.
-            for (int64_t j = 0; j < n; ++j) {
-                K.load_f32(s.cache.row(c0 + j), rows_dtype, kr + j * w, w);
-                chunk_rows[j] = kr + j * w;
-            }
-            rows_dtype = DType::f32;
+        // Copy the chunk once into contiguous f32 scratch (widening bf16/f16), shared by every
+        // head and both products: converting in every tile that reads a row was slower, and
+        // the scratch stays cache-resident while rows of scattered blocks would not.
+        for (int64_t j = 0; j < n; ++j) {
+            K.load_f32(s.cache.row(c0 + j), s.cache.dtype, kr + j * w, w);
+            chunk_rows[j] = kr + j * w;
         }
+        const DType rows_dtype = DType::f32;
         // Pull the next chunk toward the core while this one computes: blocks sit at scattered
         // addresses, which the hardware prefetcher does not follow across block boundaries.
         prefetch_rows(s.cache, c0 + kChunk, std::min(kChunk, p.c_end - c0 - kChunk));

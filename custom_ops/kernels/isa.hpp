@@ -20,14 +20,13 @@ struct IsaKernels {
     float (*scale_max)(float* x, int64_t n, float scale);
     // x[i] = exp(x[i] - shift) for i < n; returns the sum. (x[i] = -inf gives 0.)
     float (*exp_sum)(float* x, int64_t n, float shift);
-    // Scores against cache rows read where they live (no gather, no transpose):
-    // s[i * lds + j] (+)= q[i * ldq + 0 .. w) . rows[j][col0 .. col0 + w), i < m, j < n,
-    // rows of dtype `dtype` (f32, bf16 or f16).
-    void (*row_dot)(int64_t m, int64_t n, int64_t w, const float* q, int64_t ldq, const void* const* rows,
-                    DType dtype, int64_t col0, float* s, int64_t lds, bool accumulate);
-    // Weighted sum of cache rows: o[i * ldo + 0 .. width) += sum_j p[i * ldp + j] * rows[j][0 .. width).
-    void (*row_axpy)(int64_t m, int64_t n, int64_t width, const float* p, int64_t ldp, const void* const* rows,
-                     DType dtype, float* o, int64_t ldo);
+    // Scores against the f32 rows of a chunk: s[i * lds + j] = q[i * ldq + 0 .. w) . rows[j][0 .. w),
+    // i < m, j < n.
+    void (*row_dot)(int64_t m, int64_t n, int64_t w, const float* q, int64_t ldq, const float* const* rows,
+                    float* s, int64_t lds);
+    // Weighted sum of the rows: o[i * ldo + 0 .. width) += sum_j p[i * ldp + j] * rows[j][0 .. width).
+    void (*row_axpy)(int64_t m, int64_t n, int64_t width, const float* p, int64_t ldp, const float* const* rows,
+                     float* o, int64_t ldo);
 };
 
 const IsaKernels& isa();            // the best table for this CPU

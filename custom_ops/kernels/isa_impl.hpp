@@ -3,7 +3,6 @@
 // and to two xmm registers in the baseline build.
 #include <cmath>
 #include <cstring>
-#include <vector>
 
 #if defined(__AVX2__)
 #include <immintrin.h>
@@ -25,6 +24,24 @@ static inline v8f loadu(const float* p) {
 }
 static inline void storeu(float* p, v8f v) { std::memcpy(p, &v, sizeof(v)); }
 static inline v8f splat(float x) { return v8f{x, x, x, x, x, x, x, x}; }
+
+// 8 bf16 values widened to f32 (bf16 is the top half of an f32).
+static inline v8f widen_bf16x8(const uint16_t* p) {
+#if defined(__AVX2__)
+    // One vpmovzxwd from memory + one shift (the generic form below compiles to five ops).
+    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return reinterpret_cast<v8f>(_mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
+#else
+    typedef uint16_t v8h __attribute__((vector_size(16)));
+    typedef uint32_t v8u __attribute__((vector_size(32)));
+    v8h h;
+    std::memcpy(&h, p, sizeof(h));
+    const v8u bits = __builtin_convertvector(h, v8u) << 16;
+    v8f f;
+    std::memcpy(&f, &bits, sizeof(f));
+    return f;
+#endif
+}
 
 // Register-blocked micro-kernel: MR rows of A times a 16-wide panel of B, accumulated in
 // MR x 2 vector registers (12 of AVX2's 16 at MR = 6); B's panel row is loaded once per k and
@@ -96,12 +113,10 @@ static void gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, c
 
 static void load_f32(const void* src, DType dtype, float* dst, int64_t n) {
     if (dtype == DType::bf16) {
-        // bf16 -> f32 is a 16-bit left shift; written so the compiler vectorises it.
-        const auto* s = static_cast<const uint16_t*>(src);
-        for (int64_t i = 0; i < n; ++i) {
-            const uint32_t bits = static_cast<uint32_t>(s[i]) << 16;
-            std::memcpy(dst + i, &bits, 4);
-        }
+        const auto* h = static_cast<const uint16_t*>(src);
+        int64_t i = 0;
+        for (; i + 8 <= n; i += 8) storeu(dst + i, widen_bf16x8(h + i));
+        for (; i < n; ++i) dst[i] = bf16_to_f32(h[i]);
         return;
     }
     to_f32(src, dtype, dst, n);
@@ -166,28 +181,6 @@ static float exp_sum(float* x, int64_t n, float shift) {
     return s;
 }
 
-// 8 consecutive elements of a cache row as f32.
-template <typename CT> static inline v8f load8(const CT* p);
-template <> inline v8f load8<float>(const float* p) { return loadu(p); }
-template <> inline v8f load8<uint16_t>(const uint16_t* p) {  // bf16: widen, shift into the top half
-#if defined(__AVX2__)
-    // One vpmovzxwd from memory + one shift (the generic form below compiles to five ops).
-    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    return reinterpret_cast<v8f>(_mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
-#endif
-    typedef uint16_t v8h __attribute__((vector_size(16)));
-    typedef uint32_t v8u __attribute__((vector_size(32)));
-    v8h h;
-    std::memcpy(&h, p, sizeof(h));
-    const v8u bits = __builtin_convertvector(h, v8u) << 16;
-    v8f f;
-    std::memcpy(&f, &bits, sizeof(f));
-    return f;
-}
-template <typename CT> static inline float load1(const CT* p);
-template <> inline float load1<float>(const float* p) { return *p; }
-template <> inline float load1<uint16_t>(const uint16_t* p) { return bf16_to_f32(*p); }
-
 static inline float hsum(v8f v) {
     float s = 0.f;
     for (int i = 0; i < 8; ++i) s += v[i];
@@ -195,17 +188,16 @@ static inline float hsum(v8f v) {
 }
 
 // MH query rows x NK cache rows of dot products, MH * NK accumulators (12 of AVX2's 16 vector
-// registers at 4 x 3): each loaded cache vector serves MH rows, each query vector NK rows.
-template <typename CT, int MH, int NK>
-static inline void dot_tile(int64_t w, const float* q, int64_t ldq, const CT* const* k, float* s, int64_t lds,
-                            bool accumulate) {
+// registers at 4 x 3): each loaded row vector serves MH query rows, each query vector NK rows.
+template <int MH, int NK>
+static inline void dot_tile(int64_t w, const float* q, int64_t ldq, const float* const* k, float* s, int64_t lds) {
     v8f acc[MH][NK];
     for (int i = 0; i < MH; ++i)
         for (int j = 0; j < NK; ++j) acc[i][j] = splat(0.f);
     int64_t d = 0;
     for (; d + 8 <= w; d += 8) {
         v8f kv[NK];
-        for (int j = 0; j < NK; ++j) kv[j] = load8<CT>(k[j] + d);
+        for (int j = 0; j < NK; ++j) kv[j] = loadu(k[j] + d);
         for (int i = 0; i < MH; ++i) {
             const v8f qv = loadu(q + i * ldq + d);
             for (int j = 0; j < NK; ++j) acc[i][j] += qv * kv[j];
@@ -214,71 +206,44 @@ static inline void dot_tile(int64_t w, const float* q, int64_t ldq, const CT* co
     for (int i = 0; i < MH; ++i)
         for (int j = 0; j < NK; ++j) {
             float t = hsum(acc[i][j]);
-            for (int64_t e = d; e < w; ++e) t += q[i * ldq + e] * load1<CT>(k[j] + e);
-            s[i * lds + j] = accumulate ? s[i * lds + j] + t : t;
+            for (int64_t e = d; e < w; ++e) t += q[i * ldq + e] * k[j][e];
+            s[i * lds + j] = t;
         }
 }
 
-template <typename CT, int MH>
-static void dot_rows_mh(int64_t n, int64_t w, const float* q, int64_t ldq, const CT* const* k, float* s,
-                        int64_t lds, bool acc) {
+template <int MH>
+static void dot_rows_mh(int64_t n, int64_t w, const float* q, int64_t ldq, const float* const* k, float* s,
+                        int64_t lds) {
     int64_t j = 0;
-    for (; j + 3 <= n; j += 3) dot_tile<CT, MH, 3>(w, q, ldq, k + j, s + j, lds, acc);
-    if (n - j == 2) dot_tile<CT, MH, 2>(w, q, ldq, k + j, s + j, lds, acc);
-    if (n - j == 1) dot_tile<CT, MH, 1>(w, q, ldq, k + j, s + j, lds, acc);
+    for (; j + 3 <= n; j += 3) dot_tile<MH, 3>(w, q, ldq, k + j, s + j, lds);
+    if (n - j == 2) dot_tile<MH, 2>(w, q, ldq, k + j, s + j, lds);
+    if (n - j == 1) dot_tile<MH, 1>(w, q, ldq, k + j, s + j, lds);
 }
 
-template <typename CT>
-static void row_dot_t(int64_t m, int64_t n, int64_t w, const float* q, int64_t ldq, const void* const* rows,
-                      int64_t col0, float* s, int64_t lds, bool acc) {
-    const CT* k[64];
-    for (int64_t j0 = 0; j0 < n; j0 += 64) {
-        const int64_t nn = n - j0 < 64 ? n - j0 : 64;
-        for (int64_t j = 0; j < nn; ++j) k[j] = static_cast<const CT*>(rows[j0 + j]) + col0;
-        int64_t i = 0;
-        for (; i + 4 <= m; i += 4) dot_rows_mh<CT, 4>(nn, w, q + i * ldq, ldq, k, s + i * lds + j0, lds, acc);
-        switch (m - i) {
-            case 3: dot_rows_mh<CT, 3>(nn, w, q + i * ldq, ldq, k, s + i * lds + j0, lds, acc); break;
-            case 2: dot_rows_mh<CT, 2>(nn, w, q + i * ldq, ldq, k, s + i * lds + j0, lds, acc); break;
-            case 1: dot_rows_mh<CT, 1>(nn, w, q + i * ldq, ldq, k, s + i * lds + j0, lds, acc); break;
-            default: break;
-        }
+static void row_dot(int64_t m, int64_t n, int64_t w, const float* q, int64_t ldq, const float* const* rows,
+                    float* s, int64_t lds) {
+    int64_t i = 0;
+    for (; i + 4 <= m; i += 4) dot_rows_mh<4>(n, w, q + i * ldq, ldq, rows, s + i * lds, lds);
+    switch (m - i) {
+        case 3: dot_rows_mh<3>(n, w, q + i * ldq, ldq, rows, s + i * lds, lds); break;
+        case 2: dot_rows_mh<2>(n, w, q + i * ldq, ldq, rows, s + i * lds, lds); break;
+        case 1: dot_rows_mh<1>(n, w, q + i * ldq, ldq, rows, s + i * lds, lds); break;
+        default: break;
     }
 }
 
-// f16 rows (read-only caches) are rare: convert each row once, then the f32 path.
-static void rows_to_f32(const void* const* rows, int64_t n, int64_t col0, int64_t w, DType dtype,
-                        std::vector<float>& buf, std::vector<const void*>& ptrs) {
-    buf.resize(static_cast<size_t>(n * w));
-    ptrs.resize(static_cast<size_t>(n));
-    for (int64_t j = 0; j < n; ++j) {
-        to_f32(static_cast<const char*>(rows[j]) + col0 * dtype_size(dtype), dtype, buf.data() + j * w, w);
-        ptrs[j] = buf.data() + j * w;
-    }
-}
-
-static void row_dot(int64_t m, int64_t n, int64_t w, const float* q, int64_t ldq, const void* const* rows,
-                    DType dtype, int64_t col0, float* s, int64_t lds, bool acc) {
-    if (dtype == DType::f32) return row_dot_t<float>(m, n, w, q, ldq, rows, col0, s, lds, acc);
-    if (dtype == DType::bf16) return row_dot_t<uint16_t>(m, n, w, q, ldq, rows, col0, s, lds, acc);
-    std::vector<float> buf;
-    std::vector<const void*> ptrs;
-    rows_to_f32(rows, n, col0, w, dtype, buf, ptrs);
-    row_dot_t<float>(m, n, w, q, ldq, ptrs.data(), 0, s, lds, acc);
-}
-
-// MH rows of o, 16 columns, accumulated over n cache rows: 2 cache vectors loaded per row j
-// serve all MH rows (12 accumulators at MH = 6).
-template <typename CT, int MH>
-static inline void axpy_tile16(int64_t n, const float* p, int64_t ldp, const CT* const* v, int64_t c,
-                               float* o, int64_t ldo) {
+// MH rows of o, 16 columns, accumulated over n rows: 2 row vectors loaded per row j serve all
+// MH rows of o (12 accumulators at MH = 6).
+template <int MH>
+static inline void axpy_tile16(int64_t n, const float* p, int64_t ldp, const float* const* v, int64_t c, float* o,
+                               int64_t ldo) {
     v8f acc[MH][2];
     for (int i = 0; i < MH; ++i) {
         acc[i][0] = loadu(o + i * ldo + c);
         acc[i][1] = loadu(o + i * ldo + c + 8);
     }
     for (int64_t j = 0; j < n; ++j) {
-        const v8f v0 = load8<CT>(v[j] + c), v1 = load8<CT>(v[j] + c + 8);
+        const v8f v0 = loadu(v[j] + c), v1 = loadu(v[j] + c + 8);
         for (int i = 0; i < MH; ++i) {
             const v8f pb = splat(p[i * ldp + j]);
             acc[i][0] += pb * v0;
@@ -291,47 +256,31 @@ static inline void axpy_tile16(int64_t n, const float* p, int64_t ldp, const CT*
     }
 }
 
-template <typename CT, int MH>
-static void axpy_rows_mh(int64_t n, int64_t width, const float* p, int64_t ldp, const CT* const* v, float* o,
+template <int MH>
+static void axpy_rows_mh(int64_t n, int64_t width, const float* p, int64_t ldp, const float* const* v, float* o,
                          int64_t ldo) {
     int64_t c = 0;
-    for (; c + 16 <= width; c += 16) axpy_tile16<CT, MH>(n, p, ldp, v, c, o, ldo);
+    for (; c + 16 <= width; c += 16) axpy_tile16<MH>(n, p, ldp, v, c, o, ldo);
     for (; c < width; ++c)
         for (int i = 0; i < MH; ++i) {
             float t = o[i * ldo + c];
-            for (int64_t j = 0; j < n; ++j) t += p[i * ldp + j] * load1<CT>(v[j] + c);
+            for (int64_t j = 0; j < n; ++j) t += p[i * ldp + j] * v[j][c];
             o[i * ldo + c] = t;
         }
 }
 
-template <typename CT>
-static void row_axpy_t(int64_t m, int64_t n, int64_t width, const float* p, int64_t ldp, const void* const* rows,
-                       float* o, int64_t ldo) {
-    const CT* v[64];
-    for (int64_t j0 = 0; j0 < n; j0 += 64) {
-        const int64_t nn = n - j0 < 64 ? n - j0 : 64;
-        for (int64_t j = 0; j < nn; ++j) v[j] = static_cast<const CT*>(rows[j0 + j]);
-        int64_t i = 0;
-        for (; i + 6 <= m; i += 6) axpy_rows_mh<CT, 6>(nn, width, p + i * ldp + j0, ldp, v, o + i * ldo, ldo);
-        switch (m - i) {
-            case 5: axpy_rows_mh<CT, 5>(nn, width, p + i * ldp + j0, ldp, v, o + i * ldo, ldo); break;
-            case 4: axpy_rows_mh<CT, 4>(nn, width, p + i * ldp + j0, ldp, v, o + i * ldo, ldo); break;
-            case 3: axpy_rows_mh<CT, 3>(nn, width, p + i * ldp + j0, ldp, v, o + i * ldo, ldo); break;
-            case 2: axpy_rows_mh<CT, 2>(nn, width, p + i * ldp + j0, ldp, v, o + i * ldo, ldo); break;
-            case 1: axpy_rows_mh<CT, 1>(nn, width, p + i * ldp + j0, ldp, v, o + i * ldo, ldo); break;
-            default: break;
-        }
+static void row_axpy(int64_t m, int64_t n, int64_t width, const float* p, int64_t ldp, const float* const* rows,
+                     float* o, int64_t ldo) {
+    int64_t i = 0;
+    for (; i + 6 <= m; i += 6) axpy_rows_mh<6>(n, width, p + i * ldp, ldp, rows, o + i * ldo, ldo);
+    switch (m - i) {
+        case 5: axpy_rows_mh<5>(n, width, p + i * ldp, ldp, rows, o + i * ldo, ldo); break;
+        case 4: axpy_rows_mh<4>(n, width, p + i * ldp, ldp, rows, o + i * ldo, ldo); break;
+        case 3: axpy_rows_mh<3>(n, width, p + i * ldp, ldp, rows, o + i * ldo, ldo); break;
+        case 2: axpy_rows_mh<2>(n, width, p + i * ldp, ldp, rows, o + i * ldo, ldo); break;
+        case 1: axpy_rows_mh<1>(n, width, p + i * ldp, ldp, rows, o + i * ldo, ldo); break;
+        default: break;
     }
-}
-
-static void row_axpy(int64_t m, int64_t n, int64_t width, const float* p, int64_t ldp, const void* const* rows,
-                     DType dtype, float* o, int64_t ldo) {
-    if (dtype == DType::f32) return row_axpy_t<float>(m, n, width, p, ldp, rows, o, ldo);
-    if (dtype == DType::bf16) return row_axpy_t<uint16_t>(m, n, width, p, ldp, rows, o, ldo);
-    std::vector<float> buf;
-    std::vector<const void*> ptrs;
-    rows_to_f32(rows, n, 0, width, dtype, buf, ptrs);
-    row_axpy_t<float>(m, n, width, p, ldp, ptrs.data(), o, ldo);
 }
 
 static const IsaKernels table = {MLA_ISA_NAME, gemm, load_f32, scale_max, exp_sum, row_dot, row_axpy};

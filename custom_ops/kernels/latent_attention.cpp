@@ -126,7 +126,7 @@ void absorbed_task(const IsaKernels& K, const AbsorbedSeq& s, const Partial& p, 
     std::fill(p.mx, p.mx + rows, kNegInf);
     std::fill(p.l, p.l + rows, 0.f);
     std::fill(p.o, p.o + rows * r, 0.f);
-    const void* chunk_rows[kChunk];
+    const float* chunk_rows[kChunk];
     for (int64_t c0 = p.c_begin; c0 < p.c_end; c0 += kChunk) {
         const int64_t n = std::min(kChunk, p.c_end - c0);
         // Rows are ordered by token, so by limit: skip the leading rows that see nothing here.
@@ -142,14 +142,13 @@ void absorbed_task(const IsaKernels& K, const AbsorbedSeq& s, const Partial& p, 
             K.load_f32(s.cache.row(c0 + j), s.cache.dtype, kr + j * w, w);
             chunk_rows[j] = kr + j * w;
         }
-        const DType rows_dtype = DType::f32;
         // Pull the next chunk toward the core while this one computes: blocks sit at scattered
         // addresses, which the hardware prefetcher does not follow across block boundaries.
         prefetch_rows(s.cache, c0 + kChunk, std::min(kChunk, p.c_end - c0 - kChunk));
-        K.row_dot(rows - i0, n, w, s.q + i0 * w, w, chunk_rows, rows_dtype, 0, sbuf, kChunk, false);
+        K.row_dot(rows - i0, n, w, s.q + i0 * w, w, chunk_rows, sbuf, kChunk);
         auto visible = [&](int64_t i) { return std::clamp<int64_t>(row_limit(s, i0 + i) - c0, 0, n); };
         softmax_step(K, sbuf, rows - i0, scale, visible, p.mx + i0, p.l + i0, p.o + i0 * r, r, r);
-        K.row_axpy(rows - i0, n, r, sbuf, kChunk, chunk_rows, rows_dtype, p.o + i0 * r, r);
+        K.row_axpy(rows - i0, n, r, sbuf, kChunk, chunk_rows, p.o + i0 * r, r);
     }
 }
 

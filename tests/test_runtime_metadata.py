@@ -45,7 +45,7 @@ def _loop_oracle(bs, seq_lens, query_lens, tables):
 def test_random_batches_match_a_per_token_loop(rng):
     for _ in range(20):
         bs = int(rng.integers(1, 9))
-        num_blocks = 200
+        num_blocks = 6 * 60  # enough for 6 sequences of 59 tokens at block size 1
         b = int(rng.integers(1, 7))
         seq_lens = rng.integers(1, 60, size=b)
         query_lens = np.array([rng.integers(1, s + 1) for s in seq_lens])

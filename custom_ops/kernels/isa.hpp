@@ -9,6 +9,44 @@
 
 namespace mla {
 
+// Software prefetch of the next chunk's cache rows, issued a few lines at a time from inside the
+// tiles of the current chunk. Blocks sit at scattered addresses, so the hardware prefetcher
+// only helps within a block; and a burst of thousands of prefetches stalls the core until the
+// misses drain, so it must be spread over the arithmetic for memory and compute to overlap.
+struct PrefetchStream {
+    static constexpr int kMaxRanges = 64;  // one per contiguous run of rows (<= rows per chunk)
+    const char* begin[kMaxRanges];
+    const char* end[kMaxRanges];
+    int ranges = 0, cur = 0;
+    const char* p = nullptr;
+    int per_tile = 0;  // lines issued by each tile of row_dot / row_axpy
+
+    void add(const void* row, int64_t bytes) {
+        const char* b = static_cast<const char*>(row);
+        if (ranges > 0 && end[ranges - 1] == b) {  // the next row of the same block
+            end[ranges - 1] = b + bytes;
+            return;
+        }
+        if (ranges == kMaxRanges) return;  // the rest is fetched on demand
+        begin[ranges] = b;
+        end[ranges] = b + bytes;
+        if (ranges++ == 0) p = b;
+    }
+    int64_t lines() const {
+        int64_t n = 0;
+        for (int i = 0; i < ranges; ++i) n += (end[i] - begin[i] + 63) / 64;
+        return n;
+    }
+    inline void issue(int n) {
+        for (; n > 0 && cur < ranges; --n) {
+            __builtin_prefetch(p, 0, 2);
+            p += 64;
+            if (p >= end[cur] && ++cur < ranges) p = begin[cur];
+        }
+    }
+    inline void tile() { issue(per_tile); }
+};
+
 struct IsaKernels {
     const char* name;
     // C[m, n] (+)= A[m, k] . B[k, n]; all f32, row-major with leading dimensions lda/ldb/ldc.
@@ -21,12 +59,12 @@ struct IsaKernels {
     // x[i] = exp(x[i] - shift) for i < n; returns the sum. (x[i] = -inf gives 0.)
     float (*exp_sum)(float* x, int64_t n, float shift);
     // Scores against the f32 rows of a chunk: s[i * lds + j] = q[i * ldq + 0 .. w) . rows[j][0 .. w),
-    // i < m, j < n.
+    // i < m, j < n. Each register tile advances pf (may be null) by its per_tile lines.
     void (*row_dot)(int64_t m, int64_t n, int64_t w, const float* q, int64_t ldq, const float* const* rows,
-                    float* s, int64_t lds);
+                    float* s, int64_t lds, PrefetchStream* pf);
     // Weighted sum of the rows: o[i * ldo + 0 .. width) += sum_j p[i * ldp + j] * rows[j][0 .. width).
     void (*row_axpy)(int64_t m, int64_t n, int64_t width, const float* p, int64_t ldp, const float* const* rows,
-                     float* o, int64_t ldo);
+                     float* o, int64_t ldo, PrefetchStream* pf);
 };
 
 const IsaKernels& isa();            // the best table for this CPU

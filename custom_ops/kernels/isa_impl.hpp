@@ -213,21 +213,26 @@ static inline void dot_tile(int64_t w, const float* q, int64_t ldq, const float*
 
 template <int MH>
 static void dot_rows_mh(int64_t n, int64_t w, const float* q, int64_t ldq, const float* const* k, float* s,
-                        int64_t lds) {
+                        int64_t lds, PrefetchStream& pf) {
     int64_t j = 0;
-    for (; j + 3 <= n; j += 3) dot_tile<MH, 3>(w, q, ldq, k + j, s + j, lds);
+    for (; j + 3 <= n; j += 3) {
+        pf.tile();
+        dot_tile<MH, 3>(w, q, ldq, k + j, s + j, lds);
+    }
     if (n - j == 2) dot_tile<MH, 2>(w, q, ldq, k + j, s + j, lds);
     if (n - j == 1) dot_tile<MH, 1>(w, q, ldq, k + j, s + j, lds);
 }
 
 static void row_dot(int64_t m, int64_t n, int64_t w, const float* q, int64_t ldq, const float* const* rows,
-                    float* s, int64_t lds) {
+                    float* s, int64_t lds, PrefetchStream* pf_in) {
+    PrefetchStream none;
+    PrefetchStream& pf = pf_in ? *pf_in : none;
     int64_t i = 0;
-    for (; i + 4 <= m; i += 4) dot_rows_mh<4>(n, w, q + i * ldq, ldq, rows, s + i * lds, lds);
+    for (; i + 4 <= m; i += 4) dot_rows_mh<4>(n, w, q + i * ldq, ldq, rows, s + i * lds, lds, pf);
     switch (m - i) {
-        case 3: dot_rows_mh<3>(n, w, q + i * ldq, ldq, rows, s + i * lds, lds); break;
-        case 2: dot_rows_mh<2>(n, w, q + i * ldq, ldq, rows, s + i * lds, lds); break;
-        case 1: dot_rows_mh<1>(n, w, q + i * ldq, ldq, rows, s + i * lds, lds); break;
+        case 3: dot_rows_mh<3>(n, w, q + i * ldq, ldq, rows, s + i * lds, lds, pf); break;
+        case 2: dot_rows_mh<2>(n, w, q + i * ldq, ldq, rows, s + i * lds, lds, pf); break;
+        case 1: dot_rows_mh<1>(n, w, q + i * ldq, ldq, rows, s + i * lds, lds, pf); break;
         default: break;
     }
 }
@@ -258,9 +263,12 @@ static inline void axpy_tile16(int64_t n, const float* p, int64_t ldp, const flo
 
 template <int MH>
 static void axpy_rows_mh(int64_t n, int64_t width, const float* p, int64_t ldp, const float* const* v, float* o,
-                         int64_t ldo) {
+                         int64_t ldo, PrefetchStream& pf) {
     int64_t c = 0;
-    for (; c + 16 <= width; c += 16) axpy_tile16<MH>(n, p, ldp, v, c, o, ldo);
+    for (; c + 16 <= width; c += 16) {
+        pf.tile();
+        axpy_tile16<MH>(n, p, ldp, v, c, o, ldo);
+    }
     for (; c < width; ++c)
         for (int i = 0; i < MH; ++i) {
             float t = o[i * ldo + c];
@@ -270,15 +278,17 @@ static void axpy_rows_mh(int64_t n, int64_t width, const float* p, int64_t ldp, 
 }
 
 static void row_axpy(int64_t m, int64_t n, int64_t width, const float* p, int64_t ldp, const float* const* rows,
-                     float* o, int64_t ldo) {
+                     float* o, int64_t ldo, PrefetchStream* pf_in) {
+    PrefetchStream none;
+    PrefetchStream& pf = pf_in ? *pf_in : none;
     int64_t i = 0;
-    for (; i + 6 <= m; i += 6) axpy_rows_mh<6>(n, width, p + i * ldp, ldp, rows, o + i * ldo, ldo);
+    for (; i + 6 <= m; i += 6) axpy_rows_mh<6>(n, width, p + i * ldp, ldp, rows, o + i * ldo, ldo, pf);
     switch (m - i) {
-        case 5: axpy_rows_mh<5>(n, width, p + i * ldp, ldp, rows, o + i * ldo, ldo); break;
-        case 4: axpy_rows_mh<4>(n, width, p + i * ldp, ldp, rows, o + i * ldo, ldo); break;
-        case 3: axpy_rows_mh<3>(n, width, p + i * ldp, ldp, rows, o + i * ldo, ldo); break;
-        case 2: axpy_rows_mh<2>(n, width, p + i * ldp, ldp, rows, o + i * ldo, ldo); break;
-        case 1: axpy_rows_mh<1>(n, width, p + i * ldp, ldp, rows, o + i * ldo, ldo); break;
+        case 5: axpy_rows_mh<5>(n, width, p + i * ldp, ldp, rows, o + i * ldo, ldo, pf); break;
+        case 4: axpy_rows_mh<4>(n, width, p + i * ldp, ldp, rows, o + i * ldo, ldo, pf); break;
+        case 3: axpy_rows_mh<3>(n, width, p + i * ldp, ldp, rows, o + i * ldo, ldo, pf); break;
+        case 2: axpy_rows_mh<2>(n, width, p + i * ldp, ldp, rows, o + i * ldo, ldo, pf); break;
+        case 1: axpy_rows_mh<1>(n, width, p + i * ldp, ldp, rows, o + i * ldo, ldo, pf); break;
         default: break;
     }
 }

@@ -44,14 +44,6 @@ SeqCache seq_cache(const TensorView& cache, const TensorView& bt, int64_t b) {
                     dtype_size(cache.dtype), &bt, b * bt.dim(1)};
 }
 
-void prefetch_rows(const SeqCache& sc, int64_t c0, int64_t n) {
-    const int64_t bytes = sc.width * sc.esz;
-    for (int64_t j = 0; j < n; ++j) {
-        const char* row = static_cast<const char*>(sc.row(c0 + j));
-        for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(row + off, 0, 3);
-    }
-}
-
 // Per-thread scratch, grown on demand and reused across calls.
 struct Scratch {
     std::vector<float> kr, kt, s, knt, v;
@@ -127,28 +119,35 @@ void absorbed_task(const IsaKernels& K, const AbsorbedSeq& s, const Partial& p, 
     std::fill(p.l, p.l + rows, 0.f);
     std::fill(p.o, p.o + rows * r, 0.f);
     const float* chunk_rows[kChunk];
+    const int64_t row_bytes = w * s.cache.esz;
     for (int64_t c0 = p.c_begin; c0 < p.c_end; c0 += kChunk) {
         const int64_t n = std::min(kChunk, p.c_end - c0);
         // Rows are ordered by token, so by limit: skip the leading rows that see nothing here.
         const int64_t t0 = std::max<int64_t>(0, c0 - (s.seq_len - s.qlen));
         const int64_t i0 = t0 * s.heads;
         if (i0 >= rows) break;
-        // The cache rows are read where they live (bf16 widened in registers): all heads of
-        // the sequence share each loaded row.
-        // Copy the chunk once into contiguous f32 scratch (widening bf16/f16), shared by every
-        // head and both products: converting in every tile that reads a row was slower, and
-        // the scratch stays cache-resident while rows of scattered blocks would not.
+        // f32 rows are read where they live (prefetched by the previous chunk's tiles); bf16/f16
+        // chunks are widened once into f32 scratch shared by every head and both products
+        // (widening in every tile that reads a row was slower).
         for (int64_t j = 0; j < n; ++j) {
-            K.load_f32(s.cache.row(c0 + j), s.cache.dtype, kr + j * w, w);
-            chunk_rows[j] = kr + j * w;
+            if (s.cache.dtype == DType::f32) {
+                chunk_rows[j] = static_cast<const float*>(s.cache.row(c0 + j));
+            } else {
+                K.load_f32(s.cache.row(c0 + j), s.cache.dtype, kr + j * w, w);
+                chunk_rows[j] = kr + j * w;
+            }
         }
-        // Pull the next chunk toward the core while this one computes: blocks sit at scattered
-        // addresses, which the hardware prefetcher does not follow across block boundaries.
-        prefetch_rows(s.cache, c0 + kChunk, std::min(kChunk, p.c_end - c0 - kChunk));
-        K.row_dot(rows - i0, n, w, s.q + i0 * w, w, chunk_rows, sbuf, kChunk);
+        // The next chunk's rows are pulled toward the core by the tiles of this one.
+        PrefetchStream pf;
+        const int64_t next = std::min(kChunk, p.c_end - c0 - kChunk);
+        for (int64_t j = 0; j < next; ++j) pf.add(s.cache.row(c0 + kChunk + j), row_bytes);
+        const int64_t m = rows - i0, r_tiles = (m + 3) / 4 * ((n + 2) / 3) + (m + 5) / 6 * (r / 16);
+        pf.per_tile = static_cast<int>((pf.lines() + r_tiles - 1) / std::max<int64_t>(1, r_tiles));
+        K.row_dot(m, n, w, s.q + i0 * w, w, chunk_rows, sbuf, kChunk, &pf);
         auto visible = [&](int64_t i) { return std::clamp<int64_t>(row_limit(s, i0 + i) - c0, 0, n); };
-        softmax_step(K, sbuf, rows - i0, scale, visible, p.mx + i0, p.l + i0, p.o + i0 * r, r, r);
-        K.row_axpy(rows - i0, n, r, sbuf, kChunk, chunk_rows, p.o + i0 * r, r);
+        softmax_step(K, sbuf, m, scale, visible, p.mx + i0, p.l + i0, p.o + i0 * r, r, r);
+        K.row_axpy(m, n, r, sbuf, kChunk, chunk_rows, p.o + i0 * r, r, &pf);
+        pf.issue(1 << 30);  // whatever the tiles did not cover
     }
 }
 

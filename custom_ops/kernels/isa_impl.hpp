@@ -187,6 +187,24 @@ static inline float hsum(v8f v) {
     return s;
 }
 
+// out[i] = hsum(v[i]) for i < n (out has room for n rounded up to 4). Under AVX2 four vectors
+// are reduced together by a horizontal-add tree (5 instructions for 4 sums instead of ~40
+// scalar extracts and adds): the epilogue of a dot tile was ~10% of its time.
+static inline void hsum_many(const v8f* v, int n, float* out) {
+#if defined(__AVX2__)
+    int i = 0;
+    for (; i + 4 <= n; i += 4) {
+        const __m256 a = reinterpret_cast<__m256>(v[i]), b = reinterpret_cast<__m256>(v[i + 1]);
+        const __m256 c = reinterpret_cast<__m256>(v[i + 2]), e = reinterpret_cast<__m256>(v[i + 3]);
+        const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, e));
+        _mm_storeu_ps(out + i, _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
+    }
+    for (; i < n; ++i) out[i] = hsum(v[i]);
+#else
+    for (int i = 0; i < n; ++i) out[i] = hsum(v[i]);
+#endif
+}
+
 // MH query rows x NK cache rows of dot products, MH * NK accumulators (12 of AVX2's 16 vector
 // registers at 4 x 3): each loaded row vector serves MH query rows, each query vector NK rows.
 template <int MH, int NK>
@@ -203,9 +221,11 @@ static inline void dot_tile(int64_t w, const float* q, int64_t ldq, const float*
             for (int j = 0; j < NK; ++j) acc[i][j] += qv * kv[j];
         }
     }
+    float sums[MH * NK + 3];
+    hsum_many(&acc[0][0], MH * NK, sums);
     for (int i = 0; i < MH; ++i)
         for (int j = 0; j < NK; ++j) {
-            float t = hsum(acc[i][j]);
+            float t = sums[i * NK + j];
             for (int64_t e = d; e < w; ++e) t += q[i * ldq + e] * k[j][e];
             s[i * lds + j] = t;
         }

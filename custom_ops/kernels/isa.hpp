@@ -47,6 +47,17 @@ struct PrefetchStream {
     inline void tile() { issue(per_tile); }
 };
 
+// Register tile shapes of row_dot (query rows x cache rows) and row_axpy (output rows x
+// columns), shared with the callers that spread a PrefetchStream over the tiles.
+constexpr int64_t kDotTileRows = 4, kDotTileKeys = 3, kAxpyTileRows = 4, kAxpyTileCols = 24;
+
+// Register tiles that row_dot(m, n, ...) then row_axpy(m, ..., width, ...) run (full tiles only:
+// the edge tiles do not advance the prefetch stream).
+inline int64_t dot_axpy_tiles(int64_t m, int64_t n, int64_t width) {
+    return (m + kDotTileRows - 1) / kDotTileRows * (n / kDotTileKeys) +
+           (m + kAxpyTileRows - 1) / kAxpyTileRows * (width / kAxpyTileCols);
+}
+
 struct IsaKernels {
     const char* name;
     // C[m, n] (+)= A[m, k] . B[k, n]; all f32, row-major with leading dimensions lda/ldb/ldc.

@@ -141,8 +141,8 @@ void absorbed_task(const IsaKernels& K, const AbsorbedSeq& s, const Partial& p, 
         PrefetchStream pf;
         const int64_t next = std::min(kChunk, p.c_end - c0 - kChunk);
         for (int64_t j = 0; j < next; ++j) pf.add(s.cache.row(c0 + kChunk + j), row_bytes);
-        const int64_t m = rows - i0, r_tiles = (m + 3) / 4 * ((n + 2) / 3) + (m + 5) / 6 * (r / 16);
-        pf.per_tile = static_cast<int>((pf.lines() + r_tiles - 1) / std::max<int64_t>(1, r_tiles));
+        const int64_t m = rows - i0, tiles = std::max<int64_t>(1, dot_axpy_tiles(m, n, r));
+        pf.per_tile = static_cast<int>((pf.lines() + tiles - 1) / tiles);
         K.row_dot(m, n, w, s.q + i0 * w, w, chunk_rows, sbuf, kChunk, &pf);
         auto visible = [&](int64_t i) { return std::clamp<int64_t>(row_limit(s, i0 + i) - c0, 0, n); };
         softmax_step(K, sbuf, m, scale, visible, p.mx + i0, p.l + i0, p.o + i0 * r, r, r);

@@ -63,6 +63,13 @@ struct IsaKernels {
     // C[m, n] (+)= A[m, k] . B[k, n]; all f32, row-major with leading dimensions lda/ldb/ldc.
     void (*gemm)(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
                  int64_t ldb, float* c, int64_t ldc, bool accumulate);
+    // The same product with B packed in 16-column panels: B[p, j] at bp[(j / 16) * b_ps + p * 16 + j % 16]
+    // (columns of the last panel past n must hold finite values), and C[i, j] at
+    // c[(j / 16) * c_ps + i * c_rs + j % 16] (row-major C: c_rs = ldc, c_ps = 16; only j < n is
+    // written). Contiguous panels stream through L1: the power-of-two row strides of unpacked
+    // weights and chunks (512 floats and more) map every row of a panel to one or two cache sets.
+    void (*gemm_packed)(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* bp,
+                        int64_t b_ps, float* c, int64_t c_rs, int64_t c_ps, bool accumulate);
     // dst[i] = float(src[i]) for src in f32/bf16/f16.
     void (*load_f32)(const void* src, DType dtype, float* dst, int64_t n);
     // x[i] *= scale for i < n; returns max_i x[i] (-inf when n == 0).

@@ -111,6 +111,28 @@ static void gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, c
         }
 }
 
+static void gemm_packed(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* bp,
+                        int64_t b_ps, float* c, int64_t c_rs, int64_t c_ps, bool accumulate) {
+    static const MicroFn k16[7] = {nullptr, micro16<1>, micro16<2>, micro16<3>, micro16<4>, micro16<5>, micro16<6>};
+    for (int64_t j = 0; j < n; j += 16) {
+        const float* b = bp + (j / 16) * b_ps;
+        float* cp = c + (j / 16) * c_ps;
+        const int64_t nr = n - j < 16 ? n - j : 16;
+        for (int64_t i = 0; i < m; i += 6) {
+            const int64_t mr = m - i < 6 ? m - i : 6;
+            if (nr == 16) {
+                k16[mr](k, a + i * lda, lda, b, 16, cp + i * c_rs, c_rs, accumulate);
+                continue;
+            }
+            // Last, partial panel: through a full-width tile so nothing past column n is touched.
+            float tile[6 * 16] = {};
+            for (int64_t r = 0; r < mr && accumulate; ++r) std::memcpy(tile + r * 16, cp + (i + r) * c_rs, nr * 4);
+            k16[mr](k, a + i * lda, lda, b, 16, tile, 16, accumulate);
+            for (int64_t r = 0; r < mr; ++r) std::memcpy(cp + (i + r) * c_rs, tile + r * 16, nr * 4);
+        }
+    }
+}
+
 static void load_f32(const void* src, DType dtype, float* dst, int64_t n) {
     if (dtype == DType::bf16) {
         const auto* h = static_cast<const uint16_t*>(src);
@@ -313,7 +335,7 @@ static void row_axpy(int64_t m, int64_t n, int64_t width, const float* p, int64_
     }
 }
 
-static const IsaKernels table = {MLA_ISA_NAME, gemm, load_f32, scale_max, exp_sum, row_dot, row_axpy};
+static const IsaKernels table = {MLA_ISA_NAME, gemm, gemm_packed, load_f32, scale_max, exp_sum, row_dot, row_axpy};
 
 }  // namespace MLA_ISA_NS
 }  // namespace mla

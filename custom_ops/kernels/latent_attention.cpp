@@ -46,7 +46,7 @@ SeqCache seq_cache(const TensorView& cache, const TensorView& bt, int64_t b) {
 
 // Per-thread scratch, grown on demand and reused across calls.
 struct Scratch {
-    std::vector<float> kr, kt, s, knt, v;
+    std::vector<float> kr, s, krow, v, qh, wk, wv;
     static float* get(std::vector<float>& buf, int64_t n) {
         if (static_cast<int64_t>(buf.size()) < n) buf.resize(static_cast<size_t>(n));
         return buf.data();
@@ -54,15 +54,22 @@ struct Scratch {
 };
 thread_local Scratch tls;
 
-// Gathers positions [c0, c0 + n) as f32 rows kr [n, W] and their transpose kt [W, kChunk]
-// (columns past n zeroed, so no stale or NaN value can reach a product).
-void gather_chunk(const IsaKernels& K, const SeqCache& sc, int64_t c0, int64_t n, float* kr, float* kt) {
+// Gathers positions [c0, c0 + n) as contiguous f32 rows kr [n, W] (widening bf16/f16).
+void gather_chunk(const IsaKernels& K, const SeqCache& sc, int64_t c0, int64_t n, float* kr) {
     const int64_t w = sc.width;
     for (int64_t j = 0; j < n; ++j) K.load_f32(sc.row(c0 + j), sc.dtype, kr + j * w, w);
-    for (int64_t d = 0; d < w; ++d) {
-        float* dst = kt + d * kChunk;
-        for (int64_t j = 0; j < n; ++j) dst[j] = kr[j * w + d];
-        for (int64_t j = n; j < kChunk; ++j) dst[j] = 0.f;
+}
+
+// Packs B[p, j] = src[p * sp + j * sj] (p < k, j < n) into 16-column panels of k rows for
+// gemm_packed, zero-filling the last panel's columns past n.
+void pack_panels(const float* src, int64_t sp, int64_t sj, int64_t k, int64_t n, float* dst) {
+    for (int64_t j0 = 0; j0 < n; j0 += 16) {
+        float* panel = dst + (j0 / 16) * k * 16;
+        const int64_t nr = std::min<int64_t>(16, n - j0);
+        for (int64_t p = 0; p < k; ++p) {
+            for (int64_t j = 0; j < nr; ++j) panel[p * 16 + j] = src[p * sp + (j0 + j) * sj];
+            for (int64_t j = nr; j < 16; ++j) panel[p * 16 + j] = 0.f;
+        }
     }
 }
 
@@ -217,22 +224,27 @@ struct ExpandedSeq {
     int64_t start, qlen, seq_len;
 };
 
-constexpr int64_t kSpan = 512;   // keys up-projected at once per head (their K^T and V stay in scratch)
+constexpr int64_t kSpan = 512;   // keys up-projected at once per head (their K and V stay in scratch)
 constexpr int64_t kQTile = 64;   // query rows whose scores and outputs stay cache-resident
 
+int64_t panels(int64_t n) { return (n + 15) / 16; }
+
 // One (sequence, head). The context is walked in spans: each span's latent rows are
-// up-projected once (K_nope^T = W_UK kv_c, V = kv_c W_UV), then every tile of new tokens that
+// up-projected once (K_nope = kv_c W_UK^T, V = kv_c W_UV), then every tile of new tokens that
 // sees the span attends to it chunk by chunk, with its online-softmax state kept across spans.
+// Keys are rows [K_nope | k_pe] read by row_dot (no transposes); V and the head's weights are
+// packed in panels for gemm_packed.
 void expanded_task(const IsaKernels& K, const ExpandedSeq& s, int64_t h, int64_t heads, const float* qn,
                    const float* qp, const float* wuk, const float* wuv, int64_t r, int64_t dn, int64_t dr,
                    int64_t dv, float scale, float* out /*[T, H, dv]*/) {
-    const int64_t w = s.cache.width;
+    const int64_t w = s.cache.width, dk = dn + dr;
     Scratch& sc = tls;
     float* kr = Scratch::get(sc.kr, kChunk * w);
-    float* kt = Scratch::get(sc.kt, kChunk * w);
-    float* knt = Scratch::get(sc.knt, (dn + dr) * kSpan);  // rows 0..dn: K_nope^T, dn..dn+dr: k_pe^T
-    float* kpt = knt + dn * kSpan;
-    float* v = Scratch::get(sc.v, kSpan * dv);
+    float* krow = Scratch::get(sc.krow, kSpan * dk);                // [kSpan, dk]: key rows of the span
+    float* v = Scratch::get(sc.v, panels(dv) * kSpan * 16);         // V [kSpan, dv] in panels
+    float* wk = Scratch::get(sc.wk, panels(dn) * r * 16);           // W_UK_h^T [r, dn] in panels
+    float* wv = Scratch::get(sc.wv, panels(dv) * r * 16);           // W_UV_h [r, dv] in panels
+    float* qh = Scratch::get(sc.qh, s.qlen * dk);                   // [q_nope | q_pe] of this head
     float* sbuf = Scratch::get(sc.s, kQTile * kChunk + s.qlen * (dv + 2));
     float* o = sbuf + kQTile * kChunk;
     float* mx = o + s.qlen * dv;
@@ -240,17 +252,24 @@ void expanded_task(const IsaKernels& K, const ExpandedSeq& s, int64_t h, int64_t
     std::fill(o, o + s.qlen * dv, 0.f);
     std::fill(mx, mx + s.qlen, kNegInf);
     std::fill(l, l + s.qlen, 0.f);
-    const float* wuk_h = wuk + h * dn * r;  // [dn, r]
-    const float* wuv_h = wuv + h * r * dv;  // [r, dv]
+    if (dv % 16) std::fill(v, v + panels(dv) * kSpan * 16, 0.f);  // padding columns stay finite
+    pack_panels(wuk + h * dn * r, 1, r, r, dn, wk);   // B[p, j] = W_UK[h, j, p]
+    pack_panels(wuv + h * r * dv, dv, 1, r, dv, wv);  // B[p, j] = W_UV[h, p, j]
+    for (int64_t t = 0; t < s.qlen; ++t) {
+        std::copy_n(qn + ((s.start + t) * heads + h) * dn, dn, qh + t * dk);
+        std::copy_n(qp + ((s.start + t) * heads + h) * dr, dr, qh + t * dk + dn);
+    }
+    const float* key_rows[kSpan];
+    for (int64_t j = 0; j < kSpan; ++j) key_rows[j] = krow + j * dk;
     const int64_t past = s.seq_len - s.qlen;  // new token t sees positions <= past + t
     for (int64_t s0 = 0; s0 < s.seq_len; s0 += kSpan) {
         const int64_t ns = std::min(kSpan, s.seq_len - s0);
         for (int64_t c = 0; c < ns; c += kChunk) {
             const int64_t n = std::min(kChunk, ns - c);
-            gather_chunk(K, s.cache, s0 + c, n, kr, kt);
-            K.gemm(dn, n, r, wuk_h, r, kt, kChunk, knt + c, kSpan, false);  // K_nope^T [dn, n]
-            for (int64_t d = 0; d < dr; ++d) std::copy_n(kt + (r + d) * kChunk, n, kpt + d * kSpan + c);
-            K.gemm(n, dv, r, kr, w, wuv_h, dv, v + c * dv, dv, false);       // V [n, dv]
+            gather_chunk(K, s.cache, s0 + c, n, kr);
+            K.gemm_packed(n, dn, r, kr, w, wk, r * 16, krow + c * dk, dk, 16, false);           // K_nope
+            for (int64_t j = 0; j < n; ++j) std::copy_n(kr + j * w + r, dr, krow + (c + j) * dk + dn);
+            K.gemm_packed(n, dv, r, kr, w, wv, r * 16, v + c * 16, 16, kSpan * 16, false);      // V
         }
         for (int64_t q0 = std::max<int64_t>(0, s0 - past); q0 < s.qlen; q0 += kQTile) {
             const int64_t rows = std::min(kQTile, s.qlen - q0);
@@ -259,11 +278,10 @@ void expanded_task(const IsaKernels& K, const ExpandedSeq& s, int64_t h, int64_t
                 const int64_t i0 = std::max<int64_t>(0, pos0 - past - q0);  // first row of the tile that sees it
                 if (i0 >= rows) break;  // later chunks are later still
                 const int64_t t = q0 + i0, rr = rows - i0;
-                K.gemm(rr, n, dn, qn + ((s.start + t) * heads + h) * dn, heads * dn, knt + c, kSpan, sbuf, kChunk, false);
-                K.gemm(rr, n, dr, qp + ((s.start + t) * heads + h) * dr, heads * dr, kpt + c, kSpan, sbuf, kChunk, true);
+                K.row_dot(rr, n, dk, qh + t * dk, dk, key_rows + c, sbuf, kChunk, nullptr);
                 auto visible = [&](int64_t i) { return std::clamp<int64_t>(past + t + i + 1 - pos0, 0, n); };
                 softmax_step(K, sbuf, rr, scale, visible, mx + t, l + t, o + t * dv, dv, dv);
-                K.gemm(rr, dv, n, sbuf, kChunk, v + c * dv, dv, o + t * dv, dv, true);
+                K.gemm_packed(rr, dv, n, sbuf, kChunk, v + c * 16, kSpan * 16, o + t * dv, dv, 16, true);
             }
         }
     }

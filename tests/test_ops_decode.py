@@ -53,6 +53,12 @@ def test_odd_dims_and_long_context_split_across_threads(rng):
     run_case(rng, [2500, 1], 2, 512, 64, 16)
 
 
+def test_uneven_batch_split_into_balanced_parts(rng):
+    # One long sequence among short ones: the plan cuts the long one into several parts that
+    # the threads take dynamically, and merges them; the short ones stay whole.
+    run_case(rng, [5000, 3, 900, 64], 16, 512, 64, 16, cache_dtype="bf16")
+
+
 def test_large_scores_stay_finite(rng):
     # Scores of several hundred: the online softmax must subtract the running max.
     run_case(rng, [200, 31], 4, 64, 16, 16, scale=3.0)

@@ -158,16 +158,22 @@ void absorbed_task(const IsaKernels& K, const AbsorbedSeq& s, const Partial& p, 
     }
 }
 
-// How many context splits for each sequence, so that short batches still keep every thread
-// busy (batch 1 uses both cores) while each split keeps at least a few chunks.
+// How many context splits for each sequence (the plan step, FlashInfer-style): with one
+// thread none; else the work (rows x chunks) is cut into parts of about 1/(4 * threads) of the
+// total, so batch 1 uses every core and uneven lengths balance under dynamic scheduling, while
+// each part keeps at least 4 chunks (its merge costs one output row per query row) and a
+// sequence never has more parts than 2 * threads (each holds a [rows, r] partial output).
 std::vector<int64_t> plan_splits(const std::vector<AbsorbedSeq>& seqs, int num_threads) {
     std::vector<int64_t> splits(seqs.size(), 1);
-    const int64_t n = static_cast<int64_t>(seqs.size());
-    if (n == 0 || n >= 2 * num_threads) return splits;
-    const int64_t want = (2 * num_threads + n - 1) / n;
+    if (num_threads <= 1) return splits;
+    auto chunks = [](const AbsorbedSeq& s) { return (s.seq_len + kChunk - 1) / kChunk; };
+    double total = 0;
+    for (const auto& s : seqs) total += double(s.qlen * s.heads) * chunks(s);
+    const double target = total / (4.0 * num_threads);
     for (size_t i = 0; i < seqs.size(); ++i) {
-        const int64_t chunks = (seqs[i].seq_len + kChunk - 1) / kChunk;
-        splits[i] = std::max<int64_t>(1, std::min(want, chunks / 4));
+        const double cost = double(seqs[i].qlen * seqs[i].heads) * chunks(seqs[i]);
+        const int64_t want = static_cast<int64_t>(std::ceil(cost / target - 1e-9));
+        splits[i] = std::max<int64_t>(1, std::min({want, chunks(seqs[i]) / 4, int64_t(2) * num_threads}));
     }
     return splits;
 }
@@ -190,12 +196,19 @@ void run_absorbed(const IsaKernels& K, const std::vector<AbsorbedSeq>& seqs, int
             cursor += rows * (r + 2);
         }
     }
-    th.parallel_for(static_cast<int64_t>(parts.size()),
-                    [&](int64_t k) { absorbed_task(K, seqs[parts[k].seq], parts[k], r, scale); });
+    // Largest parts first, so the last ones to be picked are the small ones.
+    std::vector<int64_t> order(parts.size());
+    for (size_t k = 0; k < parts.size(); ++k) order[k] = static_cast<int64_t>(k);
+    auto cost = [&](int64_t k) { return (parts[k].c_end - parts[k].c_begin) * seqs[parts[k].seq].qlen; };
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return cost(a) > cost(b); });
+    dynamic_for(th, static_cast<int64_t>(parts.size()), [&](int64_t k) {
+        const Partial& p = parts[order[k]];
+        absorbed_task(K, seqs[p.seq], p, r, scale);
+    });
     // Merge each sequence's splits: out = sum_k e^(m_k - M) o_k / sum_k e^(m_k - M) l_k.
     std::vector<int64_t> first(seqs.size() + 1, 0);
     for (size_t i = 0; i < seqs.size(); ++i) first[i + 1] = first[i] + splits[i];
-    th.parallel_for(static_cast<int64_t>(seqs.size()), [&](int64_t i) {
+    dynamic_for(th, static_cast<int64_t>(seqs.size()), [&](int64_t i) {
         const AbsorbedSeq& s = seqs[i];
         const int64_t rows = s.qlen * s.heads;
         for (int64_t row = 0; row < rows; ++row) {
@@ -450,7 +463,11 @@ void paged_attention(const TensorView& q_nope, const TensorView& q_pe, const Ten
     }
     if (!expanded.empty()) {
         const int64_t n_exp = static_cast<int64_t>(expanded.size());
-        th.parallel_for(n_exp * heads, [&](int64_t k) {
+        // Largest sequences first (their heads are the longest tasks).
+        std::stable_sort(expanded.begin(), expanded.end(), [](const ExpandedSeq& a, const ExpandedSeq& b) {
+            return a.qlen * a.seq_len > b.qlen * b.seq_len;
+        });
+        dynamic_for(th, n_exp * heads, [&](int64_t k) {
             expanded_task(K, expanded[k / heads], k % heads, heads, qn, qp, wuk, wuv, r, dn, dr, dv, scale, of);
         });
     }

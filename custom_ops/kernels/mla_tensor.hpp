@@ -50,4 +50,10 @@ struct Threading {
     int num_threads = 1;
 };
 
+// Runs body(i) for i in [0, n) on up to num_threads workers that take the next index from a
+// shared counter as they finish: the pools partition statically (ov::parallel_for is TBB with a
+// static partitioner), so uneven tasks, or a core taken by another process, would otherwise
+// hold the whole call back. Run the largest tasks first.
+void dynamic_for(const Threading& th, int64_t n, const std::function<void(int64_t)>& body);
+
 }  // namespace mla

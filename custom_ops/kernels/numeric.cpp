@@ -1,5 +1,7 @@
 #include "numeric.hpp"
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 
 namespace mla {
@@ -18,6 +20,15 @@ const char* dtype_name(DType t) {
 
 void serial_for(int64_t n, const std::function<void(int64_t)>& body) {
     for (int64_t i = 0; i < n; ++i) body(i);
+}
+
+void dynamic_for(const Threading& th, int64_t n, const std::function<void(int64_t)>& body) {
+    const int64_t workers = std::min<int64_t>(n, th.num_threads);
+    if (workers <= 1) return serial_for(n, body);
+    std::atomic<int64_t> next{0};
+    th.parallel_for(workers, [&](int64_t) {
+        for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) body(i);
+    });
 }
 
 float f16_to_f32(uint16_t h) {

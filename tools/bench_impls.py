@@ -51,11 +51,14 @@ def _paged_layout(rng, lengths: list[int], block_size: int):
     return tables, nb
 
 
-def decode_inputs(rng, batch: int, heads: int, ctx: int, block_size: int, dtype: str) -> dict:
-    tables, nb = _paged_layout(rng, [ctx] * batch, block_size)
-    return {"q": _randn(rng, (batch, heads, W), dtype),
+def decode_inputs(rng, batch: int, heads: int, ctx: int, block_size: int, dtype: str,
+                  lengths: tuple[int, ...] = ()) -> dict:
+    """`batch` sequences of `ctx` tokens, or of the given `lengths` (a mixed batch)."""
+    lengths = list(lengths) or [ctx] * batch
+    tables, nb = _paged_layout(rng, lengths, block_size)
+    return {"q": _randn(rng, (len(lengths), heads, W), dtype),
             "kv_cache": _randn(rng, (nb, block_size, W), dtype),
-            "block_tables": tables, "seq_lens": np.full(batch, ctx, dtype=np.int32)}
+            "block_tables": tables, "seq_lens": np.array(lengths, dtype=np.int32)}
 
 
 def prefill_inputs(rng, new: int, prefix: int, heads: int, block_size: int, dtype: str) -> dict:

@@ -45,11 +45,17 @@ class Case:
     ctx: int = 0        # decode: tokens per sequence
     new: int = 0        # prefill: new tokens
     prefix: int = 0     # prefill: cached tokens before them
+    lens: tuple = ()    # decode: a mixed batch's lengths (batch and ctx then say its size and longest)
+
+    @property
+    def lengths(self) -> list[int]:
+        return list(self.lens) or [self.ctx] * self.batch
 
     @property
     def name(self) -> str:
         if self.kind == "decode":
-            return f"decode B{self.batch} H{self.heads} ctx{self.ctx} bs{self.block} {self.dtype}"
+            ctx = "/".join(map(str, self.lens)) if self.lens else self.ctx
+            return f"decode B{self.batch} H{self.heads} ctx{ctx} bs{self.block} {self.dtype}"
         return f"prefill new{self.new} prefix{self.prefix} H{self.heads} bs{self.block} {self.dtype}"
 
 
@@ -57,14 +63,21 @@ def quick_cases() -> list[Case]:
     d = [Case("decode", 16, 16, dt, batch=4, ctx=2048) for dt in ("f32", "bf16")]
     d += [Case("decode", 16, 16, dt, batch=1, ctx=8192) for dt in ("f32", "bf16")]
     d += [Case("decode", 128, 16, "bf16", batch=4, ctx=2048)]
+    d += [mixed_case("f32")]
     p = [Case("prefill", 16, 16, dt, new=1024, prefix=pre) for pre in (0, 2048) for dt in ("f32", "bf16")]
     return d + p
+
+
+def mixed_case(dtype: str) -> Case:
+    """A batch as serving makes them: one long sequence among short ones (load balance)."""
+    return Case("decode", 16, 16, dtype, batch=4, ctx=8192, lens=(8192, 512, 512, 512))
 
 
 def full_cases() -> list[Case]:
     d = [Case("decode", h, bs, dt, batch=b, ctx=ctx)
          for h in (16, 128) for ctx in (512, 2048, 8192, 32768) for b in (1, 4, 16)
          for bs in (16, 64) for dt in ("f32", "bf16")]
+    d += [mixed_case(dt) for dt in ("f32", "bf16")]
     p = [Case("prefill", h, 16, dt, new=n, prefix=pre)
          for h in (16, 128) for n in (1024, 4096) for pre in (0, 2048) for dt in ("f32", "bf16")]
     return d + p
@@ -79,7 +92,7 @@ def work(case: Case) -> dict:
     elt = 4 if case.dtype == "f32" else 2
     h = case.heads
     if case.kind == "decode":
-        rows = case.batch * case.ctx
+        rows = sum(case.lengths)
         flop = 2.0 * h * rows * (W + R)
         nbytes = elt * (rows * W + case.batch * h * (W + R))
         return {"flop": flop, "bytes": nbytes, "form": "absorbed"}
@@ -309,7 +322,7 @@ def bench_case(case: Case, args, peer, rng) -> dict:
     import bench_impls as bi
     t_start = time.perf_counter()
     if case.kind == "decode":
-        inp = bi.decode_inputs(rng, case.batch, case.heads, case.ctx, case.block, case.dtype)
+        inp = bi.decode_inputs(rng, case.batch, case.heads, case.ctx, case.block, case.dtype, case.lens)
     else:
         inp = bi.prefill_inputs(rng, case.new, case.prefix, case.heads, case.block, case.dtype)
     scale = (bi.DN + bi.DR) ** -0.5  # DeepSeek's softmax scale 1/sqrt(qk_head_dim)

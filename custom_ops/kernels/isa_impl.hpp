@@ -280,8 +280,8 @@ static void row_dot(int64_t m, int64_t n, int64_t w, const float* q, int64_t ldq
     }
 }
 
-// MH rows of o, 16 columns, accumulated over n rows: 2 row vectors loaded per row j serve all
-// MH rows of o (12 accumulators at MH = 6).
+// MH rows of o, 8 * NV columns, accumulated over n rows: the NV row vectors loaded per row j
+// serve all MH rows of o (MH * NV accumulators).
 template <int MH, int NV>
 static inline void axpy_tile(int64_t n, const float* p, int64_t ldp, const float* const* v, int64_t c, float* o,
                              int64_t ldo) {

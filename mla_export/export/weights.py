@@ -1,40 +1,112 @@
-"""Reading a checkpoint's safetensors weights one tensor at a time.
+"""Reading a checkpoint's safetensors weights one tensor at a time, without torch.
 
 `CheckpointReader` maps every tensor name to its shard (`model.safetensors.index.json`, or all
-`*.safetensors` files of the directory) and opens shards lazily with `safe_open`, so the exporter
-holds only the tensors of the layer it is building. Tensors come back as float32 numpy arrays
-(bf16/f16 shards are widened through torch, which reads every safetensors dtype); the caller says
-which shape it expects and gets a `WeightError` naming the tensor when the file disagrees.
+`*.safetensors` files of the directory). A shard is its 8-byte header length, a JSON header (name ->
+dtype, shape, byte offsets) and the raw little-endian tensor bytes; the reader parses the header
+itself and maps the file read-only, so a tensor is read from disk only when asked for and the
+exporter holds only the tensors of the layer it is building (the page cache, not the process,
+keeps the rest). bf16 comes through `ml_dtypes`, so no torch is needed. Tensors come back as
+float32 numpy arrays; the caller says which shape it expects and gets a `WeightError` naming the
+tensor when the file disagrees.
 """
 
 from __future__ import annotations
 
 import json
+import mmap
+import struct
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 
-__all__ = ["CheckpointReader", "WeightError"]
+__all__ = ["CheckpointReader", "WeightError", "SafetensorsFile"]
 
+# safetensors dtype names -> numpy dtypes (little-endian, as the format stores them)
+_DTYPES = {"F64": np.dtype("<f8"), "F32": np.dtype("<f4"), "F16": np.dtype("<f2"),
+           "BF16": np.dtype(ml_dtypes.bfloat16), "I64": np.dtype("<i8"), "I32": np.dtype("<i4"),
+           "I16": np.dtype("<i2"), "I8": np.dtype("i1"), "U8": np.dtype("u1"), "BOOL": np.dtype("?"),
+           "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn), "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2)}
 _FLOAT_DTYPES = {"F32", "F16", "BF16", "F64"}
+_MAX_HEADER = 256 << 20  # the format's own reference implementation refuses headers over 100 MB
 
 
 class WeightError(ValueError):
     """A tensor is missing, has the wrong shape, or holds a dtype the exporter cannot take."""
 
 
+class SafetensorsFile:
+    """One .safetensors file: its parsed header and a read-only map of its bytes."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        try:
+            with open(self.path, "rb") as f:
+                size = self.path.stat().st_size
+                raw = f.read(8)
+                if len(raw) != 8:
+                    raise ValueError("shorter than the 8-byte header length")
+                (n,) = struct.unpack("<Q", raw)
+                if n > min(size - 8, _MAX_HEADER):
+                    raise ValueError(f"header length {n} does not fit the file ({size} bytes)")
+                header = json.loads(f.read(n))
+                if not isinstance(header, dict):
+                    raise ValueError("header is not a JSON object")
+                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size > 8 + n else None
+        except (OSError, ValueError, UnicodeDecodeError) as e:
+            raise WeightError(f"{self.path}: not a readable safetensors file ({e})") from e
+        self._start = 8 + n
+        self._data_size = size - self._start
+        header.pop("__metadata__", None)
+        self.entries: dict[str, tuple[str, tuple[int, ...], int, int]] = {}
+        for name, info in header.items():
+            try:
+                dtype, shape = info["dtype"], tuple(int(d) for d in info["shape"])
+                begin, end = (int(o) for o in info["data_offsets"])
+            except (KeyError, TypeError, ValueError) as e:
+                raise WeightError(f"{self.path}: header entry {name!r} is malformed ({e})") from e
+            if dtype in _DTYPES:
+                want = int(np.prod(shape, dtype=np.int64)) * _DTYPES[dtype].itemsize
+                if any(d < 0 for d in shape) or not 0 <= begin <= end <= self._data_size or end - begin != want:
+                    raise WeightError(f"{self.path}: tensor {name!r} ({dtype} {list(shape)}) has byte offsets "
+                                      f"[{begin}, {end}) that do not match its size or the file")
+            self.entries[name] = (dtype, shape, begin, end)
+
+    def dtype(self, name: str) -> str:
+        return self.entries[name][0]
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self.entries[name][1]
+
+    def array(self, name: str) -> np.ndarray:
+        """A read-only view of the tensor's bytes in the file, in its stored dtype."""
+        dtype, shape, begin, end = self.entries[name]
+        if end == begin:
+            return np.zeros(shape, dtype=_DTYPES[dtype])
+        return np.frombuffer(self._map, dtype=_DTYPES[dtype], count=(end - begin) // _DTYPES[dtype].itemsize,
+                             offset=self._start + begin).reshape(shape)
+
+    def close(self) -> None:
+        if self._map is not None:
+            try:
+                self._map.close()
+            except BufferError:  # a caller still holds a view; the map closes when it is dropped
+                pass
+
+
 class CheckpointReader:
     def __init__(self, model_dir: str | Path):
         self.model_dir = Path(model_dir)
         self._where: dict[str, Path] = {}
-        self._open: dict[Path, object] = {}
+        self._open: dict[Path, SafetensorsFile] = {}
         index = self.model_dir / "model.safetensors.index.json"
         if index.is_file():
             try:
                 weight_map = json.loads(index.read_text())["weight_map"]
-            except (OSError, ValueError, KeyError) as e:
+                items = [(str(name), str(file)) for name, file in weight_map.items()]
+            except (OSError, ValueError, KeyError, AttributeError, TypeError) as e:
                 raise WeightError(f"{index}: not a valid safetensors index ({e})") from e
-            for name, file in weight_map.items():
+            for name, file in items:
                 self._where[name] = self.model_dir / file
             missing = sorted({p.name for p in self._where.values() if not p.is_file()})
             if missing:
@@ -45,47 +117,40 @@ class CheckpointReader:
                 raise WeightError(f"{self.model_dir}: no *.safetensors weights found "
                                   "(.bin / .pt checkpoints are not supported: save with safe_serialization)")
             for shard in shards:
-                for name in self._handle(shard).keys():
+                for name in self._handle(shard).entries:
                     self._where[name] = shard
 
-    def _handle(self, path: Path):
+    def _handle(self, path: Path) -> SafetensorsFile:
         if path not in self._open:
-            from safetensors import safe_open
-
-            try:
-                self._open[path] = safe_open(str(path), framework="pt")
-            except Exception as e:  # safetensors raises its own error types for broken headers
-                raise WeightError(f"{path}: not a readable safetensors file ({e})") from e
+            self._open[path] = SafetensorsFile(path)
         return self._open[path]
-
-    def names(self) -> list[str]:
-        return list(self._where)
 
     def has(self, name: str) -> bool:
         return name in self._where
 
-    def shape(self, name: str) -> tuple[int, ...]:
-        return tuple(self._slice(name).get_shape())
-
-    def _slice(self, name: str):
+    def _file(self, name: str) -> SafetensorsFile:
         if name not in self._where:
             raise WeightError(f"tensor {name!r} is missing from the checkpoint in {self.model_dir}")
-        return self._handle(self._where[name]).get_slice(name)
+        f = self._handle(self._where[name])
+        if name not in f.entries:
+            raise WeightError(f"tensor {name!r} is listed in the index but missing from {f.path.name}")
+        return f
 
     def get(self, name: str, shape: tuple[int, ...] | None = None) -> np.ndarray:
         """The tensor as a float32 numpy array, checked against `shape` when given."""
-        sl = self._slice(name)
-        dtype, got = sl.get_dtype(), tuple(sl.get_shape())
+        f = self._file(name)
+        dtype, got = f.dtype(name), f.shape(name)
         if dtype not in _FLOAT_DTYPES:
             raise WeightError(f"tensor {name!r} has dtype {dtype}; only F32/F16/BF16 weights are supported "
                               "(dequantize FP8/int checkpoints first)")
         if shape is not None and got != tuple(shape):
             raise WeightError(f"tensor {name!r} has shape {list(got)}, expected {list(shape)} from config.json")
-        t = self._handle(self._where[name]).get_tensor(name)
-        arr = t.float().numpy()
+        arr = f.array(name).astype(np.float32)  # a private, writable copy: the map stays read-only
         if not np.isfinite(arr).all():
             raise WeightError(f"tensor {name!r} holds NaN or Inf values")
-        return np.ascontiguousarray(arr, dtype=np.float32)
+        return arr
 
     def close(self) -> None:
+        for f in self._open.values():
+            f.close()
         self._open.clear()

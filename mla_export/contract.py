@@ -137,6 +137,8 @@ def _check(value, sch: dict, root: dict, where: str) -> None:
                 _check(item, props[key], root, f"{where}.{key}")
             elif sch.get("additionalProperties") is False:
                 raise ContractError(f"{where}: unknown key {key!r}")
+            elif isinstance(sch.get("additionalProperties"), dict):
+                _check(item, sch["additionalProperties"], root, f"{where}.{key}")
     if isinstance(value, list):
         if len(value) < sch.get("minItems", 0):
             raise ContractError(f"{where}: needs at least {sch['minItems']} items, has {len(value)}")

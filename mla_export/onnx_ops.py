@@ -32,7 +32,7 @@ __all__ = [
 DOMAIN = "mla_export"
 PORTABLE_DOMAIN = "mla_export.portable"
 OPSET_VERSION = 1
-ONNX_OPSET = 18  # ScatterND reduction, ReduceMean/ReduceSum axes as inputs; read by ORT and OpenVINO
+ONNX_OPSET = 21  # ScatterND reduction, ReduceMean/ReduceSum axes as inputs, UINT4 initializers (int4 weights); read by ORT and OpenVINO
 
 _FLOATS = ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"]
 _CACHES = ["tensor(float)", "tensor(bfloat16)", "tensor(float16)"]

@@ -68,7 +68,10 @@ def openvino_runner(path, num_layers: int, width: int, dtype=np.float32):
     from mla_export.ov_tensors import cache_binding
 
     core = ov_core()
-    compiled = core.compile_model(core.read_model(str(path)), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    # f32 everywhere: no bf16 compute, and no dynamic int8 quantization of the activations that the
+    # plugin applies to compressed-weight matmuls on CPUs with VNNI (exactness, not speed, is tested).
+    compiled = core.compile_model(core.read_model(str(path)), "CPU",
+                                  {"INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0})
     caches = [np.full((NUM_BLOCKS, BLOCK, width), np.nan, dtype) for _ in range(num_layers)]
     request = compiled.create_infer_request()
 

@@ -26,8 +26,15 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="also write model_portable.onnx (standard ops only, runs in plain onnxruntime)")
     p.add_argument("--block-size", type=int, default=16, help="cache block size in tokens (default 16)")
     p.add_argument("--kv-dtype", choices=("bf16", "f32"), default="bf16", help="cache element type (default bf16)")
-    p.add_argument("--weight-dtype", choices=("auto", "f32", "f16", "bf16"), default="auto",
-                   help="stored weight type (default: the checkpoint's)")
+    p.add_argument("--weight-format", "--weight-dtype", dest="weight_format",
+                   choices=("auto", "f32", "f16", "bf16", "int8", "int4"), default="auto",
+                   help="how weights are stored (optimum-cli's spelling): auto = the checkpoint's float dtype; "
+                        "int8 = per output channel; int4 = per group of --group-size inputs, embedding and "
+                        "lm_head int8. OpenVINO decompresses int8/int4 on the fly (1 / 0.5 byte per weight "
+                        "resident); on CPUs without native bf16/f16 it widens bf16/f16 weights to f32 at compile")
+    p.add_argument("--group-size", type=int, default=128,
+                   help="int4 inputs per scale (default 128; -1 = one per output channel); a size that does not "
+                        "divide a weight's inputs falls back to the largest halving that does (10944 -> 64)")
     p.add_argument("--overwrite", action="store_true", help="replace a previous export in OUT_DIR")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     return p
@@ -62,7 +69,7 @@ def run(args) -> int:
 
                 model_dir = PRESETS[args.preset](preset_dir)
             result = export_model(model_dir, args.out_dir, fmt=args.fmt, portable=args.portable,
-                                  block_size=args.block_size, kv_dtype=args.kv_dtype, weight_dtype=args.weight_dtype,
+                                  block_size=args.block_size, kv_dtype=args.kv_dtype, weight_format=args.weight_format, group_size=args.group_size,
                                   overwrite=args.overwrite, progress=_progress(args.quiet))
     except (ConfigError, WeightError, ExportError, ContractError) as e:
         print(f"mla-export export: {e}", file=sys.stderr)

@@ -21,7 +21,8 @@ from typing import Callable
 from .. import __version__
 from ..config import MLAModelConfig
 from ..contract import CONTRACT_FILE, make_contract
-from .graph import WEIGHT_DTYPES
+from .graph import WEIGHT_DTYPES, WeightFormat
+from .quantize import INT_FORMATS, WEIGHT_FORMATS
 from .model import ONNX_DATA, ONNX_FILES, build_onnx
 from .tokenizer_files import copy_tokenizer_files
 from .weights import CheckpointReader
@@ -45,13 +46,21 @@ class ExportResult:
     peak_rss_mb: float = 0.0
 
 
-def _weight_dtype(requested: str, cfg: MLAModelConfig) -> str:
-    if requested != "auto":
-        if requested not in WEIGHT_DTYPES:
-            raise ExportError(f"--weight-dtype must be auto, f32, f16 or bf16, got {requested!r}")
-        return requested
+def _checkpoint_dtype(cfg: MLAModelConfig) -> str:
     saved = str(cfg.raw.get("dtype") or cfg.raw.get("torch_dtype") or "float32")
     return {"bfloat16": "bf16", "float16": "f16"}.get(saved, "f32")
+
+
+def _weight_format(requested: str, group_size: int, cfg: MLAModelConfig) -> WeightFormat:
+    """auto = the checkpoint's float dtype; int formats keep the non-matmul weights in it."""
+    if requested != "auto" and requested not in WEIGHT_FORMATS:
+        raise ExportError(f"--weight-format must be auto, {', '.join(WEIGHT_FORMATS)}; got {requested!r}")
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or not (group_size == -1 or group_size >= 1):
+        raise ExportError(f"--group-size must be a positive integer or -1 (one group per output channel), "
+                          f"got {group_size!r}")
+    if requested in INT_FORMATS:
+        return WeightFormat(requested, _checkpoint_dtype(cfg), group_size)
+    return WeightFormat(_checkpoint_dtype(cfg) if requested == "auto" else requested)
 
 
 def _check_out_dir(out_dir: Path, overwrite: bool) -> None:
@@ -66,8 +75,10 @@ def _check_out_dir(out_dir: Path, overwrite: bool) -> None:
 
 
 def export_model(model_dir, out_dir, *, fmt: str = "openvino", portable: bool = False, block_size: int = 16,
-                 kv_dtype: str = "bf16", weight_dtype: str = "auto", overwrite: bool = False,
-                 progress: Callable[[int, int], None] | None = None) -> ExportResult:
+                 kv_dtype: str = "bf16", weight_format: str = "auto", group_size: int = 128,
+                 overwrite: bool = False, progress: Callable[[int, int], None] | None = None,
+                 weight_dtype: str | None = None) -> ExportResult:
+    """weight_format: auto | f32 | f16 | bf16 | int8 | int4 (weight_dtype: its older name)."""
     start = time.time()
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     if fmt not in FORMATS:
@@ -80,7 +91,7 @@ def export_model(model_dir, out_dir, *, fmt: str = "openvino", portable: bool = 
         raise ExportError(f"{model_dir}: no such checkpoint directory")
     _check_out_dir(out_dir, overwrite)
     cfg = MLAModelConfig.from_dir(model_dir)
-    wdtype = _weight_dtype(weight_dtype, cfg)
+    wformat = _weight_format(weight_dtype if weight_dtype is not None else weight_format, group_size, cfg)
     reader = CheckpointReader(model_dir)
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -91,7 +102,7 @@ def export_model(model_dir, out_dir, *, fmt: str = "openvino", portable: bool = 
     try:
         variants = ["custom"] + (["portable"] if portable else [])
         onnx_paths = build_onnx(cfg, reader, tmp, variants=variants, block_size=block_size, kv_dtype=kv_dtype,
-                                weight_dtype=wdtype, progress=progress)
+                                weight_format=wformat, progress=progress)
         reader.close()
         files = dict(openvino_xml=None, openvino_bin=None, onnx=None, onnx_portable=None, onnx_data=None)
         if fmt in ("openvino", "both"):
@@ -111,7 +122,10 @@ def export_model(model_dir, out_dir, *, fmt: str = "openvino", portable: bool = 
         contract = make_contract(
             model=cfg.facts(), block_size=block_size, kv_dtype=kv_dtype, files=files, tokenizer=tokenizer,
             chat_template=chat_template,
-            export=dict(weight_dtype=wdtype, exporter_version=__version__, source=str(model_dir.resolve()),
+            export=dict(weight_dtype=wformat.float_dtype, weight_format=wformat.fmt,
+                        weight_params=wformat.stats.get("params", {}),
+                        int4_group_sizes=sorted(wformat.stats.get("int4_group_sizes", []), reverse=True),
+                        exporter_version=__version__, source=str(model_dir.resolve()),
                         seconds=round(time.time() - start, 3)))
         (tmp / CONTRACT_FILE).write_text(json.dumps(contract, indent=2) + "\n")
         if files["openvino_xml"]:

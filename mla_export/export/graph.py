@@ -2,10 +2,12 @@
 
 `WeightStore` appends each initializer's bytes to one file as soon as it is made and keeps only
 a TensorProto that points there (offset, length), so the model proto never holds weight data and
-the exporter's memory stays near one layer's tensors. Weights are stored in the export's weight
-dtype and followed by a Cast to f32 (OpenVINO keeps such Const -> Convert pairs as compressed
-weights); norms, biases, the router and the RoPE tables stay f32 (transformers keeps the router
-f32 too).
+the exporter's memory stays near one layer's tensors. `WeightFormat` says how each weight is stored:
+float formats (f32/f16/bf16) store it in that dtype followed by a Cast to f32 (OpenVINO keeps such
+Const -> Convert pairs as compressed weights); int8/int4 store codes, zero points and scales
+(quantize.py) followed by the Cast/Sub/Mul(/Reshape) chain that OpenVINO's CPU plugin recognises
+and decompresses on the fly inside FullyConnected and Gather. Norms, biases, the router and the
+RoPE tables stay f32 (transformers keeps the router f32 too).
 
 `GraphBuilder` emits nodes into one or more *variants* at once: the custom-op graph and the
 portable graph share every node except the MLA ones, so both are built in one pass over the
@@ -14,13 +16,16 @@ weights.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
-__all__ = ["WeightStore", "GraphBuilder", "WEIGHT_DTYPES"]
+from .quantize import FLOAT_FORMATS, Quantized, pack_u4, pick_group, quantize
+
+__all__ = ["WeightStore", "GraphBuilder", "WeightFormat", "WEIGHT_DTYPES"]
 
 WEIGHT_DTYPES = {"f32": (np.float32, TensorProto.FLOAT), "f16": (np.float16, TensorProto.FLOAT16),
                  "bf16": (ml_dtypes.bfloat16, TensorProto.BFLOAT16)}
@@ -28,12 +33,53 @@ _INLINE_BYTES = 1024  # smaller tensors stay inside the .onnx file
 _ALIGN = 64
 
 
+@dataclass
+class WeightFormat:
+    """How matmul and embedding weights are stored.
+
+    fmt: f32 | f16 | bf16 | int8 | int4. float_dtype: the dtype of weights that stay float (all of
+    them for float formats; the attention op's absorbed w_uk/w_uv, which feed a custom op rather
+    than a MatMul, for int formats). group_size: int4 inputs per scale (-1 = per output channel).
+    int4 keeps the embedding table and lm_head in int8 (NNCF's default: they are the most
+    sensitive and a small share of the weights)."""
+
+    fmt: str = "f32"
+    float_dtype: str = "f32"
+    group_size: int = 128
+    stats: dict = field(default_factory=dict)  # what was stored: format -> parameter count, group sizes used
+
+    def __post_init__(self):
+        if self.fmt not in FLOAT_FORMATS + ("int8", "int4"):
+            raise ValueError(f"weight format must be f32, f16, bf16, int8 or int4, got {self.fmt!r}")
+        if self.float_dtype not in FLOAT_FORMATS:
+            raise ValueError(f"float weight dtype must be f32, f16 or bf16, got {self.float_dtype!r}")
+        if self.fmt in FLOAT_FORMATS:
+            self.float_dtype = self.fmt
+
+    def bits(self, kind: str) -> int | None:
+        """Integer bits for a weight of this kind (matmul | embedding | head), None to keep it float."""
+        if self.fmt == "int8":
+            return 8
+        if self.fmt == "int4":
+            return 4 if kind == "matmul" else 8
+        return None
+
+    def record(self, what: str, params: int, group: int | None = None) -> None:
+        self.stats.setdefault("params", {})
+        self.stats["params"][what] = self.stats["params"].get(what, 0) + params
+        if group is not None:
+            self.stats.setdefault("int4_group_sizes", [])
+            if group not in self.stats["int4_group_sizes"]:
+                self.stats["int4_group_sizes"].append(group)
+
+
 class WeightStore:
-    def __init__(self, data_path: Path, weight_dtype: str):
-        if weight_dtype not in WEIGHT_DTYPES:
-            raise ValueError(f"weight dtype must be one of {sorted(WEIGHT_DTYPES)}, got {weight_dtype!r}")
+    def __init__(self, data_path: Path, weight_format: WeightFormat | str):
+        if isinstance(weight_format, str):
+            weight_format = WeightFormat(weight_format)
         self.data_path = Path(data_path)
-        self.weight_dtype = weight_dtype
+        self.format = weight_format
+        self.weight_dtype = weight_format.float_dtype
         self.initializers: list[TensorProto] = []
         self._file = open(self.data_path, "wb")
         self.bytes_written = 0
@@ -46,21 +92,30 @@ class WeightStore:
         else:
             onnx_type = helper.np_dtype_to_tensor_dtype(array.dtype)
             array = np.ascontiguousarray(array)
-        if array.nbytes <= _INLINE_BYTES:
-            if onnx_type == TensorProto.BFLOAT16:
-                t = helper.make_tensor(name, onnx_type, array.shape, array.view(np.uint16).tobytes(), raw=True)
-            else:
-                t = numpy_helper.from_array(array, name)
+        if array.nbytes <= _INLINE_BYTES and onnx_type != TensorProto.BFLOAT16:
+            self.initializers.append(numpy_helper.from_array(array, name))
+            return name
+        raw = array.view(np.uint16).tobytes() if onnx_type == TensorProto.BFLOAT16 else array.tobytes()
+        return self.add_raw(name, onnx_type, array.shape, raw)
+
+    def add_u4(self, name: str, codes: np.ndarray) -> str:
+        """Codes 0..15 stored as ONNX UINT4 (two per byte)."""
+        return self.add_raw(name, TensorProto.UINT4, codes.shape, pack_u4(codes))
+
+    def add_raw(self, name: str, onnx_type: int, shape, raw: bytes) -> str:
+        """An initializer from its raw little-endian bytes: inline when small, else appended to the data file."""
+        if len(raw) <= _INLINE_BYTES:
+            t = helper.make_tensor(name, onnx_type, list(shape), raw, raw=True)
         else:
-            t = TensorProto(name=name, data_type=onnx_type, dims=list(array.shape))
+            t = TensorProto(name=name, data_type=onnx_type, dims=list(shape))
             pad = (-self._file.tell()) % _ALIGN
             self._file.write(b"\0" * pad)
             offset = self._file.tell()
-            self._file.write(array.tobytes())
+            self._file.write(raw)
             self.bytes_written = self._file.tell()
             t.data_location = TensorProto.EXTERNAL
             for key, value in (("location", self.data_path.name), ("offset", str(offset)),
-                               ("length", str(array.nbytes))):
+                               ("length", str(len(raw)))):
                 t.external_data.add(key=key, value=value)
         self.initializers.append(t)
         return name
@@ -112,12 +167,41 @@ class GraphBuilder:
         return self._consts[key]
 
     # weights
-    def weight(self, name: str, array: np.ndarray) -> str:
-        """A matmul/embedding weight in the export's weight dtype, as an f32 value."""
-        stored = self.store.add(name, array, self.store.weight_dtype)
-        if self.store.weight_dtype == "f32":
-            return stored
-        return self.op("Cast", stored, name=f"{name}.to_f32", to=TensorProto.FLOAT)
+    def weight(self, name: str, array: np.ndarray, kind: str = "matmul") -> str:
+        """A weight [..., out, in] (input axis last) in the export's weight format, as an f32 value.
+
+        kind: matmul (a Gemm/MatMul operand), embedding (a Gather table), head (lm_head), or
+        float (always kept float: operands of the custom attention op)."""
+        fmt = self.store.format
+        bits = None if kind == "float" else fmt.bits(kind)
+        if bits is None:
+            fmt.record(fmt.float_dtype, array.size)
+            stored = self.store.add(name, array, fmt.float_dtype)
+            if fmt.float_dtype == "f32":
+                return stored
+            return self.op("Cast", stored, name=f"{name}.to_f32", to=TensorProto.FLOAT)
+        group = pick_group(array.shape[-1], fmt.group_size) if bits == 4 else None
+        qw = quantize(array, bits, group)
+        fmt.record(f"int{bits}", array.size, group if bits == 4 else None)
+        return self._dequantized(name, qw)
+
+    def _dequantized(self, name: str, qw: Quantized) -> str:
+        """Stored codes/zero points/scales and the decompression chain, (q - zp) * s -> f32 [..., out, in]."""
+        if qw.bits == 8:  # one group per row: drop the group axis, as the plugin's per-channel form has it
+            lead = qw.q.shape[:-2]
+            q = self.store.add(f"{name}.q", qw.q.reshape(lead + (qw.q.shape[-1],)))
+            zp = self.store.add(f"{name}.zp", qw.zp.reshape(lead + (1,)))
+            scale = self.store.add(f"{name}.scale", qw.scale.reshape(lead + (1,)), "f16")
+        else:
+            q = self.store.add_u4(f"{name}.q", qw.q)
+            zp = self.store.add_u4(f"{name}.zp", qw.zp)
+            scale = self.store.add(f"{name}.scale", qw.scale, "f16")
+        f32 = TensorProto.FLOAT
+        diff = self.op("Sub", self.op("Cast", q, to=f32), self.op("Cast", zp, to=f32), name=f"{name}.centered")
+        w = self.op("Mul", diff, self.op("Cast", scale, to=f32), name=f"{name}.dequantized")
+        if qw.bits == 4:
+            w = self.op("Reshape", w, self.i64(*qw.shape), name=f"{name}.ungrouped")
+        return w
 
     def f32_tensor(self, name: str, array: np.ndarray) -> str:
         """A tensor kept in f32 whatever the weight dtype (norms, biases, router, tables)."""

@@ -99,8 +99,9 @@ def attention(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig, i: int
 
     # Absorbed up-projections from kv_b_proj [H * (dn + dv), r]: per head rows [k_nope (dn) | v (dv)].
     wkv = rd.get(f"{p}.kv_b_proj.weight", (h * (dn + dv), r)).reshape(h, dn + dv, r)
-    w_uk = g.weight(f"{p}.w_uk", np.ascontiguousarray(wkv[:, :dn, :]))  # [H, dn, r]
-    w_uv = g.weight(f"{p}.w_uv", np.ascontiguousarray(wkv[:, dn:, :].transpose(0, 2, 1)))  # [H, r, dv]
+    # Operands of the custom attention op, not of a MatMul: kept float in every weight format.
+    w_uk = g.weight(f"{p}.w_uk", np.ascontiguousarray(wkv[:, :dn, :]), kind="float")  # [H, dn, r]
+    w_uv = g.weight(f"{p}.w_uv", np.ascontiguousarray(wkv[:, dn:, :].transpose(0, 2, 1)), kind="float")  # [H, r, dv]
     meta = [io["query_start_loc"], io["seq_lens"], io["block_tables"]]
     attn = f"layers.{i}.attn"
     cache = f"kv_cache.{i}"

@@ -17,7 +17,7 @@ from onnx import TensorProto, helper
 from .. import onnx_ops
 from ..config import MLAModelConfig
 from ..contract import graph_io
-from .graph import GraphBuilder, WeightStore
+from .graph import GraphBuilder, WeightFormat, WeightStore
 from .layers import attention, dense_mlp, moe, norm, rope_tables
 from .weights import CheckpointReader
 
@@ -35,21 +35,21 @@ def _value_info(spec, vocab: int):
 
 
 def build_onnx(cfg: MLAModelConfig, reader: CheckpointReader, out_dir: Path, *, variants: list[str],
-               block_size: int, kv_dtype: str, weight_dtype: str,
+               block_size: int, kv_dtype: str, weight_format: WeightFormat | str,
                progress: Callable[[int, int], None] | None = None) -> dict[str, Path]:
     out_dir = Path(out_dir)
-    store = WeightStore(out_dir / ONNX_DATA, weight_dtype)
+    store = WeightStore(out_dir / ONNX_DATA, weight_format)
     try:
         g = GraphBuilder(store, variants)
         io = _inputs(g, cfg)
-        h = _embed(g, reader, cfg)
+        h, table = _embed(g, reader, cfg)
         for i in range(cfg.num_layers):
             h = _decoder_layer(g, reader, cfg, i, h, io)
             if progress:
                 progress(i + 1, cfg.num_layers)
         picked = g.op("Gather", h, "logits_indices", axis=0)  # [B, hidden]: norm + lm_head on B rows only
         picked = norm(g, reader, "model.norm.weight", picked, cfg.hidden_size, cfg.rms_norm_eps)
-        g.op("Gemm", picked, _lm_head(g, reader, cfg), transB=1, name="logits")
+        g.op("Gemm", picked, _lm_head(g, reader, cfg, table), transB=1, name="logits")
     finally:
         store.close()
     onnx_ops.register_schemas()
@@ -79,19 +79,29 @@ def _inputs(g: GraphBuilder, cfg: MLAModelConfig) -> dict:
                 cos_q=g.op("Unsqueeze", cos_k, g.i64(1)), sin_q=g.op("Unsqueeze", sin_k, g.i64(1)))
 
 
-def _embed(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig) -> str:
+def _embed(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig) -> tuple[str, str]:
+    """(the T embedding rows as f32, the table value lm_head can share when tied)."""
     name = "model.embed_tokens.weight"
-    table = g.store.add(name, rd.get(name, (cfg.vocab_size, cfg.hidden_size)), g.store.weight_dtype)
-    rows = g.op("Gather", table, "input_ids", axis=0)  # gather first, widen only the T rows
-    return rows if g.store.weight_dtype == "f32" else g.op("Cast", rows, to=TensorProto.FLOAT)
+    table = rd.get(name, (cfg.vocab_size, cfg.hidden_size))
+    fmt = g.store.format
+    if fmt.bits("embedding") is None:
+        fmt.record(fmt.float_dtype, table.size)
+        stored = g.store.add(name, table, fmt.float_dtype)
+        rows = g.op("Gather", stored, "input_ids", axis=0)  # gather first, widen only the T rows
+        if fmt.float_dtype == "f32":
+            return rows, stored
+        return g.op("Cast", rows, to=TensorProto.FLOAT), g.op("Cast", stored, to=TensorProto.FLOAT)
+    # Quantized: the decompression chain sits on the whole table and the Gather follows, the form
+    # the CPU plugin turns into one Gather over the compressed table (only T rows are decoded).
+    deq = g.weight(name, table, kind="embedding")
+    return g.op("Gather", deq, "input_ids", axis=0), deq
 
 
-def _lm_head(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig) -> str:
+def _lm_head(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig, embedding: str) -> str:
     if rd.has("lm_head.weight"):
-        return g.weight("lm_head.weight", rd.get("lm_head.weight", (cfg.vocab_size, cfg.hidden_size)))
+        return g.weight("lm_head.weight", rd.get("lm_head.weight", (cfg.vocab_size, cfg.hidden_size)), kind="head")
     if cfg.tie_word_embeddings:  # the stored embedding table serves as lm_head
-        table = "model.embed_tokens.weight"
-        return table if g.store.weight_dtype == "f32" else g.op("Cast", table, to=TensorProto.FLOAT)
+        return embedding
     return g.weight("lm_head.weight", rd.get("lm_head.weight"))  # raises the missing-tensor error
 
 

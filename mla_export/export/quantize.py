@@ -1,0 +1,104 @@
+"""Weight compression at export: int8 per output channel and int4 per group, both asymmetric.
+
+The stored form is the one OpenVINO's CPU plugin decompresses on the fly inside its FullyConnected
+and Gather kernels (the form NNCF writes): unsigned integer codes `q`, an unsigned zero point `zp`
+and a scale `s` per output row (int8) or per group of `group` input values of a row (int4), with
+
+    w = (q - zp) * s        q, zp in [0, 255] (int8) or [0, 15] (int4); s stored as float16.
+
+The reduction (input) axis is the last axis of the array; every other axis indexes output rows, so
+a stacked expert tensor [E, out, in] is quantized per (expert, out row). Rounding is to nearest,
+and codes are computed with the float16-rounded scale, so `dequantize` reproduces exactly what the
+graph computes. Work is done a slab of rows at a time, so quantizing a 1.5 GB expert stack never
+holds more than a few slabs of temporaries.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["Quantized", "quantize", "dequantize", "pick_group", "pack_u4", "WEIGHT_FORMATS", "FLOAT_FORMATS",
+           "INT_FORMATS"]
+
+FLOAT_FORMATS = ("f32", "f16", "bf16")
+INT_FORMATS = ("int8", "int4")
+WEIGHT_FORMATS = FLOAT_FORMATS + INT_FORMATS
+_LEVELS = {8: 255, 4: 15}
+_SLAB = 1 << 22  # values per slab of rows (16 MiB of f32)
+_MIN_GROUP = 16
+
+
+@dataclass
+class Quantized:
+    """Codes [rows..., G, group] (uint8 holding 0..2^bits-1), zero points and f16 scales [rows..., G, 1]."""
+
+    bits: int
+    group: int  # input values per scale; == the input size for per-channel
+    q: np.ndarray
+    zp: np.ndarray
+    scale: np.ndarray
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.q.shape[:-2] + (self.q.shape[-2] * self.q.shape[-1],)
+
+
+def pick_group(in_features: int, requested: int) -> int:
+    """The group size actually used for `in_features` inputs: `requested` when it divides them,
+    else the largest power-of-two fraction of it (>= 16) that does (10944 inputs with 128 -> 64),
+    else one group per row. -1 asks for one group per row (per-channel)."""
+    if requested == -1 or requested >= in_features:
+        return in_features
+    g = requested
+    while g >= _MIN_GROUP:
+        if in_features % g == 0:
+            return g
+        g //= 2
+    return in_features
+
+
+def quantize(w: np.ndarray, bits: int, group: int | None = None) -> Quantized:
+    """Asymmetric min/max quantization of w [..., in] along its last axis (group = in when None)."""
+    if bits not in _LEVELS:
+        raise ValueError(f"bits must be 8 or 4, got {bits}")
+    levels = _LEVELS[bits]
+    n_in = w.shape[-1]
+    group = n_in if group is None else group
+    if n_in % group:
+        raise ValueError(f"group size {group} does not divide the input size {n_in}")
+    rows = int(np.prod(w.shape[:-1], dtype=np.int64))
+    flat = w.reshape(rows, n_in // group, group)
+    q = np.empty(flat.shape, np.uint8)
+    zp = np.empty(flat.shape[:2] + (1,), np.uint8)
+    scale = np.empty(flat.shape[:2] + (1,), np.float16)
+    step = max(1, _SLAB // n_in)
+    for r0 in range(0, rows, step):
+        x = flat[r0:r0 + step].astype(np.float32)
+        lo = np.minimum(x.min(axis=-1, keepdims=True), 0.0)  # the range holds 0, so 0 is exact
+        hi = np.maximum(x.max(axis=-1, keepdims=True), 0.0)
+        s = ((hi - lo) / levels).astype(np.float16)
+        s[s == 0] = np.float16(1.0)  # an all-zero group: any scale, code = zp
+        s32 = s.astype(np.float32)
+        z = np.clip(np.rint(-lo / s32), 0, levels)
+        q[r0:r0 + step] = np.clip(np.rint(x / s32) + z, 0, levels).astype(np.uint8)
+        zp[r0:r0 + step] = z.astype(np.uint8)
+        scale[r0:r0 + step] = s
+    lead = w.shape[:-1]
+    return Quantized(bits, group, q.reshape(lead + flat.shape[1:]), zp.reshape(lead + zp.shape[1:]),
+                     scale.reshape(lead + scale.shape[1:]))
+
+
+def dequantize(qw: Quantized) -> np.ndarray:
+    """What the graph computes from the stored codes, as float32 [..., in]."""
+    w = (qw.q.astype(np.float32) - qw.zp.astype(np.float32)) * qw.scale.astype(np.float32)
+    return w.reshape(qw.shape)
+
+
+def pack_u4(codes: np.ndarray) -> bytes:
+    """ONNX/OpenVINO u4 layout: two codes per byte, the first in the low nibble."""
+    flat = codes.reshape(-1)
+    if flat.size % 2:
+        flat = np.concatenate([flat, np.zeros(1, np.uint8)])
+    return (flat[0::2] | (flat[1::2] << 4)).astype(np.uint8).tobytes()

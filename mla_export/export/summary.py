@@ -24,10 +24,37 @@ def summary_lines(result: ExportResult) -> list[str]:
     lines = [
         f"exported {m['model_type']} ({m['num_layers']} layers, {m['num_heads']} heads, vocab {m['vocab_size']}) "
         f"to {result.out_dir} in {result.seconds:.1f} s (peak RSS {result.peak_rss_mb:.0f} MiB)",
-        f"weights {c['export']['weight_dtype']}; cache {cache['dtype']}, block size {cache['block_size']}, "
+        _weights_line(c["export"]) + f"; cache {cache['dtype']}, block size {cache['block_size']}, "
         f"row width {cache['row_width']}",
         f"KV cache per token: {_size(latent)} latent vs {_size(expanded)} per-head expanded "
         f"({expanded / latent:.1f}x smaller)",
     ]
+    lines += _resident_lines(c["export"], result)
     lines += [f"  {name:<24} {_size(size):>10}" for name, size in result.files.items()]
+    return lines
+
+
+def _weights_line(export: dict) -> str:
+    fmt = export.get("weight_format", export["weight_dtype"])
+    params = export.get("weight_params") or {}
+    parts = ", ".join(f"{n / 1e6:.1f}M {kind}" for kind, n in sorted(params.items(), key=lambda kv: -kv[1]))
+    groups = export.get("int4_group_sizes")
+    return f"weights {fmt}" + (f" ({parts})" if parts else "") + (f", int4 groups {groups}" if groups else "")
+
+
+def _resident_lines(export: dict, result: ExportResult) -> list[str]:
+    """What the weights will hold once compiled on this machine's CPU, and a warning where the plugin
+    would widen 2-byte float weights to f32 (no native bf16/f16 here)."""
+    try:
+        from ..runtime.memory_plan import native_float_types, resident_weight_bytes
+        native = native_float_types()
+    except Exception:  # no CPU device to ask (a build machine): say nothing rather than guess
+        return []
+    precision = "bf16" if "bf16" in native else "f32"
+    need = resident_weight_bytes(export, precision, 0, native)
+    lines = [f"compiled weights on this CPU: about {_size(need)} resident ({precision} inference precision)"]
+    widened = {k for k in ("bf16", "f16") if (export.get("weight_params") or {}).get(k) and k not in native}
+    if widened and export.get("weight_format") in ("bf16", "f16"):
+        lines.append(f"note: this CPU has no native {'/'.join(sorted(widened))}: OpenVINO widens those weights to f32 "
+                     "when it compiles (4 bytes each); --weight-format int8 keeps 1 byte per weight, int4 half")
     return lines

@@ -3,9 +3,9 @@
 `CheckpointReader` maps every tensor name to its shard (`model.safetensors.index.json`, or all
 `*.safetensors` files of the directory). A shard is its 8-byte header length, a JSON header (name ->
 dtype, shape, byte offsets) and the raw little-endian tensor bytes; the reader parses the header
-itself and maps the file read-only, so a tensor is read from disk only when asked for and the
-exporter holds only the tensors of the layer it is building (the page cache, not the process,
-keeps the rest). bf16 comes through `ml_dtypes`, so no torch is needed. Tensors come back as
+itself and reads a tensor's bytes only when asked for, into memory of its own (not a map of the
+file: mapped pages would count in the exporter's resident set until the end), so the exporter
+holds only the tensors of the layer it is building. bf16 comes through `ml_dtypes`, so no torch is needed. Tensors come back as
 float32 numpy arrays; the caller says which shape it expects and gets a `WeightError` naming the
 tensor when the file disagrees.
 """
@@ -13,7 +13,6 @@ tensor when the file disagrees.
 from __future__ import annotations
 
 import json
-import mmap
 import struct
 from pathlib import Path
 
@@ -36,7 +35,7 @@ class WeightError(ValueError):
 
 
 class SafetensorsFile:
-    """One .safetensors file: its parsed header and a read-only map of its bytes."""
+    """One .safetensors file: its parsed header and an open handle to read tensors from."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -52,7 +51,7 @@ class SafetensorsFile:
                 header = json.loads(f.read(n))
                 if not isinstance(header, dict):
                     raise ValueError("header is not a JSON object")
-                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size > 8 + n else None
+            self._file = open(self.path, "rb")
         except (OSError, ValueError, UnicodeDecodeError) as e:
             raise WeightError(f"{self.path}: not a readable safetensors file ({e})") from e
         self._start = 8 + n
@@ -79,19 +78,21 @@ class SafetensorsFile:
         return self.entries[name][1]
 
     def array(self, name: str) -> np.ndarray:
-        """A read-only view of the tensor's bytes in the file, in its stored dtype."""
+        """The tensor in its stored dtype, read from the file into a new array."""
         dtype, shape, begin, end = self.entries[name]
-        if end == begin:
-            return np.zeros(shape, dtype=_DTYPES[dtype])
-        return np.frombuffer(self._map, dtype=_DTYPES[dtype], count=(end - begin) // _DTYPES[dtype].itemsize,
-                             offset=self._start + begin).reshape(shape)
+        out = np.empty(shape, dtype=_DTYPES[dtype])
+        view = memoryview(out.reshape(-1).view(np.uint8))
+        self._file.seek(self._start + begin)
+        done = 0
+        while done < end - begin:
+            n = self._file.readinto(view[done:])
+            if not n:
+                raise WeightError(f"{self.path}: tensor {name!r} is cut short (the file ends at its byte {done})")
+            done += n
+        return out
 
     def close(self) -> None:
-        if self._map is not None:
-            try:
-                self._map.close()
-            except BufferError:  # a caller still holds a view; the map closes when it is dropped
-                pass
+        self._file.close()
 
 
 class CheckpointReader:
@@ -145,7 +146,7 @@ class CheckpointReader:
                               "(dequantize FP8/int checkpoints first)")
         if shape is not None and got != tuple(shape):
             raise WeightError(f"tensor {name!r} has shape {list(got)}, expected {list(shape)} from config.json")
-        arr = f.array(name).astype(np.float32)  # a private, writable copy: the map stays read-only
+        arr = f.array(name).astype(np.float32, copy=False)
         if not np.isfinite(arr).all():
             raise WeightError(f"tensor {name!r} holds NaN or Inf values")
         return arr

@@ -24,6 +24,7 @@ from .. import ov_core
 from ..ov_tensors import cache_binding, ov_type, shared_tensor
 from ..contract import Contract
 from .executor_common import CacheNotInPlaceError, check_cache_written_in_place, check_options
+from .memory_plan import check_fits
 from .metadata import METADATA_INPUTS, MLAMetadata
 from .model_dir import graph_path
 
@@ -52,6 +53,8 @@ class OpenVINOMLAExecutor:
         self._kv_caches = list(kv_caches)
         self._bound = [cache_binding(c) for c in self._kv_caches]
         _check_cache_bindings(model, self._bound)
+        weights = path.with_suffix(".bin") if path.suffix == ".xml" else path.parent / f"{path.name}.data"
+        check_fits(contract.raw["export"], precision, weights)  # a clear error instead of the OOM killer
         config = {"INFERENCE_PRECISION_HINT": precision, "PERFORMANCE_HINT": "LATENCY"}
         if num_threads is not None:
             config["INFERENCE_NUM_THREADS"] = num_threads

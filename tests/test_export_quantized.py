@@ -137,3 +137,22 @@ def test_compiled_model_keeps_weights_compressed(tmp_path, checkpoint):
         n_moe = sum(1 for i in range(hf.config.num_hidden_layers) if i >= hf.config.first_k_dense_replace)
         assert fc_weights.count("f32") <= n_moe, fc_weights
         assert fc_weights.count(code) >= n_experts, fc_weights
+
+
+def test_int4_ratio_moves_the_most_sensitive_weights_to_int8(tmp_path, checkpoint):
+    ckpt, _ = checkpoint
+    params = {}
+    for ratio in (1.0, 0.6):
+        out = tmp_path / f"r{ratio}"
+        export_model(ckpt, out, fmt="openvino", block_size=BLOCK, weight_format="int4", ratio=ratio)
+        export = load_contract(out).raw["export"]
+        assert export["int4_ratio"] == ratio
+        params[ratio] = export["weight_params"]
+    total = params[1.0]["int4"]
+    moved = params[0.6]["int8"] - params[1.0]["int8"]
+    assert params[0.6]["int4"] + moved == total
+    assert 0.4 * total <= moved < 0.4 * total + max(1, total // 4)  # whole tensors: the last one may overshoot
+    with pytest.raises(ValueError, match="--ratio applies to --weight-format int4 only"):
+        export_model(ckpt, tmp_path / "bad", weight_format="int8", ratio=0.5)
+    with pytest.raises(ValueError, match="--ratio must be a number from 0 to 1"):
+        export_model(ckpt, tmp_path / "bad", weight_format="int4", ratio=1.5)

@@ -35,6 +35,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--group-size", type=int, default=128,
                    help="int4 inputs per scale (default 128; -1 = one per output channel); a size that does not "
                         "divide a weight's inputs falls back to the largest halving that does (10944 -> 64)")
+    p.add_argument("--ratio", type=float, default=1.0,
+                   help="int4 only: share of the matmul weights (by parameters) kept int4, the rest int8, the most "
+                        "int4-sensitive first (default 1.0; below 1 costs one more pass over the checkpoint)")
     p.add_argument("--overwrite", action="store_true", help="replace a previous export in OUT_DIR")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     return p
@@ -69,7 +72,7 @@ def run(args) -> int:
 
                 model_dir = PRESETS[args.preset](preset_dir)
             result = export_model(model_dir, args.out_dir, fmt=args.fmt, portable=args.portable,
-                                  block_size=args.block_size, kv_dtype=args.kv_dtype, weight_format=args.weight_format, group_size=args.group_size,
+                                  block_size=args.block_size, kv_dtype=args.kv_dtype, weight_format=args.weight_format, group_size=args.group_size, ratio=args.ratio,
                                   overwrite=args.overwrite, progress=_progress(args.quiet))
     except (ConfigError, WeightError, ExportError, ContractError) as e:
         print(f"mla-export export: {e}", file=sys.stderr)

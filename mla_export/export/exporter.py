@@ -23,7 +23,7 @@ from ..config import MLAModelConfig
 from ..contract import CONTRACT_FILE, make_contract
 from .graph import WEIGHT_DTYPES, WeightFormat
 from .quantize import INT_FORMATS, WEIGHT_FORMATS
-from .model import ONNX_DATA, ONNX_FILES, build_onnx
+from .model import ONNX_DATA, ONNX_FILES, build_onnx, plan_weights
 from .tokenizer_files import copy_tokenizer_files
 from .weights import CheckpointReader
 
@@ -51,15 +51,19 @@ def _checkpoint_dtype(cfg: MLAModelConfig) -> str:
     return {"bfloat16": "bf16", "float16": "f16"}.get(saved, "f32")
 
 
-def _weight_format(requested: str, group_size: int, cfg: MLAModelConfig) -> WeightFormat:
+def _weight_format(requested: str, group_size: int, ratio: float, cfg: MLAModelConfig) -> WeightFormat:
     """auto = the checkpoint's float dtype; int formats keep the non-matmul weights in it."""
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0.0 <= ratio <= 1.0:
+        raise ExportError(f"--ratio must be a number from 0 to 1 (the share of matmul weights in int4), got {ratio!r}")
+    if ratio != 1.0 and requested != "int4":
+        raise ExportError(f"--ratio applies to --weight-format int4 only (got --weight-format {requested})")
     if requested != "auto" and requested not in WEIGHT_FORMATS:
         raise ExportError(f"--weight-format must be auto, {', '.join(WEIGHT_FORMATS)}; got {requested!r}")
     if isinstance(group_size, bool) or not isinstance(group_size, int) or not (group_size == -1 or group_size >= 1):
         raise ExportError(f"--group-size must be a positive integer or -1 (one group per output channel), "
                           f"got {group_size!r}")
     if requested in INT_FORMATS:
-        return WeightFormat(requested, _checkpoint_dtype(cfg), group_size)
+        return WeightFormat(requested, _checkpoint_dtype(cfg), group_size, ratio=float(ratio))
     return WeightFormat(_checkpoint_dtype(cfg) if requested == "auto" else requested)
 
 
@@ -75,7 +79,7 @@ def _check_out_dir(out_dir: Path, overwrite: bool) -> None:
 
 
 def export_model(model_dir, out_dir, *, fmt: str = "openvino", portable: bool = False, block_size: int = 16,
-                 kv_dtype: str = "bf16", weight_format: str = "auto", group_size: int = 128,
+                 kv_dtype: str = "bf16", weight_format: str = "auto", group_size: int = 128, ratio: float = 1.0,
                  overwrite: bool = False, progress: Callable[[int, int], None] | None = None,
                  weight_dtype: str | None = None) -> ExportResult:
     """weight_format: auto | f32 | f16 | bf16 | int8 | int4 (weight_dtype: its older name)."""
@@ -91,7 +95,7 @@ def export_model(model_dir, out_dir, *, fmt: str = "openvino", portable: bool = 
         raise ExportError(f"{model_dir}: no such checkpoint directory")
     _check_out_dir(out_dir, overwrite)
     cfg = MLAModelConfig.from_dir(model_dir)
-    wformat = _weight_format(weight_dtype if weight_dtype is not None else weight_format, group_size, cfg)
+    wformat = _weight_format(weight_dtype if weight_dtype is not None else weight_format, group_size, ratio, cfg)
     reader = CheckpointReader(model_dir)
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -100,6 +104,8 @@ def export_model(model_dir, out_dir, *, fmt: str = "openvino", portable: bool = 
     os.umask(umask)
     tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private; the export is an ordinary directory
     try:
+        if wformat.ratio < 1.0:  # mixed int4/int8: one reading pass to rank the weights first
+            plan_weights(cfg, reader, wformat)
         variants = ["custom"] + (["portable"] if portable else [])
         onnx_paths = build_onnx(cfg, reader, tmp, variants=variants, block_size=block_size, kv_dtype=kv_dtype,
                                 weight_format=wformat, progress=progress)
@@ -125,6 +131,7 @@ def export_model(model_dir, out_dir, *, fmt: str = "openvino", portable: bool = 
             export=dict(weight_dtype=wformat.float_dtype, weight_format=wformat.fmt,
                         weight_params=wformat.stats.get("params", {}),
                         int4_group_sizes=sorted(wformat.stats.get("int4_group_sizes", []), reverse=True),
+                        int4_ratio=wformat.ratio if wformat.fmt == "int4" else None,
                         exporter_version=__version__, source=str(model_dir.resolve()),
                         seconds=round(time.time() - start, 3)))
         (tmp / CONTRACT_FILE).write_text(json.dumps(contract, indent=2) + "\n")

@@ -23,7 +23,7 @@ import ml_dtypes
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
-from .quantize import FLOAT_FORMATS, Quantized, pack_u4, pick_group, quantize
+from .quantize import FLOAT_FORMATS, Quantized, dequantize, pack_u4, pick_group, quantize
 
 __all__ = ["WeightStore", "GraphBuilder", "WeightFormat", "WEIGHT_DTYPES"]
 
@@ -46,6 +46,10 @@ class WeightFormat:
     fmt: str = "f32"
     float_dtype: str = "f32"
     group_size: int = 128
+    ratio: float = 1.0  # int4: share of the matmul weights (by parameters) in int4, the rest int8
+    int8_names: frozenset = frozenset()  # int4 with ratio < 1: matmul weights planned into int8
+    planning: bool = False  # a planning pass: record int4 sensitivities, store nothing
+    sensitivity: dict = field(default_factory=dict)  # name -> (int4 relative error, parameters)
     stats: dict = field(default_factory=dict)  # what was stored: format -> parameter count, group sizes used
 
     def __post_init__(self):
@@ -56,13 +60,26 @@ class WeightFormat:
         if self.fmt in FLOAT_FORMATS:
             self.float_dtype = self.fmt
 
-    def bits(self, kind: str) -> int | None:
+    def bits(self, kind: str, name: str = "") -> int | None:
         """Integer bits for a weight of this kind (matmul | embedding | head), None to keep it float."""
         if self.fmt == "int8":
             return 8
         if self.fmt == "int4":
-            return 4 if kind == "matmul" else 8
+            return 4 if kind == "matmul" and name not in self.int8_names else 8
         return None
+
+    def plan(self) -> None:
+        """After a planning pass: the most int4-sensitive matmul weights go to int8 until they hold
+        (1 - ratio) of the matmul parameters (NNCF's data-free mixed precision, by the weights' own
+        int4 quantization error)."""
+        total = sum(n for _, n in self.sensitivity.values())
+        budget, chosen = (1.0 - self.ratio) * total, set()
+        for name, (_, n) in sorted(self.sensitivity.items(), key=lambda kv: -kv[1][0]):
+            if budget <= 0:
+                break
+            chosen.add(name)
+            budget -= n
+        self.int8_names, self.planning, self.stats = frozenset(chosen), False, {}
 
     def record(self, what: str, params: int, group: int | None = None) -> None:
         self.stats.setdefault("params", {})
@@ -71,6 +88,14 @@ class WeightFormat:
             self.stats.setdefault("int4_group_sizes", [])
             if group not in self.stats["int4_group_sizes"]:
                 self.stats["int4_group_sizes"].append(group)
+
+
+def _int4_error(w: np.ndarray, group_size: int, rows: int = 512) -> float:
+    """Relative Frobenius error of int4 quantization on an even sample of the weight's rows."""
+    flat = w.reshape(-1, w.shape[-1])
+    sample = flat[np.linspace(0, len(flat) - 1, min(rows, len(flat))).astype(np.int64)]
+    back = dequantize(quantize(sample, 4, pick_group(w.shape[-1], group_size)))
+    return float(np.linalg.norm(back - sample) / max(np.linalg.norm(sample), 1e-30))
 
 
 class WeightStore:
@@ -173,7 +198,11 @@ class GraphBuilder:
         kind: matmul (a Gemm/MatMul operand), embedding (a Gather table), head (lm_head), or
         float (always kept float: operands of the custom attention op)."""
         fmt = self.store.format
-        bits = None if kind == "float" else fmt.bits(kind)
+        bits = None if kind == "float" else fmt.bits(kind, name)
+        if fmt.planning:
+            if bits == 4:
+                fmt.sensitivity[name] = (_int4_error(array, fmt.group_size), array.size)
+            return name  # the planning graph is never saved
         if bits is None:
             fmt.record(fmt.float_dtype, array.size)
             stored = self.store.add(name, array, fmt.float_dtype)

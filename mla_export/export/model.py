@@ -21,7 +21,7 @@ from .graph import GraphBuilder, WeightFormat, WeightStore
 from .layers import attention, dense_mlp, moe, norm, rope_tables
 from .weights import CheckpointReader
 
-__all__ = ["build_onnx", "ONNX_FILES", "ONNX_DATA"]
+__all__ = ["build_onnx", "plan_weights", "ONNX_FILES", "ONNX_DATA"]
 
 ONNX_FILES = {"custom": "model.onnx", "portable": "model_portable.onnx"}
 ONNX_DATA = "model.onnx.data"
@@ -41,15 +41,7 @@ def build_onnx(cfg: MLAModelConfig, reader: CheckpointReader, out_dir: Path, *, 
     store = WeightStore(out_dir / ONNX_DATA, weight_format)
     try:
         g = GraphBuilder(store, variants)
-        io = _inputs(g, cfg)
-        h, table = _embed(g, reader, cfg)
-        for i in range(cfg.num_layers):
-            h = _decoder_layer(g, reader, cfg, i, h, io)
-            if progress:
-                progress(i + 1, cfg.num_layers)
-        picked = g.op("Gather", h, "logits_indices", axis=0)  # [B, hidden]: norm + lm_head on B rows only
-        picked = norm(g, reader, "model.norm.weight", picked, cfg.hidden_size, cfg.rms_norm_eps)
-        g.op("Gemm", picked, _lm_head(g, reader, cfg, table), transB=1, name="logits")
+        _build(g, reader, cfg, progress)
     finally:
         store.close()
     onnx_ops.register_schemas()
@@ -67,6 +59,33 @@ def build_onnx(cfg: MLAModelConfig, reader: CheckpointReader, out_dir: Path, *, 
         onnx.save_model(model, str(path))
         paths[variant] = path
     return paths
+
+
+def plan_weights(cfg: MLAModelConfig, reader: CheckpointReader, weight_format: WeightFormat,
+                 progress: Callable[[int, int], None] | None = None) -> None:
+    """A pass over every weight that stores nothing: int4 sensitivities, then weight_format.plan()."""
+    import os
+
+    weight_format.planning = True
+    store = WeightStore(Path(os.devnull), weight_format)
+    try:
+        _build(GraphBuilder(store, ["custom"]), reader, cfg, progress)
+    finally:
+        store.close()
+    weight_format.plan()
+
+
+def _build(g: GraphBuilder, reader: CheckpointReader, cfg: MLAModelConfig,
+           progress: Callable[[int, int], None] | None) -> None:
+    io = _inputs(g, cfg)
+    h, table = _embed(g, reader, cfg)
+    for i in range(cfg.num_layers):
+        h = _decoder_layer(g, reader, cfg, i, h, io)
+        if progress:
+            progress(i + 1, cfg.num_layers)
+    picked = g.op("Gather", h, "logits_indices", axis=0)  # [B, hidden]: norm + lm_head on B rows only
+    picked = norm(g, reader, "model.norm.weight", picked, cfg.hidden_size, cfg.rms_norm_eps)
+    g.op("Gemm", picked, _lm_head(g, reader, cfg, table), transB=1, name="logits")
 
 
 def _inputs(g: GraphBuilder, cfg: MLAModelConfig) -> dict:

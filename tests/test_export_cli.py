@@ -153,3 +153,17 @@ def test_weight_dtypes_store_and_match(tmp_path, checkpoint):
         assert load_contract(out).raw["export"]["weight_dtype"] == wd
     for wd in ("bf16", "f16"):
         assert sizes[wd][0] < 0.6 * sizes["f32"][0] and sizes[wd][1] < 0.6 * sizes["f32"][1]
+
+
+def test_ir_weights_file_is_the_onnx_data_file(tmp_path, checkpoint):
+    """The IR's .bin is the ONNX graph's external data itself: one copy of the weights on disk."""
+    import os
+
+    both = tmp_path / "both"
+    assert main(["export", str(checkpoint), "-o", str(both), "-q", "--format", "both", "--weight-format", "int4"]) == 0
+    assert os.path.samefile(both / "openvino_model.bin", both / "model.onnx.data")
+    ir = tmp_path / "ir"
+    assert main(["export", str(checkpoint), "-o", str(ir), "-q", "--weight-format", "int4"]) == 0
+    assert not (ir / "model.onnx.data").exists()
+    # the small constants the frontend made are appended after the weights: the .bin is barely larger
+    assert (ir / "openvino_model.bin").stat().st_size < 1.05 * (both / "model.onnx.data").stat().st_size

@@ -111,18 +111,20 @@ def export_model(model_dir, out_dir, *, fmt: str = "openvino", portable: bool = 
                                 weight_format=wformat, progress=progress)
         reader.close()
         files = dict(openvino_xml=None, openvino_bin=None, onnx=None, onnx_portable=None, onnx_data=None)
+        if fmt in ("onnx", "both"):
+            files.update(onnx=ONNX_FILES["custom"], onnx_data=ONNX_DATA)
+        if portable:
+            files.update(onnx_portable=ONNX_FILES["portable"], onnx_data=ONNX_DATA)
         if fmt in ("openvino", "both"):
             from .openvino_ir import IR_BIN, IR_XML, convert_to_ir
 
-            ir_model = convert_to_ir(onnx_paths["custom"], tmp)
+            # The IR's .bin is the ONNX data file itself (renamed, or hard-linked when ONNX is kept).
+            ir_model = convert_to_ir(onnx_paths["custom"], tmp, tmp / ONNX_DATA,
+                                     keep_data_file=files["onnx_data"] is not None)
             files.update(openvino_xml=IR_XML, openvino_bin=IR_BIN)
-        if fmt in ("onnx", "both"):
-            files.update(onnx=ONNX_FILES["custom"], onnx_data=ONNX_DATA)
-        else:
+        if fmt not in ("onnx", "both"):
             (tmp / ONNX_FILES["custom"]).unlink()  # only the IR's source
-        if portable:
-            files.update(onnx_portable=ONNX_FILES["portable"], onnx_data=ONNX_DATA)
-        if files["onnx_data"] is None:
+        if files["onnx_data"] is None and (tmp / ONNX_DATA).exists():
             (tmp / ONNX_DATA).unlink()
         tokenizer, chat_template = copy_tokenizer_files(model_dir, tmp)
         contract = make_contract(

@@ -167,3 +167,17 @@ def test_ir_weights_file_is_the_onnx_data_file(tmp_path, checkpoint):
     assert not (ir / "model.onnx.data").exists()
     # the small constants the frontend made are appended after the weights: the .bin is barely larger
     assert (ir / "openvino_model.bin").stat().st_size < 1.05 * (both / "model.onnx.data").stat().st_size
+
+
+def test_not_enough_disk_is_refused_before_writing(tmp_path, checkpoint, monkeypatch, capsys):
+    import collections
+
+    from mla_export.export import exporter
+
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(exporter.shutil, "disk_usage", lambda path: usage(1 << 30, 1 << 30, 1 << 20))
+    out = tmp_path / "o"
+    assert main(["export", str(checkpoint), "-o", str(out), "--weight-format", "int8"]) == 2
+    err = capsys.readouterr().err
+    assert "the export needs about" in err and "GiB is free" in err
+    _no_leftovers(out)

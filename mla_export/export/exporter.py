@@ -67,6 +67,23 @@ def _weight_format(requested: str, group_size: int, ratio: float, cfg: MLAModelC
     return WeightFormat(_checkpoint_dtype(cfg) if requested == "auto" else requested)
 
 
+_BYTES_PER_PARAM = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "int8": 1.02, "int4": 0.62}  # int4: embedding/lm_head int8
+
+
+def _check_disk(out_dir: Path, reader: CheckpointReader, wformat: WeightFormat, portable: bool) -> int:
+    """The bytes the export will write (one weights file: the IR shares the ONNX data), checked
+    against the free space where OUT_DIR goes before anything is written."""
+    need = int(reader.num_params() * _BYTES_PER_PARAM[wformat.fmt] * 1.03) + (64 << 20)
+    if portable:
+        need += 32 << 20  # the portable graph shares the weights file; its own proto is small
+    free = shutil.disk_usage(out_dir.parent).free
+    if need > free:
+        gib = 1 << 30
+        raise ExportError(f"the export needs about {need / gib:.1f} GiB on {out_dir.parent} but only {free / gib:.1f} GiB "
+                          "is free (a smaller --weight-format such as int4 needs less)")
+    return need
+
+
 def _check_out_dir(out_dir: Path, overwrite: bool) -> None:
     if out_dir.exists() and not out_dir.is_dir():
         raise ExportError(f"{out_dir} exists and is not a directory")
@@ -99,6 +116,7 @@ def export_model(model_dir, out_dir, *, fmt: str = "openvino", portable: bool = 
     reader = CheckpointReader(model_dir)
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
+    _check_disk(out_dir, reader, wformat, portable)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
     umask = os.umask(0)
     os.umask(umask)

@@ -126,6 +126,10 @@ class CheckpointReader:
             self._open[path] = SafetensorsFile(path)
         return self._open[path]
 
+    def num_params(self) -> int:
+        """Values in every tensor of the checkpoint (all shards)."""
+        return sum(int(np.prod(self._file(name).shape(name), dtype=np.int64)) for name in self._where)
+
     def has(self, name: str) -> bool:
         return name in self._where
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -38,6 +39,8 @@ class Request:
     num_computed_prompt_tokens: int = 0  # prompt tokens run through the graph (again after a preemption)
     num_cached_prompt_tokens: int = 0  # prompt tokens taken from the prefix cache
     num_preemptions: int = 0
+    detokenizer: Any = None  # IncrementalDetokenizer when the model has a tokenizer
+    final_text: str | None = None  # the full decode, set when the request finishes
 
     def __post_init__(self):
         self.all_token_ids = list(self.prompt_token_ids)

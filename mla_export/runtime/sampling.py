@@ -16,12 +16,18 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["SamplingParams", "Sampler"]
+__all__ = ["SamplingParams", "Sampler", "OUTPUT_KINDS"]
+
+OUTPUT_KINDS = ("cumulative", "delta", "final_only")
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """temperature 0 means greedy; top_k -1 and top_p 1 disable those filters."""
+    """temperature 0 means greedy; top_k -1 and top_p 1 disable those filters.
+
+    output_kind (vLLM's RequestOutputKind): what each `RequestOutput` of the request holds.
+    "cumulative": all tokens and text so far (copies that grow with the output); "delta": only
+    this step's tokens and text; "final_only": one output, when the request finishes."""
 
     max_tokens: int = 16
     temperature: float = 1.0
@@ -30,6 +36,7 @@ class SamplingParams:
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    output_kind: str = "cumulative"
 
     def __post_init__(self):
         def is_int(v):
@@ -54,6 +61,8 @@ class SamplingParams:
             raise ValueError(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+        if self.output_kind not in OUTPUT_KINDS:
+            raise ValueError(f"output_kind must be one of {', '.join(OUTPUT_KINDS)}, got {self.output_kind!r}")
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
 
     @property

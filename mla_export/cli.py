@@ -2,13 +2,22 @@
 
 One command, one module per subcommand (mla_export/commands/<name>.py, each with
 add_parser(subparsers) and run(args) -> exit code), imported only when chosen so that
-`generate` and `serve` never import the exporter's torch."""
+`generate` and `serve` never import the exporter's dependencies.
+
+Habits from other tools: options that map to something real here are aliases in the
+commands' parsers; any other unknown option gets a line naming the nearest equivalent
+(`cli_hints`), and a missing optional package a line naming the extra that installs it
+(`deps`), instead of argparse's top-level usage line or a traceback."""
 
 from __future__ import annotations
 
-import argparse
-import importlib
-import sys
+import time
+
+STARTED = time.perf_counter()  # the command's own start: summaries report the wall time waited
+
+import argparse  # noqa: E402
+import importlib  # noqa: E402
+import sys  # noqa: E402
 
 COMMANDS = {
     "export": "export a DeepSeek-V2/V3 checkpoint to ONNX / OpenVINO IR with the paged latent cache",
@@ -17,34 +26,91 @@ COMMANDS = {
     "ovms": "lay out an OpenVINO Model Server repository from an export directory",
     "bench": "end-to-end benchmark against transformers and optimum-intel",
 }
+EXIT_USAGE = 2
 
 
 def _command(name: str):
     return importlib.import_module(f"mla_export.commands.{name}")
 
 
+def version_text() -> str:
+    """`mla-export --version`: the package and the runtime it was built against."""
+    from importlib import metadata
+
+    from . import __version__
+
+    parts = []
+    for dist in ("openvino", "onnxruntime", "tokenizers"):
+        try:
+            parts.append(f"{dist} {metadata.version(dist)}")
+        except metadata.PackageNotFoundError:
+            pass
+    return f"mla-export {__version__} ({', '.join(parts)})"
+
+
+def _known_options(parser: argparse.ArgumentParser) -> list[str]:
+    return [s for a in parser._actions for s in a.option_strings]
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="mla-export", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=version_text())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     # Only the chosen subcommand's module is imported (help lists them all by name).
     chosen = next((a for a in argv if not a.startswith("-")), None)
+    chosen_parser = None
     for name, help_text in COMMANDS.items():
         if name == chosen:
             try:
-                _command(name).add_parser(sub)
+                chosen_parser = _command(name).add_parser(sub)
             except ModuleNotFoundError as e:
                 if e.name and e.name.startswith("mla_export.commands"):
                     print(f"mla-export: the '{name}' command is not available in this build", file=sys.stderr)
-                    return 2
-                raise
+                    return EXIT_USAGE
+                return _missing(e, name)
         else:
             sub.add_parser(name, help=help_text, add_help=False)
-    args = parser.parse_args(argv)
+    args, extras = parser.parse_known_args(argv)
     if args.command is None:
         parser.print_help()
-        return 2
-    return int(_command(args.command).run(args) or 0)
+        return EXIT_USAGE
+    if extras:
+        return _unknown(args.command, chosen_parser, extras)
+    from .deps import MissingDependency
+
+    try:
+        return int(_command(args.command).run(args) or 0)
+    except MissingDependency as e:
+        print(f"mla-export {args.command}: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except ModuleNotFoundError as e:
+        return _missing(e, args.command)
+
+
+def _missing(e: ModuleNotFoundError, command: str) -> int:
+    """A missing optional package: one line naming the extra (an unknown one is a real bug)."""
+    from .deps import EXTRA_OF, missing_message
+
+    top = (e.name or "").split(".")[0]
+    if top not in EXTRA_OF:
+        raise e
+    print(f"mla-export {command}: {missing_message(top, f'`mla-export {command}`')}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _unknown(command: str, sub_parser, extras: list[str]) -> int:
+    from .cli_hints import unknown_option_lines
+
+    known = _known_options(sub_parser) if sub_parser is not None else []
+    lines = unknown_option_lines(command, extras, known)
+    if not lines:  # only stray positionals
+        lines = [f"unexpected argument(s): {' '.join(extras)}"]
+    if sub_parser is not None:
+        sub_parser.print_usage(sys.stderr)
+    for line in lines:
+        print(f"mla-export {command}: error: {line}", file=sys.stderr)
+    return EXIT_USAGE
 
 
 if __name__ == "__main__":

@@ -39,8 +39,19 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="int4 only: share of the matmul weights (by parameters) kept int4, the rest int8, the most "
                         "int4-sensitive first (default 1.0; below 1 costs one more pass over the checkpoint)")
     p.add_argument("--overwrite", action="store_true", help="replace a previous export in OUT_DIR")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress display")
+    # optimum-cli habits that mean something here (the rest get a hint: mla_export/cli_hints.py).
+    p.add_argument("-m", "--model", dest="model_opt", metavar="MODEL_DIR",
+                   help="same as the MODEL_DIR argument (optimum-cli's spelling)")
+    p.add_argument("--task", choices=TASKS,
+                   help="accepted for optimum-cli compatibility: the export is always text generation with a (paged) cache")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="accepted and ignored: the exporter reads config.json and safetensors, it never runs model code")
     return p
+
+
+# optimum-cli's tasks that this export is (it always has the cache, i.e. "with past").
+TASKS = ("auto", "text-generation", "text-generation-with-past")
 
 
 def _progress(quiet: bool):
@@ -61,8 +72,18 @@ def run(args) -> int:
     from mla_export.export.summary import summary_lines
     from mla_export.export.weights import WeightError
 
+    if args.model_opt is not None:
+        if args.model_dir is not None and args.model_dir != args.model_opt:
+            print("mla-export export: give the checkpoint once (MODEL_DIR or --model)", file=sys.stderr)
+            return EXIT_USAGE
+        args.model_dir = args.model_opt
     if (args.model_dir is None) == (args.preset is None):
         print("mla-export export: give either MODEL_DIR or --preset tiny", file=sys.stderr)
+        return EXIT_USAGE
+    from mla_export.cli_hints import hub_id_message, looks_like_hub_id
+
+    if args.model_dir is not None and looks_like_hub_id(args.model_dir):
+        print(f"mla-export export: {hub_id_message(args.model_dir, 'export')}", file=sys.stderr)
         return EXIT_USAGE
     try:
         with tempfile.TemporaryDirectory(prefix="mla-export-preset-") as preset_dir:

@@ -1,4 +1,9 @@
-"""`mla-export generate OUT_DIR`: generate a continuation with the runtime (no torch)."""
+"""`mla-export generate OUT_DIR`: generate a continuation with the runtime (no torch).
+
+Text is printed as it is generated (one flush per token: the engine's incremental
+detokenizer gives each token's new text); `--json` prints one report at the end instead.
+llama.cpp's spellings work as aliases (-p, -n/--n-predict, --temp, -t, -s, -m,
+-cnv/--conversation, -sys/--system-prompt); vLLM's --dtype maps to --precision."""
 
 from __future__ import annotations
 
@@ -7,27 +12,58 @@ import json
 import sys
 import time
 
+# vLLM's --dtype values -> the precision hint (no f16 compute on this CPU path).
+DTYPES = {"auto": "bf16", "bfloat16": "bf16", "bf16": "bf16", "float32": "f32", "float": "f32", "f32": "f32"}
+
+
+def dtype_arg(text: str) -> str:
+    if text in DTYPES:
+        return DTYPES[text]
+    if text in ("float16", "half", "f16"):
+        raise argparse.ArgumentTypeError("no f16 inference on the CPU path: use bfloat16 (bf16) or float32 (f32)")
+    raise argparse.ArgumentTypeError(f"must be one of {', '.join(DTYPES)}, got {text!r}")
+
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("generate", help="generate text from an exported model directory",
                               description=__doc__.splitlines()[0])
-    p.add_argument("out_dir", metavar="OUT_DIR", help="a directory written by `mla-export export`")
+    p.add_argument("out_dir", nargs="?", metavar="OUT_DIR", help="a directory written by `mla-export export`")
+    p.add_argument("-m", "--model", dest="model_opt", metavar="OUT_DIR", help="same as OUT_DIR (llama.cpp's spelling)")
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompt", help="prompt text (needs the model's tokenizer)")
+    src.add_argument("-p", "--prompt", help="prompt text (needs the model's tokenizer); with --chat, the user message")
     src.add_argument("--prompt-ids", help="prompt token ids, comma-separated: 1,2,3")
-    p.add_argument("--max-tokens", type=int, default=32)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--chat", "-cnv", "--conversation", action="store_true",
+                   help="apply the export's chat template to --prompt as one user turn (needs jinja2)")
+    p.add_argument("--system", "-sys", "--system-prompt", default=None, help="a system message for --chat")
+    p.add_argument("-n", "--max-tokens", "--n-predict", dest="max_tokens", type=int, default=32)
+    p.add_argument("--temperature", "--temp", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=-1)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--json", action="store_true", help="print token ids and timings as JSON")
-    p.add_argument("--precision", choices=("f32", "bf16"), default="bf16", help="inference precision hint")
-    p.add_argument("--threads", type=int, default=None, help="inference threads (default: the plugin's)")
+    p.add_argument("-s", "--seed", type=int, default=None)
+    p.add_argument("--ignore-eos", action="store_true", help="keep generating after the end-of-sequence token")
+    p.add_argument("--json", action="store_true", help="print token ids and timings as JSON at the end")
+    p.add_argument("--precision", "--dtype", dest="precision", type=dtype_arg, default="bf16",
+                   help="inference precision hint: bf16 (default) or f32; vLLM's --dtype values are accepted")
+    p.add_argument("-t", "--threads", type=int, default=None, help="inference threads (default: the plugin's)")
     p.add_argument("--runtime", choices=("openvino", "onnxruntime"), default="openvino")
+    from mla_export.cli_hints import add_foreign_flags
+
+    # llama.cpp flags that argparse would read as -n/-s/-t with a value attached.
+    add_foreign_flags(p, "generate", ("-ngl", "-fa", "-sm", "-ts"))
     return p
 
 
-def _prompt(args):
+def _prompt(args, engine):
+    if args.chat:
+        if args.prompt is None:
+            raise ValueError("--chat takes the user message as --prompt text")
+        from mla_export.runtime.chat_prompt import ChatPrompter
+
+        messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
+            {"role": "user", "content": args.prompt}]
+        return ChatPrompter(engine).prompt_ids(messages)
+    if args.system is not None:
+        raise ValueError("--system is used only with --chat")
     if args.prompt is not None:
         return args.prompt
     try:
@@ -37,15 +73,30 @@ def _prompt(args):
     return ids
 
 
-def run(args) -> int:
+def _out_dir(args) -> str:
+    if args.model_opt is not None and args.out_dir is not None and args.model_opt != args.out_dir:
+        raise ValueError("give the export directory once (OUT_DIR or --model)")
+    out_dir = args.model_opt or args.out_dir
+    if out_dir is None:
+        raise ValueError("give the export directory: mla-export generate OUT_DIR --prompt TEXT")
+    from mla_export.cli_hints import hub_id_message, looks_like_hub_id
+
+    if looks_like_hub_id(out_dir):
+        raise ValueError(hub_id_message(out_dir, "generate"))
+    return out_dir
+
+
+def run(args, stdout=None) -> int:
     from mla_export.runtime import LLMEngine, SamplingParams
 
+    out = stdout or sys.stdout
     try:
-        prompt = _prompt(args)
+        out_dir = _out_dir(args)
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                                top_k=args.top_k, seed=args.seed)
-        engine = LLMEngine(args.out_dir, runtime=args.runtime, precision=args.precision, num_threads=args.threads,
+                                top_k=args.top_k, seed=args.seed, ignore_eos=args.ignore_eos, output_kind="delta")
+        engine = LLMEngine(out_dir, runtime=args.runtime, precision=args.precision, num_threads=args.threads,
                            max_num_seqs=1)
+        prompt = _prompt(args, engine)
         start = time.perf_counter()
         engine.add_request("cli", prompt, params)
     except (ValueError, FileNotFoundError) as e:
@@ -53,31 +104,38 @@ def run(args) -> int:
         return 2
 
     first_token_at = None
-    final = None
+    prompt_ids, token_ids, text, finish_reason = None, [], [], None
+    stream = not args.json
     while engine.has_unfinished_requests():
-        for out in engine.step():
+        for o in engine.step():  # delta outputs: this step's tokens and text only
             if first_token_at is None:
                 first_token_at = time.perf_counter()
-            if not args.json and engine.tokenizer is None:
-                print(*out.new_token_ids, end=" ", flush=True)
-            final = out
+            prompt_ids = o.prompt_token_ids
+            token_ids += o.token_ids
+            if o.new_text is not None:
+                text.append(o.new_text)
+            finish_reason = o.finish_reason
+            if stream:  # as it comes: text, or the ids when the model has no tokenizer
+                piece = o.new_text if engine.tokenizer is not None else "".join(f"{t} " for t in o.new_token_ids)
+                if piece:
+                    out.write(piece)
+                    out.flush()
     end = time.perf_counter()
 
-    decode_tokens = len(final.token_ids) - 1  # tokens after the first one
-    decode_time = end - first_token_at
     if args.json:
+        decode_tokens = len(token_ids) - 1  # tokens after the first one
+        decode_time = end - first_token_at
         print(json.dumps({
-            "prompt_token_ids": final.prompt_token_ids,
-            "token_ids": final.token_ids,
-            "text": final.text,
-            "finish_reason": final.finish_reason,
+            "prompt_token_ids": list(prompt_ids),
+            "token_ids": token_ids,
+            "text": "".join(text) if engine.tokenizer is not None else None,
+            "finish_reason": finish_reason,
             "time_to_first_token_s": first_token_at - start,
             "decode_tokens_per_s": decode_tokens / decode_time if decode_tokens and decode_time > 0 else None,
             "total_time_s": end - start,
             "runtime": engine.executor.describe(),
-        }, indent=2))
-    elif engine.tokenizer is not None:
-        print(final.text)
+        }, indent=2), file=out)
     else:
-        print()
+        out.write("\n")
+        out.flush()
     return 0

@@ -55,7 +55,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "serve", help="serve an exported model with an OpenAI-compatible HTTP API",
         description="Serve an exported model directory with an OpenAI-compatible HTTP API "
                     "(/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics).")
-    p.add_argument("out_dir", metavar="OUT_DIR", help="a directory written by `mla-export export`")
+    p.add_argument("out_dir", nargs="?", metavar="OUT_DIR", help="a directory written by `mla-export export`")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 for all)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
     p.add_argument("--served-model-name", default=None,
@@ -77,8 +77,45 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="a Jinja2 chat template file overriding the model directory's")
     p.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="seconds running requests get to finish on shutdown before they are cancelled (default 30)")
-    p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    p.add_argument("--log-level", "--uvicorn-log-level", dest="log_level", default="info",
+                   choices=("critical", "error", "warning", "info", "debug"))
+    _add_vllm_aliases(p)
     return p
+
+
+def _add_vllm_aliases(p) -> None:
+    """vllm serve's spellings that mean something here (the rest get a hint: cli_hints)."""
+    from .generate import dtype_arg
+
+    p.add_argument("--model", dest="model_opt", metavar="OUT_DIR", help="same as OUT_DIR (vLLM's older spelling)")
+    p.add_argument("--dtype", dest="precision", type=dtype_arg, default=argparse.SUPPRESS, help="vLLM's name for --precision (auto = bf16)")
+    p.add_argument("--kv-cache-dtype", default="auto",
+                   help="accepted when it is auto or the export's cache dtype (it is fixed at export: --kv-dtype)")
+    p.add_argument("--enable-prefix-caching", dest="no_prefix_caching", action="store_false", default=argparse.SUPPRESS,
+                   help="the default (vLLM's spelling)")
+    p.add_argument("--no-enable-prefix-caching", dest="no_prefix_caching", action="store_true", default=argparse.SUPPRESS,
+                   help="same as --no-prefix-caching")
+    p.add_argument("--trust-remote-code", action="store_true", help="accepted and ignored: no model code is run")
+
+
+_KV_DTYPES = {"auto": None, "bf16": "bf16", "bfloat16": "bf16", "f32": "f32", "float32": "f32", "float": "f32"}
+
+
+def _check_aliases(args) -> str | None:
+    """The export directory from OUT_DIR / --model, or an error message (as `error: ...`)."""
+    if args.model_opt is not None and args.out_dir is not None and args.model_opt != args.out_dir:
+        return "give the export directory once (OUT_DIR or --model)"
+    args.out_dir = args.model_opt or args.out_dir
+    if args.out_dir is None:
+        return "give the export directory: mla-export serve OUT_DIR"
+    from mla_export.cli_hints import hub_id_message, looks_like_hub_id
+
+    if looks_like_hub_id(args.out_dir):
+        return hub_id_message(args.out_dir, "serve")
+    if args.kv_cache_dtype not in _KV_DTYPES:
+        return (f"--kv-cache-dtype {args.kv_cache_dtype}: the cache is bf16 or f32, fixed at export: "
+                "re-export with `mla-export export --kv-dtype {bf16,f32}`")
+    return None
 
 
 def _server_class():
@@ -113,6 +150,10 @@ def run(args) -> int:
         print(f"mla-export serve: missing dependency ({e}); install with `pip install mla-export[serve]`",
               file=sys.stderr)
         return 2
+    problem = _check_aliases(args)
+    if problem:
+        print(f"mla-export serve: {problem}", file=sys.stderr)
+        return 2
     out_dir = Path(args.out_dir)
     if args.kv_cache_memory is not None and args.num_blocks is not None:
         print("mla-export serve: give --kv-cache-memory or --num-blocks, not both", file=sys.stderr)
@@ -124,6 +165,12 @@ def run(args) -> int:
                            enable_prefix_caching=not args.no_prefix_caching)
     except (FileNotFoundError, ValueError) as e:
         print(f"mla-export serve: {e}", file=sys.stderr)
+        return 2
+    want_kv = _KV_DTYPES[args.kv_cache_dtype]
+    if want_kv is not None and want_kv != engine.facts.cache_dtype:
+        print(f"mla-export serve: --kv-cache-dtype {args.kv_cache_dtype}: {out_dir} was exported with a "
+              f"{engine.facts.cache_dtype} cache; re-export with `mla-export export --kv-dtype {want_kv}`",
+              file=sys.stderr)
         return 2
     name = args.served_model_name or out_dir.resolve().name
     try:

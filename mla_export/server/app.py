@@ -4,7 +4,8 @@
     uvicorn.run(app, host="127.0.0.1", port=8000)
 
 Routes: POST /v1/completions, POST /v1/chat/completions (when a chat template exists),
-GET /v1/models, GET /health, GET /metrics. The engine runs in the `EngineLoop` thread, started
+GET /v1/models, GET /health, GET /metrics, and vLLM's POST /tokenize, POST /detokenize,
+GET /version (routes_tokenize.py). The engine runs in the `EngineLoop` thread, started
 and stopped by the app's lifespan; every request is an engine request (n choices: n engine
 requests sharing the prompt's prefix-cached blocks).
 """
@@ -29,6 +30,7 @@ from . import protocol as P
 from .chat import ChatTemplate, TemplateError, load_chat_template
 from .engine_loop import Aborted, EngineDead, EngineLoop, QueueFull, SeqRequest, ShuttingDown
 from .metrics import CONTENT_TYPE, ServerMetrics
+from .routes_tokenize import tokenize_routes
 
 __all__ = ["create_app", "ServerState"]
 
@@ -153,7 +155,7 @@ class ServerState:
         self.engine = engine
         self.model_name = model_name
         self.api_key = api_key
-        self.metrics = ServerMetrics()
+        self.metrics = ServerMetrics(model_name=model_name)
         self.loop = EngineLoop(engine, max_num_seqs=max_num_seqs, max_queue=max_queue, metrics=self.metrics)
         self.tokenizer = getattr(engine, "tokenizer", None)
         self.max_model_len = getattr(engine, "max_model_len", None)
@@ -525,6 +527,7 @@ def create_app(engine, *, model_name: str, api_key: str | None = None, max_num_s
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
+        *tokenize_routes(st, check_auth=check_auth, check_model=check_model, read_body=read_body),
     ]
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={HTTPException: http_error, Exception: server_error})

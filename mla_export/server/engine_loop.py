@@ -70,6 +70,7 @@ class _Seq:
     queue: asyncio.Queue
     arrival: float
     first_token: float | None = None
+    last_token: float | None = None
     num_prompt_tokens: int = 0
     num_generated: int = 0
 
@@ -297,6 +298,10 @@ class EngineLoop:
             if seq.first_token is None and n_new:
                 seq.first_token = now
                 self.metrics.observe_ttft(now - seq.arrival)
+            elif n_new and seq.last_token is not None:
+                self.metrics.observe_token_gap((now - seq.last_token) / n_new)
+            if n_new:
+                seq.last_token = now
             if out.finished:
                 self._end(out.request_id)
                 seq.num_prompt_tokens = len(out.prompt_token_ids or ())

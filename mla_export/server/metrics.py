@@ -1,88 +1,109 @@
-"""Prometheus text exposition (format 0.0.4) for `GET /metrics`, without a client library.
+"""`GET /metrics`: Prometheus exposition produced by `prometheus_client`, under two sets of names.
 
-Gauges come from the engine's stats snapshot (taken by the engine thread after each step);
-counters and histograms are kept here, updated by the engine thread and the HTTP handlers.
+- `vllm:*` (label `model_name`): the names vLLM's own Grafana dashboards and autoscalers read
+  (num_requests_running/waiting, kv_cache_usage_perc and the older gpu_cache_usage_perc,
+  prompt/generation token counters, request_success_total, prefix-cache and preemption
+  counters, TTFT / inter-token / end-to-end latency and per-request token-count histograms),
+  so an existing vLLM dashboard works unchanged against `mla-export serve`.
+- `mla_*` (label `model`): this server's own, with what vLLM has no name for (cache blocks,
+  admission capacity, rejected requests, HTTP status counts).
+
+Each `ServerMetrics` has its own registry (several apps can live in one process, as in the
+tests). Histograms and counters are prometheus_client objects updated by the engine thread and
+the HTTP handlers; gauges and the engine's own counters come from the stats snapshot the engine
+thread takes after each step, turned into metric families by a collector at scrape time.
 """
 
 from __future__ import annotations
 
 import collections
-import math
 import threading
 import time
 
-__all__ = ["ServerMetrics", "CONTENT_TYPE"]
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-PREFIX = "mla"
+__all__ = ["ServerMetrics", "CONTENT_TYPE", "parse_prometheus_text"]
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0)
 E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
 RATE_WINDOW_S = 10.0
 
 
-class _Histogram:
-    def __init__(self, buckets):
-        self.buckets = tuple(buckets)
-        self.counts = [0] * len(self.buckets)
-        self.sum = 0.0
-        self.count = 0
-
-    def observe(self, v: float) -> None:
-        self.sum += v
-        self.count += 1
-        for i, b in enumerate(self.buckets):
-            if v <= b:
-                self.counts[i] += 1
-
-    def lines(self, name: str) -> list[str]:
-        out = [f'{name}_bucket{{le="{_fmt(b)}"}} {c}' for b, c in zip(self.buckets, self.counts)]
-        out.append(f'{name}_bucket{{le="+Inf"}} {self.count}')
-        out.append(f"{name}_sum {_fmt(self.sum)}")
-        out.append(f"{name}_count {self.count}")
-        return out
-
-
-def _fmt(v) -> str:
-    if isinstance(v, bool):
-        return "1" if v else "0"
-    if isinstance(v, int):
-        return str(v)
-    v = float(v)
-    if math.isnan(v):
-        return "NaN"
-    if math.isinf(v):
-        return "+Inf" if v > 0 else "-Inf"
-    return repr(v)
-
-
-def _label(v: str) -> str:
-    return str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
 class ServerMetrics:
-    def __init__(self):
+    def __init__(self, model_name: str = "model"):
+        self.model_name = model_name
+        self.registry = CollectorRegistry(auto_describe=True)
+        r, mn = self.registry, ["model_name"]
         self._lock = threading.Lock()
-        self.ttft = _Histogram(TTFT_BUCKETS)
-        self.e2e = _Histogram(E2E_BUCKETS)
+        self._stats: dict = {}
+        self._model = model_name
+        self._healthy = False
+        # Our own names (no model label on the histograms, as before).
+        self.ttft = Histogram("mla_time_to_first_token_seconds",
+                              "Time from arrival in the engine to the first generated token.",
+                              buckets=TTFT_BUCKETS, registry=r)
+        self.e2e = Histogram("mla_e2e_request_latency_seconds", "Time from arrival in the engine to the last token.",
+                             buckets=E2E_BUCKETS, registry=r)
+        # The `mla_*` counters carry the served name given at scrape time: kept here, emitted by
+        # the snapshot collector.
         self.finished = collections.Counter()  # finish_reason -> sequences
         self.rejected = collections.Counter()  # reason -> HTTP requests
         self.http_requests = collections.Counter()  # (endpoint, status) -> count
+        # vLLM's names.
+        self.v_ttft = Histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                                mn, buckets=TTFT_BUCKETS, registry=r)
+        self.v_itl = Histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+                               mn, buckets=ITL_BUCKETS, registry=r)
+        self.v_tpot = Histogram("vllm:time_per_output_token_seconds",
+                                "Histogram of time per output token in seconds (the older name of the inter-token "
+                                "latency, which older dashboards read).", mn, buckets=ITL_BUCKETS, registry=r)
+        self.v_e2e = Histogram("vllm:e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.",
+                               mn, buckets=E2E_BUCKETS, registry=r)
+        self.v_req_prompt = Histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.", mn,
+                                      buckets=TOKEN_BUCKETS, registry=r)
+        self.v_req_gen = Histogram("vllm:request_generation_tokens", "Number of generation tokens processed.", mn,
+                                   buckets=TOKEN_BUCKETS, registry=r)
+        self.v_prompt = Counter("vllm:prompt_tokens", "Number of prefill tokens processed.", mn, registry=r)
+        self.v_gen = Counter("vllm:generation_tokens", "Number of generation tokens processed.", mn, registry=r)
+        self.v_success = Counter("vllm:request_success", "Count of successfully processed requests.",
+                                 mn + ["finished_reason"], registry=r)
+        for reason in ("stop", "length", "abort"):  # present from the start, as vLLM's are
+            self.v_success.labels(model_name, reason)
+        self.v_prompt.labels(model_name)
+        self.v_gen.labels(model_name)
         self.generated_tokens = 0
         self.prompt_tokens = 0
         self._window: collections.deque = collections.deque()  # (monotonic time, tokens) per step
         self.started = time.time()
+        r.register(_SnapshotCollector(self))
 
     # ---- updates (any thread) ---------------------------------------------------------------
     def observe_ttft(self, seconds: float) -> None:
-        with self._lock:
-            self.ttft.observe(seconds)
+        self.ttft.observe(seconds)
+        self.v_ttft.labels(self.model_name).observe(seconds)
+
+    def observe_token_gap(self, seconds: float) -> None:
+        """The time between two tokens of one request (one per decoded token)."""
+        self.v_itl.labels(self.model_name).observe(seconds)
+        self.v_tpot.labels(self.model_name).observe(seconds)
 
     def observe_end(self, reason: str, e2e_seconds: float | None, num_generated: int, num_prompt: int = 0) -> None:
+        """A sequence ended; `e2e_seconds` is None for one the server aborted."""
+        self.v_success.labels(self.model_name, reason).inc()
         with self._lock:
             self.finished[reason] += 1
             self.prompt_tokens += num_prompt
-            if e2e_seconds is not None:
-                self.e2e.observe(e2e_seconds)
+        self.v_prompt.labels(self.model_name).inc(num_prompt)
+        if e2e_seconds is not None:
+            self.e2e.observe(e2e_seconds)
+            self.v_e2e.labels(self.model_name).observe(e2e_seconds)
+            self.v_req_prompt.labels(self.model_name).observe(num_prompt)
+            self.v_req_gen.labels(self.model_name).observe(num_generated)
 
     def observe_step(self, now: float, new_tokens: int) -> None:
         with self._lock:
@@ -90,6 +111,8 @@ class ServerMetrics:
             if new_tokens:
                 self._window.append((now, new_tokens))
             self._trim(now)
+        if new_tokens:
+            self.v_gen.labels(self.model_name).inc(new_tokens)
 
     def observe_rejected(self, reason: str) -> None:
         with self._lock:
@@ -112,65 +135,91 @@ class ServerMetrics:
 
     # ---- exposition -------------------------------------------------------------------------
     def render(self, stats: dict, *, model: str, healthy: bool) -> str:
-        tps = self.tokens_per_second()
-        lines: list[str] = []
-
-        def metric(name, kind, help_text, samples):
-            full = f"{PREFIX}_{name}"
-            lines.append(f"# HELP {full} {help_text}")
-            lines.append(f"# TYPE {full} {kind}")
-            for labels, value in samples:
-                lab = ",".join(f'{k}="{_label(v)}"' for k, v in labels.items())
-                lines.append(f"{full}{{{lab}}} {_fmt(value)}" if lab else f"{full} {_fmt(value)}")
-
-        g = lambda key, default=0: stats.get(key, default)  # noqa: E731
-        m = {"model": model}
-        metric("up", "gauge", "1 when the engine thread is alive and healthy.", [(m, 1 if healthy else 0)])
-        metric("num_requests_running", "gauge", "Sequences being scheduled by the engine.", [(m, g("num_running"))])
-        metric("num_requests_waiting", "gauge", "Sequences waiting for the engine (not yet scheduled or preempted).",
-               [(m, g("num_waiting"))])
-        metric("server_requests_in_flight", "gauge", "Sequences admitted by the server and not yet ended.",
-               [(m, g("server_in_flight"))])
-        metric("server_request_capacity", "gauge", "max_num_seqs + max_queue: more sequences are refused with 429.",
-               [(m, g("server_capacity"))])
-        total = g("kv_blocks_total")
-        used = g("kv_blocks_used")
-        metric("kv_blocks_total", "gauge", "KV cache blocks in the pool.", [(m, total)])
-        metric("kv_blocks_used", "gauge", "KV cache blocks referenced by requests.", [(m, used)])
-        metric("kv_blocks_free", "gauge", "KV cache blocks not referenced by any request (prefix-cached ones included).",
-               [(m, g("kv_blocks_free"))])
-        metric("kv_cache_usage_ratio", "gauge", "kv_blocks_used / kv_blocks_total.", [(m, used / total if total else 0.0)])
-        q = g("prefix_cache_queries")
-        h = g("prefix_cache_hits")
-        metric("prefix_cache_queries_total", "counter", "Prefix-cache lookups (in the engine's unit, see its stats).", [(m, q)])
-        metric("prefix_cache_hits_total", "counter", "Prefix-cache hits (same unit as the queries).", [(m, h)])
-        metric("prefix_cache_hit_rate", "gauge", "prefix_cache_hits_total / prefix_cache_queries_total since start.",
-               [(m, h / q if q else 0.0)])
+        """The exposition text, with `stats` (the engine's snapshot) as the gauges' values."""
         with self._lock:
-            gen = self.generated_tokens
-            prompt = self.prompt_tokens
-            finished = dict(self.finished)
-            rejected = dict(self.rejected)
-            http = dict(self.http_requests)
-            ttft_lines = self.ttft.lines(f"{PREFIX}_time_to_first_token_seconds")
-            e2e_lines = self.e2e.lines(f"{PREFIX}_e2e_request_latency_seconds")
-        metric("generation_tokens_total", "counter", "Tokens generated.", [(m, gen)])
-        metric("prompt_tokens_total", "counter", "Prompt tokens of finished sequences.", [(m, prompt)])
-        metric("generation_tokens_per_second", "gauge",
-               f"Tokens generated per second over the last {RATE_WINDOW_S:g} s.", [(m, tps)])
-        metric("request_finished_total", "counter", "Sequences ended, by finish reason (abort: cancelled).",
-               [({**m, "finish_reason": r}, c) for r, c in sorted(finished.items())] or [({**m, "finish_reason": "stop"}, 0)])
-        metric("request_rejected_total", "counter", "HTTP requests refused before reaching the engine, by reason.",
-               [({**m, "reason": r}, c) for r, c in sorted(rejected.items())] or [({**m, "reason": "queue_full"}, 0)])
-        metric("http_requests_total", "counter", "HTTP requests answered, by endpoint and status.",
-               [({"endpoint": e, "status": str(s)}, c) for (e, s), c in sorted(http.items())])
-        lines.append(f"# HELP {PREFIX}_time_to_first_token_seconds Time from arrival in the engine to the first generated token.")
-        lines.append(f"# TYPE {PREFIX}_time_to_first_token_seconds histogram")
-        lines.extend(ttft_lines)
-        lines.append(f"# HELP {PREFIX}_e2e_request_latency_seconds Time from arrival in the engine to the last token.")
-        lines.append(f"# TYPE {PREFIX}_e2e_request_latency_seconds histogram")
-        lines.extend(e2e_lines)
-        return "\n".join(lines) + "\n"
+            self._stats, self._healthy, self._model = dict(stats), healthy, model
+        return generate_latest(self.registry).decode("utf-8")
+
+
+class _SnapshotCollector:
+    """Gauges and engine counters from the latest engine stats snapshot, read at scrape time."""
+
+    def __init__(self, metrics: ServerMetrics):
+        self.m = metrics
+
+    def describe(self):
+        return []  # nothing to check at registration: the families depend on the snapshot
+
+    def collect(self):
+        m = self.m
+        with m._lock:
+            stats, healthy, model = dict(m._stats), m._healthy, m._model
+            gen, prompt = m.generated_tokens, m.prompt_tokens
+            finished, rejected, http = dict(m.finished), dict(m.rejected), dict(m.http_requests)
+        g = lambda key: stats.get(key, 0) or 0  # noqa: E731
+        total, used = g("kv_blocks_total"), g("kv_blocks_used")
+        usage = used / total if total else 0.0
+        q, h = g("prefix_cache_queries"), g("prefix_cache_hits")
+        tps = m.tokens_per_second()
+
+        def gauge(name, doc, value, labels=("model",), values=None):
+            fam = GaugeMetricFamily(name, doc, labels=list(labels))
+            fam.add_metric(list(values or [model]), value)
+            return fam
+
+        def counter(name, doc, value, labels=("model",), values=None):
+            fam = CounterMetricFamily(name, doc, labels=list(labels))
+            fam.add_metric(list(values or [model]), value)
+            return fam
+
+        yield gauge("mla_up", "1 when the engine thread is alive and healthy.", 1 if healthy else 0)
+        yield gauge("mla_num_requests_running", "Sequences being scheduled by the engine.", g("num_running"))
+        yield gauge("mla_num_requests_waiting", "Sequences waiting for the engine (not yet scheduled or preempted).",
+                    g("num_waiting"))
+        yield gauge("mla_server_requests_in_flight", "Sequences admitted by the server and not yet ended.",
+                    g("server_in_flight"))
+        yield gauge("mla_server_request_capacity", "max_num_seqs + max_queue: more sequences are refused with 429.",
+                    g("server_capacity"))
+        yield gauge("mla_kv_blocks_total", "KV cache blocks in the pool.", total)
+        yield gauge("mla_kv_blocks_used", "KV cache blocks referenced by requests.", used)
+        yield gauge("mla_kv_blocks_free", "KV cache blocks not referenced by any request (prefix-cached ones included).",
+                    g("kv_blocks_free"))
+        yield gauge("mla_kv_cache_usage_ratio", "kv_blocks_used / kv_blocks_total.", usage)
+        yield counter("mla_prefix_cache_queries", "Prefix-cache lookups (in the engine's unit, see its stats).", q)
+        yield counter("mla_prefix_cache_hits", "Prefix-cache hits (same unit as the queries).", h)
+        yield gauge("mla_prefix_cache_hit_rate", "prefix_cache_hits_total / prefix_cache_queries_total since start.",
+                    h / q if q else 0.0)
+        yield gauge("mla_generation_tokens_per_second",
+                    f"Tokens generated per second over the last {RATE_WINDOW_S:g} s.", tps)
+        yield counter("mla_generation_tokens", "Tokens generated.", gen)
+        yield counter("mla_prompt_tokens", "Prompt tokens of finished sequences.", prompt)
+        fam = CounterMetricFamily("mla_request_finished", "Sequences ended, by finish reason (abort: cancelled).",
+                                  labels=["model", "finish_reason"])
+        for reason, n in sorted(finished.items()) or [("stop", 0)]:
+            fam.add_metric([model, reason], n)
+        yield fam
+        fam = CounterMetricFamily("mla_request_rejected", "HTTP requests refused before reaching the engine, by reason.",
+                                  labels=["model", "reason"])
+        for reason, n in sorted(rejected.items()) or [("queue_full", 0)]:
+            fam.add_metric([model, reason], n)
+        yield fam
+        fam = CounterMetricFamily("mla_http_requests", "HTTP requests answered, by endpoint and status.",
+                                  labels=["endpoint", "status"])
+        for (endpoint, status), n in sorted(http.items()):
+            fam.add_metric([endpoint, str(status)], n)
+        yield fam
+        mn, name = ("model_name",), [m.model_name]
+        yield gauge("vllm:num_requests_running", "Number of requests in model execution batches.",
+                    g("num_running"), mn, name)
+        yield gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
+                    g("num_waiting"), mn, name)
+        yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", usage, mn, name)
+        yield gauge("vllm:gpu_cache_usage_perc", "KV-cache usage (the older name dashboards read; CPU cache here). "
+                    "1 means 100 percent usage.", usage, mn, name)
+        yield counter("vllm:prefix_cache_queries", "Prefix cache queries (in the engine's unit).", q, mn, name)
+        yield counter("vllm:prefix_cache_hits", "Prefix cache hits (in the engine's unit).", h, mn, name)
+        yield counter("vllm:num_preemptions", "Cumulative number of preemptions from the engine.",
+                      g("num_preemptions"), mn, name)
 
 
 def parse_prometheus_text(text: str) -> dict[str, float]:

@@ -17,8 +17,8 @@ __all__ = ["EXTRA_OF", "MissingDependency", "require", "missing_message"]
 EXTRA_OF = {
     "onnx": "export",
     "tqdm": "export",
-    "safetensors": "export",
-    "torch": "test",  # only the tests' transformers oracle and the torch-based checkpoint writer
+    "safetensors": "test",
+    "torch": "test",  # the tests' transformers oracle only
     "transformers": "test",
     "onnxruntime": "onnxruntime",
     "fastapi": "serve",
@@ -38,7 +38,7 @@ def missing_message(module: str, feature: str) -> str:
     top = module.split(".")[0]
     extra = EXTRA_OF.get(top)
     how = f"pip install 'mla-export[{extra}]'" if extra else f"pip install {top}"
-    return f"{feature} needs the '{top}' package, which is not installed: {how}"
+    return f"the '{top}' package is not installed ({feature} needs it): {how}"
 
 
 def require(module: str, feature: str):

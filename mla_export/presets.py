@@ -1,4 +1,6 @@
-"""Tiny random-weight checkpoints made with transformers' own DeepSeek classes.
+"""Tiny random-weight checkpoints: with transformers' own DeepSeek classes (`make_checkpoint`,
+torch; the tests' oracle checkpoints), or with numpy alone (`make_numpy_checkpoint`, what the
+`tiny` preset uses, so that exporting it needs no torch).
 
 `make_checkpoint(out_dir, model_type="deepseek_v3", seed=0, **overrides)` writes a Hugging Face
 checkpoint directory (config.json, model.safetensors, generation_config.json) plus a small
@@ -6,7 +8,7 @@ byte-level BPE tokenizer trained with the `tokenizers` library on a built-in tex
 in and text out work end to end. The same seed gives the same files. `overrides` are config
 keys (e.g. `q_lora_rank=None`, `rope_parameters={...}`, `n_routed_experts=4`).
 
-The `tiny` preset (`mla-export export --preset tiny`) is `make_checkpoint(dir)` with the
+The `tiny` preset (`mla-export export --preset tiny`) is `make_numpy_checkpoint(dir)` with the
 defaults below: a real DeepseekV3 config (q_lora, YaRN, interleaved RoPE, a dense first layer
 and MoE layers with group-limited routing and a shared expert), only small.
 
@@ -21,7 +23,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-__all__ = ["make_checkpoint", "tiny_config", "train_tokenizer", "PRESETS", "BOS", "EOS"]
+__all__ = ["make_checkpoint", "make_numpy_checkpoint", "tiny_config", "train_tokenizer", "PRESETS", "BOS", "EOS"]
 
 BOS, EOS = "<|bos|>", "<|eos|>"
 
@@ -131,4 +133,18 @@ def make_checkpoint(out_dir, model_type: str = "deepseek_v3", seed: int = 0, *, 
     return out
 
 
-PRESETS = {"tiny": lambda out_dir: make_checkpoint(out_dir, "deepseek_v3", seed=0)}
+def make_numpy_checkpoint(out_dir, model_type: str = "deepseek_v3", seed: int = 0, *, tokenizer: bool = True,
+                          dtype: str = "float32", **overrides) -> Path:
+    """Like `make_checkpoint`, with numpy's random weights instead of torch's (same config, same
+    tensor names and shapes; the values differ): needs neither torch nor transformers."""
+    from .checkpoint_writer import write_random_checkpoint
+
+    cfg_dict = tiny_config(model_type, **overrides)
+    out = write_random_checkpoint(out_dir, model_type, seed, cfg_dict, dtype=dtype)
+    if tokenizer:
+        _write_tokenizer(out, cfg_dict["vocab_size"])
+    return out
+
+
+# The CLI's presets are written with numpy, so `mla-export export --preset tiny` needs no torch.
+PRESETS = {"tiny": lambda out_dir: make_numpy_checkpoint(out_dir, "deepseek_v3", seed=0)}

@@ -289,7 +289,7 @@ def _long_stream(srv, headers, max_tokens=LONG):
 
 
 def _aborted(mt) -> float:
-    return mt.get('mla_request_finished_total{model="tiny-small",finish_reason="abort"}', 0.0)
+    return mt.get('mla_request_finished_total{finish_reason="abort",model="tiny-small"}', 0.0)
 
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}

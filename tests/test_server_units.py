@@ -124,7 +124,7 @@ def test_metrics_text():
     assert v[f"mla_num_requests_running{{{lab}}}"] == 2
     assert v[f"mla_kv_cache_usage_ratio{{{lab}}}"] == 0.4
     assert v[f"mla_prefix_cache_hit_rate{{{lab}}}"] == 0.25
-    assert v[f'mla_request_finished_total{{{lab},finish_reason="abort"}}'] == 1
+    assert v[f'mla_request_finished_total{{finish_reason="abort",{lab}}}'] == 1
     assert v[f'mla_request_rejected_total{{{lab},reason="queue_full"}}'] == 1
     assert v['mla_time_to_first_token_seconds_bucket{le="0.025"}'] == 1
     assert v['mla_time_to_first_token_seconds_bucket{le="+Inf"}'] == 2

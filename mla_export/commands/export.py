@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import time
 
 # User errors (bad arguments, config, weights, output directory) exit with 2 and one message.
 EXIT_USAGE = 2
@@ -54,17 +53,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 TASKS = ("auto", "text-generation", "text-generation-with-past")
 
 
-def _progress(quiet: bool):
-    if quiet:
-        return None
-    start = time.time()
-
-    def report(done: int, total: int) -> None:
-        print(f"[export] layer {done}/{total} ({time.time() - start:.1f} s)", file=sys.stderr, flush=True)
-
-    return report
-
-
 def run(args) -> int:
     from mla_export.config import ConfigError
     from mla_export.contract import ContractError
@@ -85,19 +73,33 @@ def run(args) -> int:
     if args.model_dir is not None and looks_like_hub_id(args.model_dir):
         print(f"mla-export export: {hub_id_message(args.model_dir, 'export')}", file=sys.stderr)
         return EXIT_USAGE
+    from mla_export.export.progress import ExportProgress, TqdmProgress
+
+    progress = ExportProgress() if args.quiet else TqdmProgress()
     try:
         with tempfile.TemporaryDirectory(prefix="mla-export-preset-") as preset_dir:
             model_dir = args.model_dir
             if args.preset:
                 from mla_export.presets import PRESETS
 
+                progress.phase(f"writing the {args.preset} preset checkpoint")
                 model_dir = PRESETS[args.preset](preset_dir)
             result = export_model(model_dir, args.out_dir, fmt=args.fmt, portable=args.portable,
-                                  block_size=args.block_size, kv_dtype=args.kv_dtype, weight_format=args.weight_format, group_size=args.group_size, ratio=args.ratio,
-                                  overwrite=args.overwrite, progress=_progress(args.quiet))
+                                  block_size=args.block_size, kv_dtype=args.kv_dtype, weight_format=args.weight_format,
+                                  group_size=args.group_size, ratio=args.ratio, overwrite=args.overwrite,
+                                  progress=progress)
     except (ConfigError, WeightError, ExportError, ContractError) as e:
+        progress.close()
         print(f"mla-export export: {e}", file=sys.stderr)
         return EXIT_USAGE
-    for line in summary_lines(result):
+    except BaseException:
+        progress.close()
+        raise
+    progress.phase("done")
+    progress.close()
+    # The time the user waited: from the process's start (imports and the preset included).
+    from mla_export.cli import waited_seconds
+
+    for line in summary_lines(result, wall_seconds=waited_seconds()):
         print(line)
     return 0

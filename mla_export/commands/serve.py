@@ -147,8 +147,9 @@ def run(args) -> int:
         from mla_export.runtime.engine import LLMEngine
         from mla_export.server.app import create_app
     except ImportError as e:
-        print(f"mla-export serve: missing dependency ({e}); install with `pip install mla-export[serve]`",
-              file=sys.stderr)
+        from mla_export.deps import missing_message
+
+        print(f"mla-export serve: {missing_message(e.name or 'uvicorn', '`mla-export serve`')}", file=sys.stderr)
         return 2
     problem = _check_aliases(args)
     if problem:

@@ -16,7 +16,6 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from .. import __version__
 from ..config import MLAModelConfig
@@ -24,6 +23,7 @@ from ..contract import CONTRACT_FILE, make_contract
 from .graph import WEIGHT_DTYPES, WeightFormat
 from .quantize import INT_FORMATS, WEIGHT_FORMATS
 from .model import ONNX_DATA, ONNX_FILES, build_onnx, plan_weights
+from .progress import IR_SHARE, ExportProgress
 from .tokenizer_files import copy_tokenizer_files
 from .weights import CheckpointReader
 
@@ -97,10 +97,12 @@ def _check_out_dir(out_dir: Path, overwrite: bool) -> None:
 
 def export_model(model_dir, out_dir, *, fmt: str = "openvino", portable: bool = False, block_size: int = 16,
                  kv_dtype: str = "bf16", weight_format: str = "auto", group_size: int = 128, ratio: float = 1.0,
-                 overwrite: bool = False, progress: Callable[[int, int], None] | None = None,
+                 overwrite: bool = False, progress: ExportProgress | None = None,
                  weight_dtype: str | None = None) -> ExportResult:
-    """weight_format: auto | f32 | f16 | bf16 | int8 | int4 (weight_dtype: its older name)."""
+    """weight_format: auto | f32 | f16 | bf16 | int8 | int4 (weight_dtype: its older name).
+    `progress` (an `ExportProgress`, e.g. `TqdmProgress()`) is told every phase."""
     start = time.time()
+    progress = progress or ExportProgress()
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     if fmt not in FORMATS:
         raise ExportError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
@@ -114,6 +116,16 @@ def export_model(model_dir, out_dir, *, fmt: str = "openvino", portable: bool = 
     cfg = MLAModelConfig.from_dir(model_dir)
     wformat = _weight_format(weight_dtype if weight_dtype is not None else weight_format, group_size, ratio, cfg)
     reader = CheckpointReader(model_dir)
+    # Phase weights in checkpoint bytes (see progress.py): layers, then head + save, then the IR.
+    layer_bytes = [reader.nbytes(f"model.layers.{i}.") for i in range(cfg.num_layers)]
+    rest_bytes = max(reader.nbytes() - sum(layer_bytes), 0)  # embedding, final norm, lm_head
+    ir_bytes = IR_SHARE * (sum(layer_bytes) + rest_bytes) if fmt in ("openvino", "both") else 0
+    progress.plan(sum(layer_bytes) + rest_bytes + ir_bytes)
+    progress.phase(f"layer 1/{cfg.num_layers}")
+
+    def layer_done(done: int, total: int) -> None:
+        progress.advance(layer_bytes[done - 1], f"layer {min(done + 1, total)}/{total}" if done < total
+                         else "lm_head, writing the ONNX graph")
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     _check_disk(out_dir, reader, wformat, portable)
@@ -123,11 +135,13 @@ def export_model(model_dir, out_dir, *, fmt: str = "openvino", portable: bool = 
     tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private; the export is an ordinary directory
     try:
         if wformat.ratio < 1.0:  # mixed int4/int8: one reading pass to rank the weights first
+            progress.phase("ranking the weights for int4/int8")
             plan_weights(cfg, reader, wformat)
         variants = ["custom"] + (["portable"] if portable else [])
         onnx_paths = build_onnx(cfg, reader, tmp, variants=variants, block_size=block_size, kv_dtype=kv_dtype,
-                                weight_format=wformat, progress=progress)
+                                weight_format=wformat, progress=layer_done)
         reader.close()
+        progress.advance(rest_bytes)
         files = dict(openvino_xml=None, openvino_bin=None, onnx=None, onnx_portable=None, onnx_data=None)
         if fmt in ("onnx", "both"):
             files.update(onnx=ONNX_FILES["custom"], onnx_data=ONNX_DATA)
@@ -136,14 +150,17 @@ def export_model(model_dir, out_dir, *, fmt: str = "openvino", portable: bool = 
         if fmt in ("openvino", "both"):
             from .openvino_ir import IR_BIN, IR_XML, convert_to_ir
 
+            progress.phase("converting to OpenVINO IR")
             # The IR's .bin is the ONNX data file itself (renamed, or hard-linked when ONNX is kept).
             ir_model = convert_to_ir(onnx_paths["custom"], tmp, tmp / ONNX_DATA,
                                      keep_data_file=files["onnx_data"] is not None)
+            progress.advance(ir_bytes)
             files.update(openvino_xml=IR_XML, openvino_bin=IR_BIN)
         if fmt not in ("onnx", "both"):
             (tmp / ONNX_FILES["custom"]).unlink()  # only the IR's source
         if files["onnx_data"] is None and (tmp / ONNX_DATA).exists():
             (tmp / ONNX_DATA).unlink()
+        progress.phase("tokenizer, contract, checks")
         tokenizer, chat_template = copy_tokenizer_files(model_dir, tmp)
         contract = make_contract(
             model=cfg.facts(), block_size=block_size, kv_dtype=kv_dtype, files=files, tokenizer=tokenizer,

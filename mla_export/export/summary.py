@@ -15,7 +15,9 @@ def _size(n: float) -> str:
     return ""
 
 
-def summary_lines(result: ExportResult) -> list[str]:
+def summary_lines(result: ExportResult, wall_seconds: float | None = None) -> list[str]:
+    """`wall_seconds`: the time the user waited (the command's, from its start); default: the
+    export call's own time."""
     c = result.contract
     m, cache = c["model"], c["cache"]
     elem = KV_DTYPES[cache["dtype"]]
@@ -23,7 +25,7 @@ def summary_lines(result: ExportResult) -> list[str]:
     expanded = m["num_layers"] * m["num_heads"] * (m["qk_nope_head_dim"] + m["qk_rope_head_dim"] + m["v_head_dim"]) * elem
     lines = [
         f"exported {m['model_type']} ({m['num_layers']} layers, {m['num_heads']} heads, vocab {m['vocab_size']}) "
-        f"to {result.out_dir} in {result.seconds:.1f} s (peak RSS {result.peak_rss_mb:.0f} MiB)",
+        f"to {result.out_dir} in {result.seconds if wall_seconds is None else wall_seconds:.1f} s (peak RSS {result.peak_rss_mb:.0f} MiB)",
         _weights_line(c["export"]) + f"; cache {cache['dtype']}, block size {cache['block_size']}, "
         f"row width {cache['row_width']}",
         f"KV cache per token: {_size(latent)} latent vs {_size(expanded)} per-head expanded "

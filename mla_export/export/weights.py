@@ -159,3 +159,13 @@ class CheckpointReader:
         for f in self._open.values():
             f.close()
         self._open.clear()
+
+    def nbytes(self, prefix: str = "") -> int:
+        """Stored bytes of the tensors whose names start with `prefix` (from the headers only;
+        the export's progress display weighs its phases with them)."""
+        total = 0
+        for name in self._where:
+            if name.startswith(prefix):
+                _, _, begin, end = self._file(name).entries[name]
+                total += end - begin
+        return total

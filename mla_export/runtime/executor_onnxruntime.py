@@ -42,12 +42,9 @@ VARIANTS = ("auto", "custom", "portable")
 
 
 def _ort():
-    try:
-        import onnxruntime
-    except ImportError as e:  # pragma: no cover - depends on the install
-        raise ImportError("the onnxruntime runtime needs the onnxruntime package: "
-                          "pip install 'mla-export[onnxruntime]'") from e
-    return onnxruntime
+    from ..deps import require
+
+    return require("onnxruntime", "the onnxruntime runtime")  # MissingDependency names the extra
 
 
 def choose_variant(contract: Contract, variant: str = "auto") -> tuple[str, str]:

@@ -165,7 +165,9 @@ def _paged_attention_function():
     b = _Body()
     i64 = TensorProto.INT64
     scale_node = helper.make_node("Constant", [], ["scale"])
-    scale_node.attribute.append(helper.make_attribute_ref("value_float", AttributeProto.FLOAT, ref_attr_name="scale"))
+    scale_ref = helper.make_attribute_ref("value_float", AttributeProto.FLOAT)
+    scale_ref.ref_attr_name = "scale"  # set on the proto: onnx < 1.18's helper has no such keyword
+    scale_node.attribute.append(scale_ref)
     b.nodes.append(scale_node)  # the function's `scale` attribute as a tensor
     scale = "scale"
     q_nope, q_pe = "q_nope", "q_pe"

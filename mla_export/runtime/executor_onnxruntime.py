@@ -186,11 +186,18 @@ def _library_isa() -> str:
     return fn().decode()
 
 
+_ELEM_BYTES = {"tensor(float)": 4, "tensor(bfloat16)": 2, "tensor(float16)": 2, "tensor(uint8)": 1}
+
+
 def _copy_into(cache: np.ndarray, value) -> None:
     """cache[...] = the OrtValue's contents (same shape and element size), without a temporary."""
     shape = tuple(value.shape())
     if shape != cache.shape:
         raise RuntimeError(f"the portable graph returned a cache of shape {shape}, the bound cache is {cache.shape}")
-    if value.tensor_size_in_bytes() != cache.nbytes:
+    if hasattr(value, "tensor_size_in_bytes"):
+        size = value.tensor_size_in_bytes()
+    else:  # onnxruntime < 1.22: from the element type
+        size = _ELEM_BYTES.get(value.data_type(), -1) * int(np.prod(shape))
+    if size != cache.nbytes:
         raise RuntimeError(f"the portable graph returned {value.data_type()} for a {cache.dtype} cache")
     ctypes.memmove(cache.ctypes.data, value.data_ptr(), cache.nbytes)

@@ -42,7 +42,7 @@ def test_version(capsys):
     (["generate", "x", "-p", "hi", "-ngl", "99"], "CPU only"),
     (["generate", "x", "-p", "hi", "--n-gpu-layers", "99"], "CPU only"),
     (["generate", "x", "-p", "hi", "--repeat-penalty", "1.1"], "--temperature"),
-    (["export", "x", "-o", "y", "--sym"], "--weight"),
+    (["export", "x", "-o", "y", "--sym"], "--weight-format int8|int4"),
     (["export", "x", "-o", "y", "--kv-cache-dtype", "fp8"], "--kv-dtype"),
 ])
 def test_foreign_options_name_the_nearest_equivalent(capsys, argv, nearest):

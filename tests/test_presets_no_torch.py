@@ -8,7 +8,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-import tomllib
 from pathlib import Path
 
 import pytest
@@ -39,6 +38,7 @@ def test_numpy_checkpoint_loads_in_transformers_and_exports_exactly(tmp_path, mo
 
 
 def test_export_extra_declares_no_torch():
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     names = [d.split("[")[0].split(">")[0].split("=")[0].split("<")[0].strip().lower() for d in extras["export"]]
     assert "torch" not in names and "transformers" not in names, extras["export"]

@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 WORK="${1:-$(mktemp -d)}"
 [ -n "${1:-}" ] || trap 'rm -rf "$WORK"' EXIT
 python3 -m venv "$WORK/venv"
-"$WORK/venv/bin/pip" install -q ".[export]" --config-settings=build-dir="$WORK/build"
+"$WORK/venv/bin/pip" install -q -e ".[export]" --config-settings=build-dir="$WORK/build"
 if "$WORK/venv/bin/python" -c "import torch" 2>/dev/null || "$WORK/venv/bin/python" -c "import transformers" 2>/dev/null; then
     echo "check_fresh_install: torch or transformers came with the export extra" >&2
     exit 1

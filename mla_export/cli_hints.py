@@ -17,6 +17,7 @@ from pathlib import Path
 __all__ = ["unknown_option_lines", "hub_id_message", "looks_like_hub_id", "add_foreign_flags"]
 
 _CPU_ONLY = "this runs on the CPU only (OpenVINO's CPU plugin); drop it"
+_CONTEXT = "the context length is the export's (config.json's max_position_embeddings)"
 
 # command -> {foreign option: the nearest equivalent here}
 HINTS: dict[str, dict[str, str]] = {
@@ -53,8 +54,11 @@ HINTS: dict[str, dict[str, str]] = {
         "--download-dir": "the Hub is not used: `huggingface-cli download ID --local-dir DIR`, export DIR, serve the export",
         "--revision": "the Hub is not used: `huggingface-cli download ID --revision REV --local-dir DIR`",
         "--generation-config": "sampling defaults come from each request",
+        "--max-model-len": _CONTEXT + "; size the KV cache with --kv-cache-memory or --num-blocks",
     },
     "generate": {
+        "-c": _CONTEXT,
+        "--ctx-size": _CONTEXT,
         "-ngl": _CPU_ONLY,
         "-fa": "attention is the MLA kernels' own (flash-style, on the CPU); drop it",
         "-sm": _CPU_ONLY,

@@ -42,6 +42,7 @@ def test_version(capsys):
     (["generate", "x", "-p", "hi", "-ngl", "99"], "CPU only"),
     (["generate", "x", "-p", "hi", "--n-gpu-layers", "99"], "CPU only"),
     (["generate", "x", "-p", "hi", "--repeat-penalty", "1.1"], "--temperature"),
+    (["generate", "x", "-p", "hi", "-c", "4096"], "max_position_embeddings"),
     (["export", "x", "-o", "y", "--sym"], "--weight-format int8|int4"),
     (["export", "x", "-o", "y", "--kv-cache-dtype", "fp8"], "--kv-dtype"),
 ])

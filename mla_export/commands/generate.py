@@ -48,8 +48,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--runtime", choices=("openvino", "onnxruntime"), default="openvino")
     from mla_export.cli_hints import add_foreign_flags
 
-    # llama.cpp flags that argparse would read as -n/-s/-t with a value attached.
-    add_foreign_flags(p, "generate", ("-ngl", "-fa", "-sm", "-ts"))
+    # llama.cpp flags that argparse would read as -n/-s/-t with a value attached, or as an
+    # abbreviation of -cnv (-c).
+    add_foreign_flags(p, "generate", ("-ngl", "-fa", "-sm", "-ts", "-c"))
     return p
 
 

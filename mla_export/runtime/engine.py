@@ -17,9 +17,9 @@ from typing import Sequence
 import numpy as np
 
 from .backend import RUNTIMES, OpenVINOMLABackend
+from .detokenizer import IncrementalDetokenizer
 from .kv_cache import KVCacheManager
 from .model_dir import ModelFacts, load_model_dir
-from .detokenizer import IncrementalDetokenizer
 from .request import Request
 from .sampling import Sampler, SamplingParams
 from .scheduler import Scheduler

@@ -19,12 +19,14 @@ import json
 import struct
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 
 __all__ = ["write_random_checkpoint", "tensor_shapes", "save_safetensors"]
 
 _ARCH = {"deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM"}
-_ST_DTYPES = {np.dtype("<f4"): "F32", np.dtype("<f2"): "F16"}
+_ST_DTYPES = {np.dtype("<f4"): "F32", np.dtype("<f2"): "F16", np.dtype(ml_dtypes.bfloat16): "BF16"}
+_NP_DTYPES = {"float32": np.dtype("<f4"), "float16": np.dtype("<f2"), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
 
 
 def tensor_shapes(model_type: str, c: dict) -> dict[str, tuple[int, ...]]:
@@ -82,7 +84,7 @@ def save_safetensors(path: Path, tensors: dict[str, np.ndarray], metadata: dict 
     for name, arr in tensors.items():
         arr = np.ascontiguousarray(arr)
         if arr.dtype not in _ST_DTYPES:
-            raise ValueError(f"tensor {name!r}: dtype {arr.dtype} is not written here (f32/f16 only)")
+            raise ValueError(f"tensor {name!r}: dtype {arr.dtype} is not written here (f32/f16/bf16 only)")
         header[name] = {"dtype": _ST_DTYPES[arr.dtype], "shape": list(arr.shape),
                         "data_offsets": [offset, offset + arr.nbytes]}
         offset += arr.nbytes
@@ -101,9 +103,9 @@ def write_random_checkpoint(out_dir, model_type: str, seed: int, config: dict, d
     transformers constructor arguments); returns the directory."""
     if model_type not in _ARCH:
         raise ValueError(f"model_type must be one of {', '.join(_ARCH)}, got {model_type!r}")
-    np_dtype = {"float32": np.dtype("<f4"), "float16": np.dtype("<f2")}.get(dtype)
+    np_dtype = _NP_DTYPES.get(dtype)
     if np_dtype is None:
-        raise ValueError(f"dtype must be float32 or float16 here, got {dtype!r}")
+        raise ValueError(f"dtype must be one of {', '.join(_NP_DTYPES)}, got {dtype!r}")
     rng = np.random.default_rng(seed)
     std = float(config.get("initializer_range", 0.02))
     tensors = {}

@@ -18,8 +18,10 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize("model_type, overrides", [("deepseek_v3", {}), ("deepseek_v2", {}),
-                                                   ("deepseek_v3", {"q_lora_rank": None})])
+                                                   ("deepseek_v3", {"q_lora_rank": None}),
+                                                   ("deepseek_v3", {"dtype": "bfloat16"})])
 def test_numpy_checkpoint_loads_in_transformers_and_exports_exactly(tmp_path, model_type, overrides):
+    # bf16: the stored weights are bf16 on both sides, computed at f32 on both sides.
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -60,6 +62,11 @@ sys.meta_path.insert(0, Block())
 from mla_export.cli import main
 assert main(["export", "--preset", "tiny", "-o", {out!r}, "-q"]) == 0
 assert main(["generate", {out!r}, "--prompt", "The quick brown fox", "--max-tokens", "8"]) == 0
+# A checkpoint directory as downloaded (bf16 safetensors, config.json, tokenizer files).
+from mla_export.presets import make_numpy_checkpoint
+ckpt = make_numpy_checkpoint({out!r} + "-ckpt", "deepseek_v2", seed=4, dtype="bfloat16")
+assert main(["export", str(ckpt), "-o", {out!r} + "-v2", "-q"]) == 0
+assert main(["generate", {out!r} + "-v2", "--prompt", "Once upon a time", "--max-tokens", "8"]) == 0
 leaked = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "transformers", "safetensors"))
 assert not leaked, leaked
 print("ok")

@@ -44,11 +44,11 @@ def cache_bytes(cache: np.ndarray) -> np.ndarray:
 
 
 def _kv_attrs(cache: np.ndarray, kv_dtype: str | None) -> dict:
-    """The kv_dtype attribute for this cache: omitted for a float cache without kv_dtype (the
-    op then goes by the element type); else the format, with 16-bit caches bound as bytes."""
+    """The kv_dtype attribute for this cache: omitted without kv_dtype (the op then goes by the
+    element type); else the format, with 16-bit caches bound as bytes."""
     from .kv_formats import kv_dtype_of
 
-    if kv_dtype is None and cache.dtype != np.uint8:
+    if kv_dtype is None:  # the op goes by the element type (u8 = bf16 bytes) and checks it
         return {}
     return {"kv_dtype": kv_dtype_of(cache, kv_dtype)}
 

@@ -22,6 +22,13 @@ import numpy as np
 
 from .kv_formats import QUANTISED, decode_rows, encode_rows, kv_dtype_of
 
+
+def _format(kv_cache, kv_dtype: str | None) -> str:
+    """The cache's row format; without kv_dtype any float array is read as its values."""
+    if kv_dtype is None and np.asarray(kv_cache).dtype != np.uint8:
+        return "f32"  # plain values (f32, bf16, f16, f64 alike): promoted to float64
+    return kv_dtype_of(np.asarray(kv_cache), kv_dtype)
+
 __all__ = [
     "cache_write",
     "gather_sequence_rows",
@@ -38,7 +45,7 @@ def _f64(x) -> np.ndarray:
 
 def cache_write(kv_c, k_pe, kv_cache: np.ndarray, slot_mapping, kv_dtype: str | None = None) -> np.ndarray:
     """Write row [kv_c[t] | k_pe[t]] at slot_mapping[t] (skipping slots < 0), in place."""
-    fmt = kv_dtype_of(kv_cache, kv_dtype)
+    fmt = _format(kv_cache, kv_dtype)
     nb, bs, width = kv_cache.shape
     if fmt in QUANTISED:  # quantised from f32, as the kernel converts its inputs first
         rows = encode_rows(np.concatenate([np.asarray(kv_c).astype(np.float32), np.asarray(k_pe).astype(np.float32)],
@@ -57,7 +64,7 @@ def gather_sequence_rows(kv_cache, block_table_row, length: int, kv_dtype: str |
                          r: int | None = None) -> np.ndarray:
     """The first `length` cache rows of one sequence, in token order, as float64 [length, W]
     (r, the latent rank, is needed for int8/fp8 rows)."""
-    fmt = kv_dtype_of(kv_cache, kv_dtype)
+    fmt = _format(kv_cache, kv_dtype)
     bs = kv_cache.shape[1]
     idx = np.arange(length)
     blocks = np.asarray(block_table_row)[idx // bs]

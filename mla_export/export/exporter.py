@@ -98,7 +98,7 @@ def _check_out_dir(out_dir: Path, overwrite: bool) -> None:
 
 
 def export_model(model_dir, out_dir, *, fmt: str = "openvino", portable: bool = False, block_size: int = 16,
-                 kv_dtype: str = "bf16", weight_format: str = "auto", group_size: int = 128, ratio: float = 1.0,
+                 kv_dtype: str = "f16", weight_format: str = "auto", group_size: int = 128, ratio: float = 1.0,
                  overwrite: bool = False, progress: Callable[[int, int], None] | None = None,
                  weight_dtype: str | None = None) -> ExportResult:
     """weight_format: auto | f32 | f16 | bf16 | int8 | int4 (weight_dtype: its older name)."""

@@ -179,11 +179,12 @@ static void dequant_e4m3(const uint8_t* src, float scale, float* dst, int64_t n)
     int64_t i = 0;
 #if defined(__F16C__) && defined(__AVX2__)
     const __m256 sv = _mm256_set1_ps(scale * 256.0f);
-    const __m256i mag = _mm256_set1_epi16(0x7f), sgn = _mm256_set1_epi16(0x80);
+    // Sign-extended to 16 bits and shifted left by 7, bit 15 is the sign, bits 13..7 the
+    // magnitude, and bit 14 a copy of the sign, which the mask clears.
+    const __m256i keep = _mm256_set1_epi16(static_cast<short>(0xbf80));
     for (; i + 16 <= n; i += 16) {
-        const __m256i w = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)));
-        const __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(w, mag), 7),
-                                          _mm256_slli_epi16(_mm256_and_si256(w, sgn), 8));
+        const __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)));
+        const __m256i h = _mm256_and_si256(_mm256_slli_epi16(w, 7), keep);
         _mm256_storeu_ps(dst + i, _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), sv));
         _mm256_storeu_ps(dst + i + 8, _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), sv));
     }

@@ -134,6 +134,7 @@ class KVCacheManager:
             raise ValueError("the cache needs at least one layer and one block")
         self.dtype = cache_dtype(dtype)
         self.row_bytes = _row_bytes(dtype, row_width, kv_lora_rank)
+        # int8/fp8 arrays are u8 rows of bytes: the last axis counts bytes, not values.
         width = row_width if dtype not in kv_formats.QUANTISED else self.row_bytes
         shape = OpenVINOMLABackend.get_kv_cache_shape(num_blocks, block_size, 1, width)
         self.kv_caches = [np.zeros(shape, dtype=self.dtype) for _ in range(num_layers)]

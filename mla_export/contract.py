@@ -16,9 +16,13 @@ schema cannot state (input list consistent with num_layers and the cache geometr
 `graph_io()` is the one definition of the graphs' inputs and outputs: the exporter declares its
 graph inputs from it and the validator compares against it.
 
-Caches: a bf16 cache is declared `kv_cache.<i>: u8 [NB, BS, 2 * W]` in the custom-op graphs (the
-CPU plugin would copy a bf16 input, see docs/ARCHITECTURE.md); the portable ONNX graph declares
-caches in their logical dtype `[NB, BS, W]` and returns the updated ones as `kv_cache_out.<i>`.
+Caches (`cache.dtype`, the export's --kv-dtype): f32 rows are declared `kv_cache.<i>: f32
+[NB, BS, W]`; every other format as raw bytes `u8 [NB, BS, row bytes]` in the custom-op graphs
+(the CPU plugin would copy a bf16/f16 input, see docs/ARCHITECTURE.md): bf16/f16 rows 2 * W bytes,
+int8/fp8 rows r + 4 + 2 * dr bytes = [r codes | f32 scale | dr bf16 k_pe] (`cache.row_layout`
+says it in words; mla_export/kv_formats.py is the numpy side). The portable ONNX graph declares
+caches in their logical dtype `[NB, BS, W]` (f32, bf16, f16 only: standard ONNX has no bit-cast
+to read an f32 scale out of a byte row) and returns the updated ones as `kv_cache_out.<i>`.
 Only the standard library is imported here.
 """
 
@@ -29,7 +33,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["CONTRACT_FILE", "CONTRACT_VERSION", "Contract", "ContractError", "TensorSpec", "graph_io",
+__all__ = ["CONTRACT_FILE", "CONTRACT_VERSION", "Contract", "ContractError", "TensorSpec", "graph_io", "cache_layout",
+           "CACHE_DTYPES",
            "load_contract", "validate_contract", "schema", "normalize_dtype"]
 
 CONTRACT_FILE = "mla_graph.json"
@@ -66,17 +71,42 @@ _METADATA = [
 ]
 
 
+CACHE_DTYPES = ("f32", "bf16", "f16", "int8", "fp8")
+QUANTISED = ("int8", "fp8")
+PORTABLE_CACHE_DTYPES = ("f32", "bf16", "f16")
+
+
+def cache_layout(kv_dtype: str, row_width: int, kv_lora_rank: int | None = None) -> tuple[str, int, str]:
+    """(graph dtype, graph row width, row layout in words) of a cache format in the custom-op
+    graphs. kv_lora_rank (r) is needed for int8/fp8. (kv_formats.row_bytes is the same rule.)"""
+    if kv_dtype not in CACHE_DTYPES:
+        raise ContractError(f"cache dtype must be one of {', '.join(CACHE_DTYPES)}, got {kv_dtype!r}")
+    if kv_dtype == "f32":
+        return "f32", row_width, f"f32[{row_width}]"
+    if kv_dtype in ("bf16", "f16"):
+        return "u8", 2 * row_width, f"{kv_dtype}[{row_width}] as bytes"
+    if kv_lora_rank is None or not 0 < kv_lora_rank < row_width:
+        raise ContractError(f"an {kv_dtype} cache needs kv_lora_rank in [1, {row_width - 1}], got {kv_lora_rank!r}")
+    dr = row_width - kv_lora_rank
+    code = "int8" if kv_dtype == "int8" else "e4m3fn"
+    return ("u8", kv_lora_rank + 4 + 2 * dr,
+            f"{code}[{kv_lora_rank}] codes | f32 scale | bf16[{dr}] k_pe (value = code * scale)")
+
+
 def graph_io(num_layers: int, block_size: int, row_width: int, kv_dtype: str,
-             variant: str = "custom") -> tuple[list[TensorSpec], list[TensorSpec]]:
+             variant: str = "custom", kv_lora_rank: int | None = None) -> tuple[list[TensorSpec], list[TensorSpec]]:
     """Inputs and outputs of a graph: variant "custom" (openvino / onnx with the MLA ops) or
-    "portable" (standard ONNX ops, caches returned)."""
-    if kv_dtype not in ("bf16", "f32"):
-        raise ContractError(f"cache dtype must be bf16 or f32, got {kv_dtype!r}")
+    "portable" (standard ONNX ops, caches returned). kv_lora_rank is needed for int8/fp8 caches."""
+    graph_dtype, graph_width, layout = cache_layout(kv_dtype, row_width, kv_lora_rank)
     if variant not in ("custom", "portable"):
         raise ContractError(f"graph variant must be custom or portable, got {variant!r}")
+    if variant == "portable" and kv_dtype not in PORTABLE_CACHE_DTYPES:
+        raise ContractError(f"the portable ONNX graph cannot hold an {kv_dtype} cache (standard ONNX has no bit-cast "
+                            f"to read the f32 scale stored in each byte row); use {', '.join(PORTABLE_CACHE_DTYPES)}")
     inputs = [TensorSpec(n, s, "i32", m) for n, s, m in _METADATA]
-    if variant == "custom" and kv_dtype == "bf16":
-        cache_dtype, width, meaning = "u8", 2 * row_width, "latent cache of layer {i}: bf16 rows [kv_c | k_pe] as raw bytes, written in place"
+    if variant == "custom" and graph_dtype == "u8":
+        cache_dtype, width = "u8", graph_width
+        meaning = "latent cache of layer {i}: rows " + layout + " ([kv_c | k_pe]) as raw bytes, written in place"
     else:
         cache_dtype, width, meaning = kv_dtype, row_width, "latent cache of layer {i}: rows [kv_c | k_pe]"
         if variant == "custom":
@@ -157,7 +187,10 @@ def validate_contract(raw: dict, out_dir: str | Path | None = None) -> None:
                             f"qk_rope_head_dim ({model['kv_lora_rank']} + {model['qk_rope_head_dim']})")
     if cache["num_layers"] != model["num_layers"]:
         raise ContractError("mla_graph.json: cache.num_layers differs from model.num_layers")
-    graph_dtype, graph_width = ("u8", 2 * cache["row_width"]) if cache["dtype"] == "bf16" else ("f32", cache["row_width"])
+    graph_dtype, graph_width, layout = cache_layout(cache["dtype"], cache["row_width"], model["kv_lora_rank"])
+    if cache.get("row_layout", layout) != layout:
+        raise ContractError(f"mla_graph.json: cache.row_layout {cache['row_layout']!r}, a {cache['dtype']} cache "
+                            f"has {layout!r}")
     if (cache["graph_dtype"], cache["graph_row_width"]) != (graph_dtype, graph_width):
         raise ContractError(f"mla_graph.json: a {cache['dtype']} cache is declared {graph_dtype} [.., {graph_width}] "
                             f"in the graphs, the file says {cache['graph_dtype']} [.., {cache['graph_row_width']}]")
@@ -165,7 +198,8 @@ def validate_contract(raw: dict, out_dir: str | Path | None = None) -> None:
     if raw["portable"] is not None:
         variants.append(("portable", raw["portable"]["inputs"], raw["portable"]["outputs"]))
     for variant, inputs, outputs in variants:
-        want_in, want_out = graph_io(model["num_layers"], cache["block_size"], cache["row_width"], cache["dtype"], variant)
+        want_in, want_out = graph_io(model["num_layers"], cache["block_size"], cache["row_width"], cache["dtype"], variant,
+                                     model["kv_lora_rank"])
         for label, got, want in (("inputs", inputs, want_in), ("outputs", outputs, want_out)):
             got_key = [(t["name"], list(t["shape"]), t["dtype"]) for t in got]
             want_key = [(t.name, list(t.shape), t.dtype) for t in want]
@@ -320,17 +354,17 @@ _NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")
 def make_contract(*, model: dict, block_size: int, kv_dtype: str, files: dict, tokenizer: dict | None,
                   chat_template: str | None, export: dict) -> dict:
     """The mla_graph.json content for an export (validated before it is returned)."""
-    row_width = model["kv_lora_rank"] + model["qk_rope_head_dim"]
-    inputs, outputs = graph_io(model["num_layers"], block_size, row_width, kv_dtype, "custom")
+    row_width, r = model["kv_lora_rank"] + model["qk_rope_head_dim"], model["kv_lora_rank"]
+    inputs, outputs = graph_io(model["num_layers"], block_size, row_width, kv_dtype, "custom", r)
+    graph_dtype, graph_width, layout = cache_layout(kv_dtype, row_width, r)
     portable = None
     if files.get("onnx_portable"):
-        p_in, p_out = graph_io(model["num_layers"], block_size, row_width, kv_dtype, "portable")
+        p_in, p_out = graph_io(model["num_layers"], block_size, row_width, kv_dtype, "portable", r)
         portable = dict(inputs=[t.to_json() for t in p_in], outputs=[t.to_json() for t in p_out])
     raw = dict(
         format="mla_graph", version=CONTRACT_VERSION, model=model,
         cache=dict(block_size=block_size, dtype=kv_dtype, row_width=row_width,
-                   graph_dtype="u8" if kv_dtype == "bf16" else "f32",
-                   graph_row_width=2 * row_width if kv_dtype == "bf16" else row_width,
+                   graph_dtype=graph_dtype, graph_row_width=graph_width, row_layout=layout,
                    num_layers=model["num_layers"]),
         inputs=[t.to_json() for t in inputs], outputs=[t.to_json() for t in outputs], portable=portable,
         files={k: files.get(k) for k in ("openvino_xml", "openvino_bin", "onnx", "onnx_portable", "onnx_data")},

@@ -4,8 +4,9 @@ A model is built and compiled once per signature (op, attributes, input dtypes) 
 dimension dynamic, then reused. Inputs are numpy arrays (bf16 as ml_dtypes.bfloat16) of any
 alignment and strides: read-only inputs are made C-contiguous, and the cache of `cache_write`
 is updated in place (through shared memory when it is C-contiguous, else through a contiguous
-copy that is written back; bf16 caches are bound as their raw bytes, see
-ov_tensors.cache_binding). No torch needed.
+copy that is written back; bf16/f16 caches are bound as their raw bytes, see
+ov_tensors.cache_binding). kv_dtype (every op): the cache's row format (mla_export/kv_formats.py),
+by the array's dtype when None; required for int8/fp8 caches (u8 arrays). No torch needed.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import numpy as np
 import openvino as ov
 
 from . import ov_core
+from .kv_formats import QUANTISED, kv_dtype_of
 from .ov_tensors import BF16, cache_binding, ov_type, shared_tensor, to_numpy
 
 __all__ = ["cache_write", "paged_decode", "paged_attention"]
@@ -94,46 +96,62 @@ def _index(name: str, x) -> np.ndarray:
     return np.ascontiguousarray(a)
 
 
-def cache_write(kv_c, k_pe, kv_cache: np.ndarray, slot_mapping) -> np.ndarray:
+def _cache(kv_cache, kv_dtype: str | None) -> tuple[np.ndarray, str]:
+    """The cache array (C-contiguous) and its format."""
+    a = np.asarray(kv_cache)
+    try:
+        fmt = kv_dtype_of(a, kv_dtype)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"input 'kv_cache': {e}") from None
+    return np.ascontiguousarray(a), fmt
+
+
+def cache_write(kv_c, k_pe, kv_cache: np.ndarray, slot_mapping, kv_dtype: str | None = None) -> np.ndarray:
     """Write [kv_c[t] | k_pe[t]] into kv_cache at slot_mapping[t] (skipping slots < 0), in place.
 
-    kv_cache [NB, BS, r + dr] float32 or bfloat16; returns kv_cache."""
-    if not isinstance(kv_cache, np.ndarray) or kv_cache.dtype not in (np.float32, BF16):
-        raise TypeError("input 'kv_cache' must be a float32 or bfloat16 numpy array (updated in place)")
+    kv_cache [NB, BS, r + dr] float32, bfloat16 or float16, or u8 [NB, BS, row bytes] for
+    kv_dtype int8/fp8; returns kv_cache."""
+    if not isinstance(kv_cache, np.ndarray):
+        raise TypeError("input 'kv_cache' must be a numpy array (updated in place)")
+    _, fmt = _cache(kv_cache, kv_dtype)
     target = kv_cache if kv_cache.flags.c_contiguous else np.ascontiguousarray(kv_cache)
     arrays = [("kv_c", _float("kv_c", kv_c)), ("k_pe", _float("k_pe", k_pe)), ("kv_cache", cache_binding(target)),
               ("slot_mapping", _index("slot_mapping", slot_mapping))]
-    _run("MlaCacheWrite", arrays, {}, ov.Type.i32, 1)
+    _run("MlaCacheWrite", arrays, {"kv_dtype": fmt}, ov.Type.i32, 1)
     if target is not kv_cache:
         kv_cache[...] = target
     return kv_cache
 
 
-def paged_decode(q, kv_cache, block_tables, seq_lens, scale: float, kv_lora_rank: int | None = None) -> np.ndarray:
+def paged_decode(q, kv_cache, block_tables, seq_lens, scale: float, kv_lora_rank: int | None = None,
+                 kv_dtype: str | None = None) -> np.ndarray:
     """Absorbed MQA decode: q [B, H, r + dr] -> [B, H, r] (vLLM mla_decode_kvcache semantics).
 
-    kv_lora_rank defaults to the cache row width minus 64 (DeepSeek's rope dim)."""
-    cache = _float("kv_cache", kv_cache)
+    kv_lora_rank defaults to the cache row width minus 64 (DeepSeek's rope dim; float caches only)."""
+    cache, fmt = _cache(kv_cache, kv_dtype)
+    if kv_lora_rank is None and fmt in QUANTISED:
+        raise ValueError(f"kv_lora_rank is required for an {fmt} cache (its row width in bytes does not give r)")
     r = int(kv_lora_rank) if kv_lora_rank is not None else cache.shape[-1] - 64
     arrays = [("q", _float("q", q)), ("kv_cache", cache_binding(cache)), ("block_tables", _index("block_tables", block_tables)),
               ("seq_lens", _index("seq_lens", seq_lens))]
-    out = _run("MlaPagedDecode", arrays, {"scale": repr(float(scale)), "kv_lora_rank": r},
+    out = _run("MlaPagedDecode", arrays, {"scale": repr(float(scale)), "kv_lora_rank": r, "kv_dtype": fmt},
                ov_type(arrays[0][1].dtype), 3)
     return to_numpy(out)
 
 
 def paged_attention(q_nope, q_pe, kv_cache, w_uk, w_uv, query_start_loc, seq_lens, block_tables,
-                    scale: float, form: str = "auto") -> np.ndarray:
+                    scale: float, form: str = "auto", kv_dtype: str | None = None) -> np.ndarray:
     """Causal paged MLA over packed new tokens: -> [T, H, dv].
 
     form: "auto" (per sequence by cost), "absorbed" or "expanded"."""
     forms = {"auto": 0, "absorbed": 1, "expanded": 2}
     if form not in forms:
         raise ValueError(f"form must be one of {sorted(forms)}, got {form!r}")
+    cache, fmt = _cache(kv_cache, kv_dtype)
     arrays = [("q_nope", _float("q_nope", q_nope)), ("q_pe", _float("q_pe", q_pe)),
-              ("kv_cache", cache_binding(_float("kv_cache", kv_cache))), ("w_uk", _float("w_uk", w_uk)),
+              ("kv_cache", cache_binding(cache)), ("w_uk", _float("w_uk", w_uk)),
               ("w_uv", _float("w_uv", w_uv)), ("query_start_loc", _index("query_start_loc", query_start_loc)),
               ("seq_lens", _index("seq_lens", seq_lens)), ("block_tables", _index("block_tables", block_tables))]
-    out = _run("MlaPagedAttention", arrays, {"scale": repr(float(scale)), "form": forms[form]},
+    out = _run("MlaPagedAttention", arrays, {"scale": repr(float(scale)), "form": forms[form], "kv_dtype": fmt},
                ov_type(arrays[0][1].dtype), 3)
     return to_numpy(out)

@@ -35,7 +35,7 @@ OPSET_VERSION = 1
 ONNX_OPSET = 21  # ScatterND reduction, ReduceMean/ReduceSum axes as inputs, UINT4 initializers (int4 weights); read by ORT and OpenVINO
 
 _FLOATS = ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"]
-_CACHES = ["tensor(float)", "tensor(bfloat16)", "tensor(float16)"]
+_CACHES = ["tensor(float)", "tensor(bfloat16)", "tensor(float16)", "tensor(uint8)"]  # u8: rows as bytes
 _INDICES = ["tensor(int32)", "tensor(int64)"]
 _ANY = ["tensor(float)", "tensor(float16)", "tensor(bfloat16)", "tensor(int32)", "tensor(int64)",
         "tensor(int8)", "tensor(uint8)", "tensor(bool)"]
@@ -53,6 +53,9 @@ def _schemas():
     P, S = onnx.defs.OpSchema.FormalParameter, onnx.defs.OpSchema
     opt = S.FormalParameterOption.Optional
     A = S.Attribute
+    kv_dtype = A("kv_dtype", helper.make_attribute("kv_dtype", ""),
+                 "cache row format: f32, bf16, f16, int8, fp8 (mla_export/kv_formats.py); empty = by the cache's "
+                 "element type, u8 = bf16 rows")
     cache_write = S(
         "MlaCacheWrite", DOMAIN, OPSET_VERSION,
         "Writes row [kv_c | k_pe] (in the cache's dtype) at each slot >= 0 of kv_cache [NB, BS, W], in place; "
@@ -60,7 +63,8 @@ def _schemas():
         inputs=[P("kv_c", "T", "[T, r]"), P("k_pe", "T", "[T, dr]"), P("kv_cache", "C", "[NB, BS, r + dr]"),
                 P("slot_mapping", "I", "[T] block_id * BS + offset, < 0 = skip")],
         outputs=[P("written", "tensor(int32)", "[1]")],
-        type_constraints=[("T", _FLOATS, "activations"), ("C", _CACHES, "cache"), ("I", _INDICES, "indices")])
+        type_constraints=[("T", _FLOATS, "activations"), ("C", _CACHES, "cache"), ("I", _INDICES, "indices")],
+        attributes=[kv_dtype])
     decode = S(
         "MlaPagedDecode", DOMAIN, OPSET_VERSION,
         "Absorbed MQA decode over the paged latent cache (vLLM mla_decode_kvcache semantics).",
@@ -69,7 +73,7 @@ def _schemas():
         outputs=[P("out", "T", "[B, H, r]")],
         type_constraints=[("T", _FLOATS, ""), ("C", _CACHES, ""), ("I", _INDICES, ""), ("X", _ANY, "")],
         attributes=[A("scale", S.AttrType.FLOAT, "softmax scale", required=True),
-                    A("kv_lora_rank", helper.make_attribute("kv_lora_rank", 512), "r")])
+                    A("kv_lora_rank", helper.make_attribute("kv_lora_rank", 512), "r"), kv_dtype])
     attention = S(
         "MlaPagedAttention", DOMAIN, OPSET_VERSION,
         "Causal paged MLA over packed new tokens: token j of sequence b sits at position "
@@ -81,7 +85,7 @@ def _schemas():
         outputs=[P("out", "T", "[T, H, dv]")],
         type_constraints=[("T", _FLOATS, ""), ("C", _CACHES, ""), ("I", _INDICES, ""), ("X", _ANY, "")],
         attributes=[A("scale", S.AttrType.FLOAT, "softmax scale", required=True),
-                    A("form", helper.make_attribute("form", 0), "0 auto, 1 absorbed, 2 expanded")])
+                    A("form", helper.make_attribute("form", 0), "0 auto, 1 absorbed, 2 expanded"), kv_dtype])
     return [cache_write, decode, attention]
 
 
@@ -93,17 +97,19 @@ def register_schemas() -> None:
 
 
 # ------------------------------------------------------------------------------ node helpers
-def cache_write_node(kv_c: str, k_pe: str, kv_cache: str, slot_mapping: str, out: str, name: str):
-    return helper.make_node("MlaCacheWrite", [kv_c, k_pe, kv_cache, slot_mapping], [out], name=name, domain=DOMAIN)
+def cache_write_node(kv_c: str, k_pe: str, kv_cache: str, slot_mapping: str, out: str, name: str,
+                     kv_dtype: str = ""):
+    return helper.make_node("MlaCacheWrite", [kv_c, k_pe, kv_cache, slot_mapping], [out], name=name, domain=DOMAIN,
+                            **({"kv_dtype": kv_dtype} if kv_dtype else {}))
 
 
 def paged_attention_node(q_nope, q_pe, kv_cache, w_uk, w_uv, query_start_loc, seq_lens, block_tables, after,
-                         out: str, name: str, scale: float, form: int = 0):
+                         out: str, name: str, scale: float, form: int = 0, kv_dtype: str = ""):
     if not isinstance(form, int) or form not in (0, 1, 2):  # OpenVINO would truncate a float silently
         raise ValueError(f"form must be 0, 1 or 2, got {form!r}")
     return helper.make_node("MlaPagedAttention", [q_nope, q_pe, kv_cache, w_uk, w_uv, query_start_loc, seq_lens,
                                                   block_tables, after], [out], name=name, domain=DOMAIN,
-                            scale=float(scale), form=form)
+                            scale=float(scale), form=form, **({"kv_dtype": kv_dtype} if kv_dtype else {}))
 
 
 def cache_update_node(kv_c: str, k_pe: str, kv_cache: str, slot_mapping: str, out: str, name: str):

@@ -38,9 +38,23 @@ _lock = threading.Lock()
 
 
 def cache_bytes(cache: np.ndarray) -> np.ndarray:
-    """A bf16 cache [NB, BS, W] as the u8 [NB, BS, 2 * W] view over the same memory, the way the
-    exported graphs declare bf16 caches (other dtypes are returned as they are)."""
-    return cache.view(np.uint8) if cache.dtype == BF16 else cache
+    """A bf16 or f16 cache [NB, BS, W] as the u8 [NB, BS, 2 * W] view over the same memory, the
+    way the exported graphs declare 16-bit caches (other dtypes are returned as they are)."""
+    return cache.view(np.uint8) if cache.dtype in (BF16, np.dtype(np.float16)) else cache
+
+
+def _kv_attrs(cache: np.ndarray, kv_dtype: str | None) -> dict:
+    """The kv_dtype attribute for this cache: omitted without kv_dtype (the op then goes by the
+    element type); else the format, with 16-bit caches bound as bytes."""
+    from .kv_formats import kv_dtype_of
+
+    if kv_dtype is None:  # the op goes by the element type (u8 = bf16 bytes) and checks it
+        return {}
+    return {"kv_dtype": kv_dtype_of(cache, kv_dtype)}
+
+
+def _bind_cache(cache: np.ndarray, attrs: dict) -> np.ndarray:
+    return cache_bytes(cache) if attrs else cache
 
 
 def available() -> bool:
@@ -151,33 +165,38 @@ def _float_attr(x) -> float:
     return float(np.float32(x))
 
 
-def cache_write(kv_c, k_pe, kv_cache: np.ndarray, slot_mapping) -> np.ndarray:
+def cache_write(kv_c, k_pe, kv_cache: np.ndarray, slot_mapping, kv_dtype: str | None = None) -> np.ndarray:
     """MlaCacheWrite: [kv_c[t] | k_pe[t]] -> kv_cache at slot_mapping[t] (slots < 0 skipped), in
-    place. Returns kv_cache."""
+    place. Returns kv_cache. kv_dtype (every op here): the cache's row format (kv_formats);
+    None = by the array's dtype, passed as that type without the attribute."""
     if not isinstance(kv_cache, np.ndarray):
         raise TypeError("input 'kv_cache' must be a numpy array (it is updated in place)")
     target = kv_cache if kv_cache.flags.c_contiguous else np.ascontiguousarray(kv_cache)
-    arrays = [("kv_c", _contiguous(kv_c)), ("k_pe", _contiguous(k_pe)), ("kv_cache", target),
+    attrs = _kv_attrs(target, kv_dtype)
+    arrays = [("kv_c", _contiguous(kv_c)), ("k_pe", _contiguous(k_pe)), ("kv_cache", _bind_cache(target, attrs)),
               ("slot_mapping", _contiguous(slot_mapping))]
-    _run("MlaCacheWrite", arrays, {}, np.int32, 1)
+    _run("MlaCacheWrite", arrays, attrs, np.int32, 1)
     if target is not kv_cache:
         kv_cache[...] = target
     return kv_cache
 
 
-def paged_decode(q, kv_cache, block_tables, seq_lens, scale: float, kv_lora_rank: int | None = None) -> np.ndarray:
+def paged_decode(q, kv_cache, block_tables, seq_lens, scale: float, kv_lora_rank: int | None = None,
+                 kv_dtype: str | None = None) -> np.ndarray:
     """MlaPagedDecode: q [B, H, r + dr] -> [B, H, r]. kv_lora_rank None: the op's default (512)."""
     q = _contiguous(q)
-    arrays = [("q", q), ("kv_cache", _contiguous(kv_cache)), ("block_tables", _contiguous(block_tables)),
+    cache = _contiguous(kv_cache)
+    kv = _kv_attrs(cache, kv_dtype)
+    arrays = [("q", q), ("kv_cache", _bind_cache(cache, kv)), ("block_tables", _contiguous(block_tables)),
               ("seq_lens", _contiguous(seq_lens))]
-    attrs = {"scale": _float_attr(scale)}
+    attrs = {"scale": _float_attr(scale), **kv}
     if kv_lora_rank is not None:
         attrs["kv_lora_rank"] = int(kv_lora_rank)
     return _run("MlaPagedDecode", arrays, attrs, q.dtype, 3)
 
 
 def paged_attention(q_nope, q_pe, kv_cache, w_uk, w_uv, query_start_loc, seq_lens, block_tables,
-                    scale: float, form: str | int = "auto") -> np.ndarray:
+                    scale: float, form: str | int = "auto", kv_dtype: str | None = None) -> np.ndarray:
     """MlaPagedAttention: causal paged MLA over packed new tokens -> [T, H, dv].
     form: "auto", "absorbed", "expanded" (or the raw int attribute, passed unchecked)."""
     if isinstance(form, str):
@@ -185,29 +204,34 @@ def paged_attention(q_nope, q_pe, kv_cache, w_uk, w_uv, query_start_loc, seq_len
             raise ValueError(f"form must be one of {sorted(FORMS)}, got {form!r}")
         form = FORMS[form]
     q_nope = _contiguous(q_nope)
-    arrays = [("q_nope", q_nope), ("q_pe", _contiguous(q_pe)), ("kv_cache", _contiguous(kv_cache)),
+    cache = _contiguous(kv_cache)
+    kv = _kv_attrs(cache, kv_dtype)
+    arrays = [("q_nope", q_nope), ("q_pe", _contiguous(q_pe)), ("kv_cache", _bind_cache(cache, kv)),
               ("w_uk", _contiguous(w_uk)), ("w_uv", _contiguous(w_uv)),
               ("query_start_loc", _contiguous(query_start_loc)), ("seq_lens", _contiguous(seq_lens)),
               ("block_tables", _contiguous(block_tables))]
-    return _run("MlaPagedAttention", arrays, {"scale": _float_attr(scale), "form": int(form)}, q_nope.dtype, 3)
+    return _run("MlaPagedAttention", arrays, {"scale": _float_attr(scale), "form": int(form), **kv}, q_nope.dtype, 3)
 
 
 def cache_write_then_attention(kv_c, k_pe, slot_mapping, q_nope, q_pe, kv_cache: np.ndarray, w_uk, w_uv,
-                               query_start_loc, seq_lens, block_tables, scale: float, form: str = "auto"):
+                               query_start_loc, seq_lens, block_tables, scale: float, form: str = "auto",
+                               kv_dtype: str | None = None):
     """The graph pattern of a layer: MlaCacheWrite into kv_cache (in place, a C-contiguous
     numpy array), its `written` output fed to MlaPagedAttention's ordering input `after`.
     Returns (attention output, written)."""
     if not (isinstance(kv_cache, np.ndarray) and kv_cache.flags.c_contiguous):
         raise ValueError("kv_cache must be a C-contiguous numpy array (it is updated in place)")
     arrays = [("kv_c", _contiguous(kv_c)), ("k_pe", _contiguous(k_pe)), ("slot_mapping", _contiguous(slot_mapping)),
-              ("q_nope", _contiguous(q_nope)), ("q_pe", _contiguous(q_pe)), ("kv_cache", kv_cache),
+              ("q_nope", _contiguous(q_nope)), ("q_pe", _contiguous(q_pe)),
+              ("kv_cache", _bind_cache(kv_cache, _kv_attrs(kv_cache, kv_dtype))),
               ("w_uk", _contiguous(w_uk)), ("w_uv", _contiguous(w_uv)),
               ("query_start_loc", _contiguous(query_start_loc)), ("seq_lens", _contiguous(seq_lens)),
               ("block_tables", _contiguous(block_tables))]
-    attrs = {"scale": _float_attr(scale), "form": FORMS[form]}
+    kv = _kv_attrs(kv_cache, kv_dtype)
+    attrs = {"scale": _float_attr(scale), "form": FORMS[form], **kv}
     key = ("write+attention", tuple((n, a.dtype.str, a.ndim) for n, a in arrays), tuple(sorted(attrs.items())))
     sess = _session(key, lambda: single_op_model(
-        [("MlaCacheWrite", ["kv_c", "k_pe", "kv_cache", "slot_mapping"], {}, ["written"]),
+        [("MlaCacheWrite", ["kv_c", "k_pe", "kv_cache", "slot_mapping"], kv, ["written"]),
          ("MlaPagedAttention", ["q_nope", "q_pe", "kv_cache", "w_uk", "w_uv", "query_start_loc", "seq_lens",
                                 "block_tables", "written"], attrs, ["output"])],
         [(n, a.dtype, a.ndim) for n, a in arrays],

@@ -25,12 +25,14 @@ _OV_TYPES = {
 
 
 def cache_binding(cache: np.ndarray) -> np.ndarray:
-    """The array to bind for a latent cache input: f32 as it is, bf16 as its raw bytes.
+    """The array to bind for a latent cache input: f32 as it is, bf16/f16 as their raw bytes
+    (int8/fp8 caches are u8 bytes already).
 
-    OpenVINO's CPU plugin converts a bf16 input of a custom op into an f32 copy on CPUs without
-    native bf16 (so writes would be lost), but passes u8 through untouched; the MLA ops read a
-    u8 cache [NB, BS, 2 * W] as bf16 rows. The result shares cache's memory."""
-    if cache.dtype == BF16:
+    OpenVINO's CPU plugin converts a bf16 or f16 input of a custom op into an f32 copy on CPUs
+    without native bf16 (so writes would be lost), but passes u8 through untouched; the MLA ops
+    read a u8 cache [NB, BS, row bytes] in the format of their kv_dtype attribute (absent: bf16).
+    The result shares cache's memory."""
+    if cache.dtype in (BF16, np.dtype(np.float16)):
         return cache.view(np.uint8)
     return cache
 

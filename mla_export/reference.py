@@ -10,11 +10,24 @@ Conventions (see docs/ARCHITECTURE.md and MLA.md):
 - token i of a sequence lives in block block_tables[b, i // BS] at offset i % BS.
 - new token j of sequence b (qlen_b new tokens) sits at position seq_lens[b] - qlen_b + j and
   attends to positions 0..itself.
+- kv_dtype (every function that takes a cache): the row format (mla_export/kv_formats.py);
+  None = by the array's dtype (f32, bf16, f16). int8/fp8 caches are u8 [NB, BS, row bytes]:
+  the write quantises exactly as the kernels do (in f32) and the reads dequantise in float64,
+  so every kernel is compared with the same stored values.
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+from .kv_formats import QUANTISED, decode_rows, encode_rows, kv_dtype_of
+
+
+def _format(kv_cache, kv_dtype: str | None) -> str:
+    """The cache's row format; without kv_dtype any float array is read as its values."""
+    if kv_dtype is None and np.asarray(kv_cache).dtype != np.uint8:
+        return "f32"  # plain values (f32, bf16, f16, f64 alike): promoted to float64
+    return kv_dtype_of(np.asarray(kv_cache), kv_dtype)
 
 __all__ = [
     "cache_write",
@@ -30,10 +43,15 @@ def _f64(x) -> np.ndarray:
     return np.asarray(x).astype(np.float64)
 
 
-def cache_write(kv_c, k_pe, kv_cache: np.ndarray, slot_mapping) -> np.ndarray:
+def cache_write(kv_c, k_pe, kv_cache: np.ndarray, slot_mapping, kv_dtype: str | None = None) -> np.ndarray:
     """Write row [kv_c[t] | k_pe[t]] at slot_mapping[t] (skipping slots < 0), in place."""
+    fmt = _format(kv_cache, kv_dtype)
     nb, bs, width = kv_cache.shape
-    rows = np.concatenate([_f64(kv_c), _f64(k_pe)], axis=1)
+    if fmt in QUANTISED:  # quantised from f32, as the kernel converts its inputs first
+        rows = encode_rows(np.concatenate([np.asarray(kv_c).astype(np.float32), np.asarray(k_pe).astype(np.float32)],
+                                          axis=1), fmt, np.asarray(kv_c).shape[1])
+    else:
+        rows = np.concatenate([_f64(kv_c), _f64(k_pe)], axis=1)
     assert rows.shape[1] == width, "kv_c and k_pe widths must add up to the cache row width"
     flat = kv_cache.reshape(nb * bs, width)  # a view: writes land in kv_cache
     for t, slot in enumerate(np.asarray(slot_mapping).tolist()):
@@ -42,12 +60,15 @@ def cache_write(kv_c, k_pe, kv_cache: np.ndarray, slot_mapping) -> np.ndarray:
     return kv_cache
 
 
-def gather_sequence_rows(kv_cache, block_table_row, length: int) -> np.ndarray:
-    """The first `length` cache rows of one sequence, in token order, as float64 [length, W]."""
+def gather_sequence_rows(kv_cache, block_table_row, length: int, kv_dtype: str | None = None,
+                         r: int | None = None) -> np.ndarray:
+    """The first `length` cache rows of one sequence, in token order, as float64 [length, W]
+    (r, the latent rank, is needed for int8/fp8 rows)."""
+    fmt = _format(kv_cache, kv_dtype)
     bs = kv_cache.shape[1]
     idx = np.arange(length)
     blocks = np.asarray(block_table_row)[idx // bs]
-    return _f64(kv_cache[blocks, idx % bs])
+    return decode_rows(kv_cache[blocks, idx % bs], fmt, r)
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:
@@ -62,7 +83,8 @@ def _causal_mask(qlen: int, seq_len: int) -> np.ndarray:
     return np.arange(seq_len)[None, :] <= pos[:, None]
 
 
-def paged_decode(q, kv_cache, block_tables, seq_lens, scale: float, kv_lora_rank: int = 512) -> np.ndarray:
+def paged_decode(q, kv_cache, block_tables, seq_lens, scale: float, kv_lora_rank: int = 512,
+                 kv_dtype: str | None = None) -> np.ndarray:
     """Absorbed MQA decode, vLLM mla_decode_kvcache semantics.
 
     q [B, H, W] (already [q_nope @ W_UK | q_pe]); returns [B, H, r] float64, r = kv_lora_rank:
@@ -72,7 +94,7 @@ def paged_decode(q, kv_cache, block_tables, seq_lens, scale: float, kv_lora_rank
     b_count, h_count, _ = q.shape
     out = np.zeros((b_count, h_count, kv_lora_rank))
     for b in range(b_count):
-        rows = gather_sequence_rows(kv_cache, block_tables[b], int(seq_lens[b]))  # [L, W]
+        rows = gather_sequence_rows(kv_cache, block_tables[b], int(seq_lens[b]), kv_dtype, kv_lora_rank)  # [L, W]
         probs = _softmax((q[b] @ rows.T) * scale)  # [H, L]
         out[b] = probs @ rows[:, :kv_lora_rank]
     return out
@@ -92,7 +114,7 @@ def _sequences(query_start_loc, seq_lens):
 
 
 def paged_attention_absorbed(q_nope, q_pe, kv_cache, w_uk, w_uv, query_start_loc, seq_lens,
-                             block_tables, scale: float) -> np.ndarray:
+                             block_tables, scale: float, kv_dtype: str | None = None) -> np.ndarray:
     """Causal paged MLA over packed new tokens, absorbed form. Returns [T, H, dv] float64.
 
     Scores are q576 . row over the whole latent row; values are the first r columns; the
@@ -105,7 +127,7 @@ def paged_attention_absorbed(q_nope, q_pe, kv_cache, w_uk, w_uv, query_start_loc
     for b, start, qlen, seq_len in _sequences(query_start_loc, seq_lens):
         if qlen == 0:
             continue
-        rows = gather_sequence_rows(kv_cache, block_tables[b], seq_len)  # [L, W]
+        rows = gather_sequence_rows(kv_cache, block_tables[b], seq_len, kv_dtype, r)  # [L, W]
         scores = np.einsum("thw,lw->htl", q576[start:start + qlen], rows) * scale
         scores = np.where(_causal_mask(qlen, seq_len)[None], scores, -np.inf)
         o_lat = _softmax(scores) @ rows[:, :r]  # [H, qlen, r]
@@ -114,7 +136,7 @@ def paged_attention_absorbed(q_nope, q_pe, kv_cache, w_uk, w_uv, query_start_loc
 
 
 def paged_attention_expanded(q_nope, q_pe, kv_cache, w_uk, w_uv, query_start_loc, seq_lens,
-                             block_tables, scale: float) -> np.ndarray:
+                             block_tables, scale: float, kv_dtype: str | None = None) -> np.ndarray:
     """The same attention in the expanded (up-projected) form: per-head K = [W_UK kv_c | k_pe],
     V = kv_c @ W_UV, ordinary causal multi-head attention. Returns [T, H, dv] float64."""
     q_nope, q_pe, w_uk, w_uv = _f64(q_nope), _f64(q_pe), _f64(w_uk), _f64(w_uv)
@@ -123,7 +145,7 @@ def paged_attention_expanded(q_nope, q_pe, kv_cache, w_uk, w_uv, query_start_loc
     for b, start, qlen, seq_len in _sequences(query_start_loc, seq_lens):
         if qlen == 0:
             continue
-        rows = gather_sequence_rows(kv_cache, block_tables[b], seq_len)
+        rows = gather_sequence_rows(kv_cache, block_tables[b], seq_len, kv_dtype, r)
         kv_c, k_pe = rows[:, :r], rows[:, r:]
         k_nope = np.einsum("hdr,lr->hld", w_uk, kv_c)  # [H, L, dn]
         v = np.einsum("lr,hrv->hlv", kv_c, w_uv)  # [H, L, dv]

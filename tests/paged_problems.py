@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mla_export.kv_formats import QUANTISED, encode_rows
 from mla_export.ov_tensors import BF16
 
 DTYPES = {"f32": np.float32, "bf16": BF16, "f16": np.float16}
@@ -15,7 +16,7 @@ DTYPES = {"f32": np.float32, "bf16": BF16, "f16": np.float16}
 
 @dataclass
 class PagedProblem:
-    kv_cache: np.ndarray          # [NB, BS, W], NaN where unowned
+    kv_cache: np.ndarray          # [NB, BS, W] (u8 [NB, BS, row bytes] for int8/fp8), NaN where unowned
     block_tables: np.ndarray      # [B, M] int32, shuffled ids; unused entries hold padding
     seq_lens: np.ndarray          # [B] int32
     query_start_loc: np.ndarray   # [B + 1] int32
@@ -23,7 +24,9 @@ class PagedProblem:
 
 
 def make_problem(rng, seq_lens, qlens, width: int, block_size: int, cache_dtype="f32",
-                 spare_blocks: int = 3, pad_value: int = -1) -> PagedProblem:
+                 spare_blocks: int = 3, pad_value: int = -1, r: int | None = None) -> PagedProblem:
+    """cache_dtype f32/bf16/f16, or int8/fp8 (then r, the latent rank, is needed): unowned
+    int8/fp8 rows have a NaN scale, so reading one poisons the result as NaN does elsewhere."""
     seq_lens = np.asarray(seq_lens, dtype=np.int32)
     qlens = np.asarray(qlens, dtype=np.int32)
     assert np.all(qlens <= seq_lens)
@@ -43,7 +46,11 @@ def make_problem(rng, seq_lens, qlens, width: int, block_size: int, cache_dtype=
     cache = rng.standard_normal((nb, block_size, width)).astype(np.float32)
     cache[~owned] = np.nan
     qsl = np.concatenate([[0], np.cumsum(qlens)]).astype(np.int32)
-    return PagedProblem(cache.astype(DTYPES[cache_dtype]), tables, seq_lens, qsl, qlens)
+    if cache_dtype in QUANTISED:
+        stored = encode_rows(cache.reshape(nb * block_size, width), cache_dtype, r).reshape(nb, block_size, -1)
+    else:
+        stored = cache.astype(DTYPES[cache_dtype])
+    return PagedProblem(stored, tables, seq_lens, qsl, qlens)
 
 
 def randn(rng, shape, dtype="f32", scale=1.0) -> np.ndarray:

@@ -97,7 +97,9 @@ def test_validate_model_io_mismatches(export_dir):
     (lambda r: r.update(version=2), "contract version 2"),
     (lambda r: r.pop("cache"), "missing key 'cache'"),
     (lambda r: r.update(surprise=1), "unknown key 'surprise'"),
-    (lambda r: r["cache"].update(dtype="f16"), "cache.dtype: must be one of"),
+    (lambda r: r["cache"].update(dtype="int4"), "cache.dtype: must be one of"),
+    (lambda r: r["cache"].update(dtype="f16"), "cache.row_layout 'bf16"),  # the file's layout is bf16's
+    (lambda r: (r["cache"].update(dtype="int8"), r["cache"].pop("row_layout")), "a int8 cache is declared u8"),
     (lambda r: r["cache"].update(row_width=50), "row_width 50"),
     (lambda r: r["cache"].update(graph_dtype="f32"), "declared u8"),
     (lambda r: r["model"].update(num_layers="3"), "model.num_layers: expected integer"),
@@ -129,4 +131,13 @@ def test_schema_and_graph_io_agree():
     assert {t.dtype for t in inputs + outputs} <= dtypes
     assert len(inputs) >= s["properties"]["inputs"]["minItems"]
     with pytest.raises(ContractError):
-        graph_io(2, 16, 576, "f16")
+        graph_io(2, 16, 576, "int4")
+    with pytest.raises(ContractError, match="kv_lora_rank"):
+        graph_io(2, 16, 576, "int8")  # r is needed to size an int8 row
+    with pytest.raises(ContractError, match="portable ONNX graph cannot hold an fp8 cache"):
+        graph_io(2, 16, 576, "fp8", "portable", 512)
+    # int8/fp8 rows: 512 codes + f32 scale + 64 bf16 = 644 bytes; f16 as bf16: 2 * 576
+    for kv, width in (("int8", 644), ("fp8", 644), ("f16", 1152), ("bf16", 1152)):
+        cache = graph_io(2, 16, 576, kv, "custom", 512)[0][-1]
+        assert (cache.dtype, cache.shape) == ("u8", ("NB", 16, width))
+    assert graph_io(2, 16, 576, "f16", "portable")[0][-1].dtype == "f16"

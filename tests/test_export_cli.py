@@ -39,7 +39,7 @@ def test_preset_tiny_default_export(tmp_path, capsys):
     c = load_contract(out)
     assert c.files["openvino_xml"] == "openvino_model.xml" and c.files["onnx"] is None  # default: IR only
     assert not (out / "model.onnx").exists() and not (out / "model.onnx.data").exists()
-    assert c.cache["dtype"] == "bf16" and c.cache["graph_dtype"] == "u8" and c.cache["block_size"] == 16
+    assert c.cache["dtype"] == "f16" and c.cache["graph_dtype"] == "u8" and c.cache["block_size"] == 16  # f16: the default
     assert c.tokenizer_path().is_file() and "Assistant" in c.chat_template
     from tokenizers import Tokenizer
 

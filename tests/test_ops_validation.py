@@ -86,7 +86,7 @@ def test_cache_write_rejects_and_writes_nothing(rng):
     expect(lambda: kernels.cache_write(kv_c, k_pe[:, 1:], cache, np.arange(3, dtype=np.int32)), "'kv_cache'", "row width")
     expect(lambda: kernels.cache_write(kv_c, k_pe[:2], cache, np.arange(3, dtype=np.int32)), "'k_pe'", "dimension 0")
     expect(lambda: kernels.cache_write(kv_c, k_pe, cache, np.arange(2, dtype=np.int32)), "'slot_mapping'", "dimension 0")
-    expect(lambda: kernels.cache_write(kv_c, k_pe, cache.astype(np.float16), np.arange(3, dtype=np.int32)), "'kv_cache'")
+    expect(lambda: kernels.cache_write(kv_c, k_pe, cache.astype(np.int32), np.arange(3, dtype=np.int32)), "'kv_cache'")
     expect(lambda: kernels.cache_write(kv_c, k_pe, cache, np.array([0, 1, 2**40])), "'slot_mapping'", "int32 range")
     np.testing.assert_array_equal(cache, before)
 

@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("onnxruntime")
 pytest.importorskip("torch")
 
-from mla_export import ort_ops_path  # noqa: E402
+from mla_export import kv_formats, ort_ops_path  # noqa: E402
 from mla_export.runtime.kv_cache import cache_dtype  # noqa: E402
 from mla_export.runtime.metadata import MLAMetadataBuilder  # noqa: E402
 from mla_export.runtime.model_dir import load_model_dir  # noqa: E402
@@ -61,8 +61,8 @@ def greedy(out_dir, kind: str, prompts: list[list[int]], seed: int = 3) -> tuple
     max_len = max(len(p) for p in prompts) + MAX_TOKENS
     per_seq = -(-max_len // BLOCK_SIZE)
     num_blocks = per_seq * len(prompts) + 3
-    caches = [np.zeros((num_blocks, BLOCK_SIZE, facts.row_width), cache_dtype(facts.cache_dtype))
-              for _ in range(facts.num_layers)]
+    caches = [kv_formats.allocate(facts.cache_dtype, num_blocks, BLOCK_SIZE, facts.kv_lora_rank,
+                                  facts.row_width - facts.kv_lora_rank) for _ in range(facts.num_layers)]
     executor = _executor(kind, contract, caches)
     builder = MLAMetadataBuilder(BLOCK_SIZE, num_blocks, facts.max_model_len, facts.vocab_size)
     # Blocks 1.. shuffled (block 0 is where the executors' start-up check writes its sentinel).
@@ -121,6 +121,31 @@ def test_library_and_portable_paths_equal_openvino(tmp_path_factory, kv_dtype):
     assert got_custom == expected
     assert got_portable == expected
     assert "model_portable.onnx" in ex_portable.describe() and "copied back" in ex_portable.describe()
+
+
+@needs_library
+@pytest.mark.parametrize("kv_dtype", ["f16", "int8", "fp8"])
+def test_new_cache_formats_equal_openvino(tmp_path_factory, kv_dtype):
+    """The f16 / int8 / fp8 caches through the onnxruntime library give OpenVINO's greedy tokens
+    (the same kernels on the same stored rows); f16 also through the portable graph, which
+    cannot hold int8/fp8 rows (no bit-cast in standard ONNX): the export refuses --portable."""
+    if kv_dtype == "f16":
+        _, out = _export(tmp_path_factory, "deepseek_v3", kv_dtype)
+    else:
+        from mla_export.cli import main
+
+        ckpt, _ = _export(tmp_path_factory, "deepseek_v3", "f32")
+        out = tmp_path_factory.mktemp(f"ort_{kv_dtype}") / "export"
+        assert main(["export", str(ckpt), "-o", str(out), "--format", "both", "--portable", "--block-size",
+                     str(BLOCK_SIZE), "--kv-dtype", kv_dtype, "-q"]) != 0  # refused: nothing written
+        assert not out.exists()
+        assert main(["export", str(ckpt), "-o", str(out), "--format", "both", "--block-size", str(BLOCK_SIZE),
+                     "--kv-dtype", kv_dtype, "-q"]) == 0
+    prompts = _prompts(load_model_dir(out)[1].vocab_size, lengths=(9, 3), seed=2)
+    expected, _ = greedy(out, "openvino", prompts)
+    assert greedy(out, "custom", prompts)[0] == expected
+    if kv_dtype == "f16":
+        assert greedy(out, "portable", prompts)[0] == expected
 
 
 @needs_library

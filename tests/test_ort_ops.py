@@ -331,7 +331,7 @@ def test_cache_write_rejects_and_writes_nothing(rng):
     expect_error(lambda: ok.cache_write(kv_c, k_pe, cache.astype(np.float64), np.arange(3, dtype=np.int32)),
                  "'kv_cache'")
     expect_error(lambda: ok.cache_write(kv_c, k_pe, cache.view(np.uint8)[..., 1:], np.arange(3, dtype=np.int32)),
-                 "'kv_cache'", "even last dimension")
+                 "'kv_cache'", "divisible by 2")
     expect_error(lambda: ok.cache_write(kv_c, k_pe, cache, np.array([0, 1, 2**40])), "'slot_mapping'",
                  "slot 1099511627776")  # i64 reaches the kernel unconverted
     np.testing.assert_array_equal(cache, before)

@@ -102,3 +102,31 @@ def test_abort_frees_blocks_and_seeded_sampling_repeats(tmp_path_factory):
     # The same seed alone in the batch draws the same tokens.
     again = _run(engine, {0: [("again", prompt, sampled)]})
     assert again["again"].token_ids == final["keep"].token_ids
+
+
+@pytest.mark.parametrize("kv_dtype", ["f16", "int8", "fp8"])
+def test_cache_formats_through_chunking_preemption_and_prefix_caching(tmp_path_factory, kv_dtype):
+    """The engine on f16 / int8 / fp8 caches (u8 byte arrays bound in place, copied block by block
+    on copy-on-write): f16 gives transformers' greedy tokens like f32 does; int8 and fp8 round
+    more, so their oracle is the same export run one request at a time, unchunked, without
+    prefix caching or preemption (fixed prompts: the comparison is deterministic)."""
+    ckpt, out_dir = exported_model(tmp_path_factory, "deepseek_v3", kv_dtype, BLOCK_SIZE)
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)
+    engine = LLMEngine(out_dir, precision="f32", num_blocks=16, max_num_batched_tokens=16, block_order_seed=3)
+    assert engine.kv_cache.kv_caches[0].dtype == (np.float16 if kv_dtype == "f16" else np.uint8)
+    prompts = _prompts([5, 13, 22, 37], engine.facts.vocab_size, seed=1)
+    prompts.append(prompts[2][:20] + [5, 6])  # shares 5 full blocks with r2: a prefix-cache hit
+    arrivals: dict = {}
+    for i, (prompt, step) in enumerate(zip(prompts, [0, 0, 2, 5, 9])):
+        arrivals.setdefault(step, []).append((f"r{i}", prompt, params))
+    final = _run(engine, arrivals)
+    assert engine.stats()["num_preemptions"] >= 1
+    assert engine.stats()["prefix_cache_hits"] >= 1
+    alone = None if kv_dtype == "f16" else LLMEngine(out_dir, precision="f32", num_blocks=32,
+                                                     max_num_batched_tokens=512, enable_prefix_caching=False)
+    for i, prompt in enumerate(prompts):
+        if alone is None:
+            expected = hf_greedy(ckpt, prompt, MAX_TOKENS)
+        else:
+            expected = _run(alone, {0: [(f"x{i}", prompt, params)]})[f"x{i}"].token_ids
+        assert final[f"r{i}"].token_ids == expected, f"request r{i} (prompt of {len(prompt)} tokens)"

@@ -111,5 +111,10 @@ def test_without_prefix_caching_nothing_is_shared():
 def test_budget_to_blocks():
     # 2 layers * 4 rows * 6 wide * 2 bytes (bf16) = 96 bytes a block
     assert KVCacheManager.blocks_for_memory(1000, 2, 4, 6, "bf16") == 10
+    assert KVCacheManager.blocks_for_memory(1000, 2, 4, 6, "f16") == 10
+    # int8 rows of r = 4, dr = 2: 4 codes + 4 scale bytes + 2 bf16 = 12 bytes, 96 a block
+    assert KVCacheManager.blocks_for_memory(1000, 2, 4, 6, "int8", kv_lora_rank=4) == 10
+    with pytest.raises(ValueError, match="needs kv_lora_rank"):
+        KVCacheManager.blocks_for_memory(1000, 2, 4, 6, "fp8")
     with pytest.raises(ValueError, match="unsupported cache dtype"):
-        KVCacheManager.blocks_for_memory(1000, 2, 4, 6, "f16")
+        KVCacheManager.blocks_for_memory(1000, 2, 4, 6, "int4")

@@ -4,8 +4,8 @@ people run today on a CPU, on one checkpoint and one workload, measured side by 
 
 Systems (each grid point of each system runs in its own subprocess, so its peak RSS is its own):
   ours-bf16, ours-f32  the `mla-export export` graph through `LLMEngine` (the engine under `LLM`)
-                       with the paged latent cache: ours-bf16 = the default export (bf16 cache,
-                       `--kv-dtype bf16`) with the bf16 precision hint, ours-f32 = an f32-cache
+                       with the paged latent cache: ours-bf16 = a bf16-cache export
+                       (`--kv-dtype bf16`) with the bf16 precision hint, ours-f32 = an f32-cache
                        export with the f32 hint. The plugin's INFERENCE_PRECISION_HINT is read
                        back and reported: on a CPU without native bf16 it computes f32 either way.
   transformers         the same checkpoint with transformers' own `generate` (torch eager, f32,

@@ -152,18 +152,28 @@ def _as_graph_binds(inp: dict, names: list[str]) -> list[tuple[str, np.ndarray]]
     return [(n, cache_binding(inp[n]) if n == "kv_cache" else inp[n]) for n in names]
 
 
-def ours_decode(inp: dict, scale: float, threads: int) -> Impl:
+def with_kv_dtype(inp: dict, kv_dtype: str) -> dict:
+    """The same inputs with the cache's values stored in another row format (f16, int8, fp8:
+    mla_export/kv_formats.py), to time the formats side by side on equal data."""
+    from mla_export.kv_formats import encode_rows
+    cache = inp["kv_cache"]
+    rows = encode_rows(cache.reshape(-1, cache.shape[-1]).astype(np.float32), kv_dtype, R)
+    return dict(inp, kv_cache=rows.reshape(*cache.shape[:2], -1))
+
+
+def ours_decode(inp: dict, scale: float, threads: int, kv_dtype: str | None = None) -> Impl:
     named = _as_graph_binds(inp, DECODE_INPUTS)
-    attrs = {"scale": repr(float(scale)), "kv_lora_rank": R}
-    key = ("ours_decode", inp["q"].dtype.str, scale)
+    attrs = {"scale": repr(float(scale)), "kv_lora_rank": R, **({"kv_dtype": kv_dtype} if kv_dtype else {})}
+    key = ("ours_decode", inp["q"].dtype.str, scale, kv_dtype)
     compiled = _compile(key, lambda: _ours_model("MlaPagedDecode", named, attrs), threads)
     return _bound_request(compiled, [a for _, a in named])
 
 
-def ours_prefill(inp: dict, scale: float, threads: int, form: str = "auto") -> Impl:
+def ours_prefill(inp: dict, scale: float, threads: int, form: str = "auto", kv_dtype: str | None = None) -> Impl:
     named = _as_graph_binds(inp, PREFILL_INPUTS)
-    attrs = {"scale": repr(float(scale)), "form": {"auto": 0, "absorbed": 1, "expanded": 2}[form]}
-    key = ("ours_prefill", inp["q_nope"].dtype.str, scale, form)
+    attrs = {"scale": repr(float(scale)), "form": {"auto": 0, "absorbed": 1, "expanded": 2}[form],
+             **({"kv_dtype": kv_dtype} if kv_dtype else {})}
+    key = ("ours_prefill", inp["q_nope"].dtype.str, scale, form, kv_dtype)
     compiled = _compile(key, lambda: _ours_model("MlaPagedAttention", named, attrs), threads)
     return _bound_request(compiled, [a for _, a in named])
 

@@ -264,7 +264,7 @@ def peer_impl(peer, case: Case, op: str):
         return str(e)
 
 
-def reference_check(case: Case, inp: dict, scale: float):
+def reference_check(case: Case, inp: dict, scale: float, kv_dtype: str | None = None):
     """(selector, expected float64) on a few rows: first and last sequence of a decode batch;
     the first and last 4 new tokens of a prefill (each as its own smaller problem)."""
     import numpy as np
@@ -273,14 +273,14 @@ def reference_check(case: Case, inp: dict, scale: float):
     if case.kind == "decode":
         idx = sorted({0, case.batch - 1})
         exp = ref.paged_decode(inp["q"][idx], inp["kv_cache"], inp["block_tables"][idx],
-                               inp["seq_lens"][idx], scale, 512)
+                               inp["seq_lens"][idx], scale, 512, kv_dtype=kv_dtype)
         return (lambda out: out[idx]), exp
     t, k = case.new, min(4, case.new)
     parts = []
     for rows, length in ((slice(0, k), case.prefix + k), (slice(t - k, t), case.prefix + t)):
         parts.append(ref.paged_attention_absorbed(
             inp["q_nope"][rows], inp["q_pe"][rows], inp["kv_cache"], inp["w_uk"], inp["w_uv"],
-            np.array([0, k], np.int32), np.array([length], np.int32), inp["block_tables"], scale))
+            np.array([0, k], np.int32), np.array([length], np.int32), inp["block_tables"], scale, kv_dtype=kv_dtype))
     sel = np.r_[0:k, t - k:t]
     return (lambda out: out[sel]), np.concatenate(parts)
 
@@ -332,13 +332,23 @@ def bench_case(case: Case, args, peer, rng) -> dict:
         except bi.PeerError as e:
             peer = f"peer failed: {e}"
     impls = build_impls(case, inp, scale, args, peer)
+    # Our kernels over the same cache values stored as f16 / int8 / fp8 rows (--kv-dtypes), timed
+    # in the same rounds as ours on the bf16 cache; each checked against the reference reading
+    # its own stored rows.
+    checks = {}
+    for kv in (args.kv_dtypes if case.dtype == "bf16" else []):
+        inp_kv = bi.with_kv_dtype(inp, kv)
+        impls[f"ours-{kv}"] = (bi.ours_decode(inp_kv, scale, args.threads, kv) if case.kind == "decode"
+                               else bi.ours_prefill(inp_kv, scale, args.threads, "auto", kv))
+        checks[f"ours-{kv}"] = reference_check(case, inp_kv, scale, kv)
     runnable = {n: i for n, i in impls.items() if not isinstance(i, str)}
     result = {"case": case.name, **asdict(case), **work(case),
               "impls": {n: {"skipped": i} if isinstance(i, str) else {} for n, i in impls.items()}}
     select, expected = reference_check(case, inp, scale)
     for n in list(runnable):
         try:
-            result["impls"][n] = check(runnable[n].output(), select, expected, case.dtype)  # also a warm-up
+            sel, exp = checks.get(n, (select, expected))
+            result["impls"][n] = check(runnable[n].output(), sel, exp, case.dtype)  # also a warm-up
         except Exception as e:  # noqa: BLE001 - a failing impl is reported, the others still run
             result["impls"][n] = {"skipped": f"error: {type(e).__name__}: {str(e).splitlines()[0][:120]}"}
             del runnable[n]
@@ -549,6 +559,8 @@ def parse_args(argv=None):
     ap.add_argument("--max-reps", type=int, default=60)
     ap.add_argument("--forms", default="", help="extra prefill columns of ours with a fixed form: absorbed,expanded")
     ap.add_argument("--ort", action="store_true", help="add onnxruntime with libmla_export_ort.so")
+    ap.add_argument("--kv-dtypes", default="", type=lambda v: [k for k in v.split(",") if k],
+                    help="extra columns on the bf16 shapes: ours over the same cache stored as f16,int8,fp8 rows")
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--peer-python", default=os.environ.get("MLA_PEER_PYTHON", str(DEFAULT_PEER_PYTHON)))
     ap.add_argument("--out", default=str(ROOT / "bench_results"))

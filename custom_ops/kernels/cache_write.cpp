@@ -10,13 +10,13 @@ namespace mla {
 static const char* kOp = "MlaCacheWrite";
 
 int64_t cache_write(const TensorView& kv_c, const TensorView& k_pe, const TensorView& cache_in,
-                    const TensorView& slots, const Threading& threading) {
-    const TensorView cache = as_cache_rows(kOp, cache_in);
+                    const TensorView& slots, const Threading& threading, KvDtype kv_dtype) {
     check_rank(kOp, kv_c, 2);
     check_rank(kOp, k_pe, 2);
     check_float(kOp, kv_c);
     check_float(kOp, k_pe);
-    check_cache(kOp, cache, /*writable=*/true);
+    const CacheRows rows = cache_rows(kOp, cache_in, kv_dtype, kv_c.dim(1), /*writable=*/true);
+    const TensorView& cache = rows.logical;
     check_index(kOp, slots);
     check_rank(kOp, slots, 1);
     const int64_t t_count = kv_c.dim(0), r = kv_c.dim(1), dr = k_pe.dim(1), width = cache.dim(2);
@@ -43,8 +43,6 @@ int64_t cache_write(const TensorView& kv_c, const TensorView& k_pe, const Tensor
         ++written;
     }
 
-    const int64_t esz = dtype_size(cache.dtype);
-    auto* base = static_cast<char*>(cache.data);
     auto write_token = [&](int64_t t) {
         const int64_t s = index_at(slots, t);
         if (s < 0) return;
@@ -57,7 +55,7 @@ int64_t cache_write(const TensorView& kv_c, const TensorView& k_pe, const Tensor
         }
         to_f32(static_cast<const char*>(kv_c.data) + t * r * dtype_size(kv_c.dtype), kv_c.dtype, buf, r);
         to_f32(static_cast<const char*>(k_pe.data) + t * dr * dtype_size(k_pe.dtype), k_pe.dtype, buf + r, dr);
-        from_f32(buf, cache.dtype, base + s * width * esz, width);
+        store_row(rows, buf, rows.base + s * rows.row_bytes);
     };
     if (t_count >= 64)
         threading.parallel_for(t_count, write_token);

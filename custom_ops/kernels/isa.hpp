@@ -83,6 +83,10 @@ struct IsaKernels {
     // Weighted sum of the rows: o[i * ldo + 0 .. width) += sum_j p[i * ldp + j] * rows[j][0 .. width).
     void (*row_axpy)(int64_t m, int64_t n, int64_t width, const float* p, int64_t ldp, const float* const* rows,
                      float* o, int64_t ldo, PrefetchStream* pf);
+    // dst[i] = src[i] * scale for the int8 codes of a quantised cache row.
+    void (*dequant_i8)(const int8_t* src, float scale, float* dst, int64_t n);
+    // dst[i] = e4m3fn(src[i]) * scale for the fp8 codes of a quantised cache row.
+    void (*dequant_e4m3)(const uint8_t* src, float scale, float* dst, int64_t n);
 };
 
 const IsaKernels& isa();            // the best table for this CPU

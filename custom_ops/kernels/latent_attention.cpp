@@ -27,21 +27,20 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // One sequence's rows of the paged cache.
 struct SeqCache {
-    const char* base;
-    DType dtype;
-    int64_t bs, width, esz;
+    const CacheRows* rows;  // the format: f32 rows are read in place, others widened by load_row
+    int64_t bs, width;
     const TensorView* block_tables;
     int64_t table_offset;  // b * M
 
     const void* row(int64_t pos) const {
         const int64_t blk = index_at(*block_tables, table_offset + pos / bs);
-        return base + (blk * bs + pos % bs) * width * esz;
+        return rows->row(blk, pos % bs);
     }
+    bool in_place() const { return rows->kind == KvDtype::f32; }
 };
 
-SeqCache seq_cache(const TensorView& cache, const TensorView& bt, int64_t b) {
-    return SeqCache{static_cast<const char*>(cache.data), cache.dtype, cache.dim(1), cache.dim(2),
-                    dtype_size(cache.dtype), &bt, b * bt.dim(1)};
+SeqCache seq_cache(const CacheRows& cache, const TensorView& bt, int64_t b) {
+    return SeqCache{&cache, cache.logical.dim(1), cache.width, &bt, b * bt.dim(1)};
 }
 
 // Per-thread scratch, grown on demand and reused across calls.
@@ -54,10 +53,10 @@ struct Scratch {
 };
 thread_local Scratch tls;
 
-// Gathers positions [c0, c0 + n) as contiguous f32 rows kr [n, W] (widening bf16/f16).
+// Gathers positions [c0, c0 + n) as contiguous f32 rows kr [n, W] (widening / dequantising).
 void gather_chunk(const IsaKernels& K, const SeqCache& sc, int64_t c0, int64_t n, float* kr) {
     const int64_t w = sc.width;
-    for (int64_t j = 0; j < n; ++j) K.load_f32(sc.row(c0 + j), sc.dtype, kr + j * w, w);
+    for (int64_t j = 0; j < n; ++j) load_row(K, *sc.rows, sc.row(c0 + j), kr + j * w);
 }
 
 // Packs B[p, j] = src[p * sp + j * sj] (p < k, j < n) into 16-column panels of k rows for
@@ -126,21 +125,21 @@ void absorbed_task(const IsaKernels& K, const AbsorbedSeq& s, const Partial& p, 
     std::fill(p.l, p.l + rows, 0.f);
     std::fill(p.o, p.o + rows * r, 0.f);
     const float* chunk_rows[kChunk];
-    const int64_t row_bytes = w * s.cache.esz;
+    const int64_t row_bytes = s.cache.rows->row_bytes;
     for (int64_t c0 = p.c_begin; c0 < p.c_end; c0 += kChunk) {
         const int64_t n = std::min(kChunk, p.c_end - c0);
         // Rows are ordered by token, so by limit: skip the leading rows that see nothing here.
         const int64_t t0 = std::max<int64_t>(0, c0 - (s.seq_len - s.qlen));
         const int64_t i0 = t0 * s.heads;
         if (i0 >= rows) break;
-        // f32 rows are read where they live (prefetched by the previous chunk's tiles); bf16/f16
-        // chunks are widened once into f32 scratch shared by every head and both products
-        // (widening in every tile that reads a row was slower).
+        // f32 rows are read where they live (prefetched by the previous chunk's tiles); other
+        // formats are widened (dequantised) once into f32 scratch shared by every head and both
+        // products (widening in every tile that reads a row was slower).
         for (int64_t j = 0; j < n; ++j) {
-            if (s.cache.dtype == DType::f32) {
+            if (s.cache.in_place()) {
                 chunk_rows[j] = static_cast<const float*>(s.cache.row(c0 + j));
             } else {
-                K.load_f32(s.cache.row(c0 + j), s.cache.dtype, kr + j * w, w);
+                load_row(K, *s.cache.rows, s.cache.row(c0 + j), kr + j * w);
                 chunk_rows[j] = kr + j * w;
             }
         }
@@ -320,11 +319,10 @@ const float* as_f32(const TensorView& t, std::vector<float>& keep) {
 static const char* kDecode = "MlaPagedDecode";
 
 DecodeShapes paged_decode_shapes(const TensorView& q, const TensorView& cache_in, const TensorView& bt,
-                                 const TensorView& seq_lens, int64_t r) {
-    const TensorView cache = as_cache_rows(kDecode, cache_in);
+                                 const TensorView& seq_lens, int64_t r, KvDtype kv_dtype) {
     check_rank(kDecode, q, 3);
     check_float(kDecode, q);
-    check_cache(kDecode, cache, /*writable=*/false);
+    const TensorView cache = cache_rows(kDecode, cache_in, kv_dtype, r, /*writable=*/false).logical;
     const int64_t w = cache.dim(2);
     check_dim(kDecode, q, 2, w, "the cache row width r + dr");
     if (r <= 0 || r >= w)
@@ -335,10 +333,10 @@ DecodeShapes paged_decode_shapes(const TensorView& q, const TensorView& cache_in
 }
 
 void paged_decode(const TensorView& q, const TensorView& cache_in, const TensorView& bt, const TensorView& seq_lens,
-                  float scale, int64_t r, const TensorView& out, const Threading& th) {
-    const DecodeShapes shp = paged_decode_shapes(q, cache_in, bt, seq_lens, r);
-    const TensorView cache = as_cache_rows(kDecode, cache_in);
-    const int64_t w = cache.dim(2);
+                  float scale, int64_t r, const TensorView& out, const Threading& th, KvDtype kv_dtype) {
+    const DecodeShapes shp = paged_decode_shapes(q, cache_in, bt, seq_lens, r, kv_dtype);
+    const CacheRows cache = cache_rows(kDecode, cache_in, kv_dtype, r, /*writable=*/false);
+    const int64_t w = cache.width;
     std::vector<float> q_keep, out_f32;
     const float* qf = as_f32(q, q_keep);
     float* of = out.dtype == DType::f32 ? out.ptr<float>()
@@ -357,13 +355,12 @@ static const char* kAttn = "MlaPagedAttention";
 
 AttentionShapes paged_attention_shapes(const TensorView& q_nope, const TensorView& q_pe, const TensorView& cache_in,
                                        const TensorView& w_uk, const TensorView& w_uv, const TensorView& qsl,
-                                       const TensorView& seq_lens, const TensorView& bt) {
-    const TensorView cache = as_cache_rows(kAttn, cache_in);
+                                       const TensorView& seq_lens, const TensorView& bt, KvDtype kv_dtype) {
     for (const TensorView* t : {&q_nope, &q_pe, &w_uk, &w_uv}) {
         check_rank(kAttn, *t, 3);
         check_float(kAttn, *t);
     }
-    check_cache(kAttn, cache, /*writable=*/false);
+    const TensorView cache = cache_rows(kAttn, cache_in, kv_dtype, w_uk.dim(2), /*writable=*/false).logical;
     const int64_t t_count = q_nope.dim(0), heads = q_nope.dim(1), dn = q_nope.dim(2);
     const int64_t r = w_uk.dim(2), w = cache.dim(2);
     check_dim(kAttn, q_pe, 0, t_count, "the number of tokens T of q_nope");
@@ -406,11 +403,11 @@ Form choose_form(int64_t qlen, int64_t seq_len, int64_t heads, int64_t r, int64_
 void paged_attention(const TensorView& q_nope, const TensorView& q_pe, const TensorView& cache_in,
                      const TensorView& w_uk, const TensorView& w_uv, const TensorView& qsl,
                      const TensorView& seq_lens, const TensorView& bt, float scale, Form form,
-                     const TensorView& out, const Threading& th) {
-    const AttentionShapes shp = paged_attention_shapes(q_nope, q_pe, cache_in, w_uk, w_uv, qsl, seq_lens, bt);
-    const TensorView cache = as_cache_rows(kAttn, cache_in);
+                     const TensorView& out, const Threading& th, KvDtype kv_dtype) {
+    const AttentionShapes shp = paged_attention_shapes(q_nope, q_pe, cache_in, w_uk, w_uv, qsl, seq_lens, bt, kv_dtype);
+    const CacheRows cache = cache_rows(kAttn, cache_in, kv_dtype, w_uk.dim(2), /*writable=*/false);
     const int64_t heads = shp.heads, dn = q_nope.dim(2), dr = q_pe.dim(2), r = w_uk.dim(2), dv = shp.v_dim;
-    const int64_t w = cache.dim(2), batch = qsl.dim(0) - 1;
+    const int64_t w = cache.width, batch = qsl.dim(0) - 1;
     std::vector<float> k1, k2, k3, k4, out_keep;
     const float* qn = as_f32(q_nope, k1);
     const float* qp = as_f32(q_pe, k2);

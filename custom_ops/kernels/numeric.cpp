@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <limits>
 
 namespace mla {
 
@@ -68,6 +69,33 @@ uint16_t f32_to_f16(float f) {
     uint32_t r = abs - 0x38000000u;                          // rebias exponent 127 -> 15
     r += 0xfffu + ((r >> 13) & 1u);                          // round to nearest even
     return sign | static_cast<uint16_t>(r >> 13);
+}
+
+float e4m3_to_f32(uint8_t b) {
+    const int e = (b >> 3) & 0xf, m = b & 7;
+    float v;
+    if (e == 15 && m == 7) v = std::numeric_limits<float>::quiet_NaN();
+    else if (e == 0) v = std::ldexp(static_cast<float>(m), -9);  // subnormal: m * 2^-9
+    else v = std::ldexp(static_cast<float>(8 + m), e - 10);      // (1 + m/8) * 2^(e - 7)
+    return (b & 0x80) ? -v : v;
+}
+
+uint8_t f32_to_e4m3(float f) {
+    uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    const uint8_t sign = static_cast<uint8_t>((bits >> 24) & 0x80u);
+    const uint32_t abs = bits & 0x7fffffffu;
+    if (abs > 0x7f800000u) return sign | 0x7fu;
+    const float a = std::fabs(f);
+    if (a < 0.015625f)  // below 2^-6: subnormal codes m * 2^-9 (m = 8 is the smallest normal, 0x08)
+        return sign | static_cast<uint8_t>(std::nearbyint(a * 512.0f));
+    // Normal: keep 3 of the 23 mantissa bits, rounding to nearest even (a carry moves the
+    // exponent up, as it should), then rebias the exponent 127 -> 7.
+    uint32_t r = abs + 0x7ffffu + ((abs >> 20) & 1u);
+    r >>= 20;                      // exponent (8 bits) and 3 mantissa bits
+    r -= (127u - 7u) << 3;
+    if (r > 0x7eu) r = 0x7eu;      // saturate at 448 (0x7f is NaN)
+    return sign | static_cast<uint8_t>(r);
 }
 
 void to_f32(const void* src, DType dtype, float* dst, int64_t n) {

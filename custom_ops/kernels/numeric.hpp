@@ -29,6 +29,14 @@ inline uint16_t f32_to_bf16(float f) {
 float f16_to_f32(uint16_t h);
 uint16_t f32_to_f16(float f);
 
+// float8 e4m3fn (1 sign, 4 exponent bits with bias 7, 3 mantissa bits; no infinities, NaN =
+// S.1111.111, largest finite 448), as ml_dtypes.float8_e4m3fn.
+float e4m3_to_f32(uint8_t b);
+// Round to nearest even, like ml_dtypes' float32 -> float8_e4m3fn for |f| <= 448; larger
+// magnitudes saturate to +-448 (the cache write scales rows so that they never exceed it).
+// NaN gives the NaN code.
+uint8_t f32_to_e4m3(float f);
+
 // dst[i] = float(src[i]) for a float dtype src.
 void to_f32(const void* src, DType dtype, float* dst, int64_t n);
 // dst[i] = dtype(src[i]).

@@ -50,16 +50,6 @@ void check_cache(const char* op, const TensorView& c, bool writable) {
     if (c.dim(2) < 2) fail(op, c, "must have a row width of at least 2, got shape " + shape_str(c.shape));
 }
 
-TensorView as_cache_rows(const char* op, const TensorView& c) {
-    if (c.dtype != DType::u8 || c.rank() != 3) return c;
-    TensorView v = c;
-    v.dtype = DType::bf16;
-    if (c.dim(2) % 2 != 0)
-        fail(op, c, "of bytes (bf16 rows) must have an even last dimension, got shape " + shape_str(c.shape));
-    v.shape[2] = c.dim(2) / 2;
-    return v;
-}
-
 int64_t index_at(const TensorView& t, int64_t i) {
     return t.dtype == DType::i32 ? static_cast<int64_t>(t.ptr<const int32_t>()[i]) : t.ptr<const int64_t>()[i];
 }

@@ -18,11 +18,6 @@ void check_float(const char* op, const TensorView& t);      // f32, bf16 or f16
 void check_index(const char* op, const TensorView& t);      // i32 or i64
 void check_cache(const char* op, const TensorView& kv_cache, bool writable);
 
-// The cache as rows of its logical dtype. A u8 cache [NB, BS, 2 * W] holds bf16 rows as raw
-// bytes: OpenVINO's CPU plugin converts a bf16 input of a custom op into an f32 copy on CPUs
-// without native bf16 (so it could not be written in place), but passes u8 through untouched.
-TensorView as_cache_rows(const char* op, const TensorView& kv_cache);
-
 // Reads element i of an i32 or i64 tensor.
 int64_t index_at(const TensorView& t, int64_t i);
 

@@ -162,6 +162,23 @@ int64_t int_attr(const OrtApi& api, const OrtKernelInfo* info, const char* name,
     return value;
 }
 
+// The cache's row format from the optional string attribute 'kv_dtype' (absent = "": by the
+// cache's element type, u8 bytes = bf16 rows; see kernels/cache_format.hpp).
+mla::KvDtype kv_dtype_attr(const OrtApi& api, const OrtKernelInfo* info, const char* op) {
+    size_t size = 0;
+    if (OrtStatus* st = api.KernelInfoGetAttribute_string(info, "kv_dtype", nullptr, &size)) {
+        api.ReleaseStatus(st);
+        return mla::KvDtype::automatic;
+    }
+    std::string value(size, '\0');
+    if (OrtStatus* st = api.KernelInfoGetAttribute_string(info, "kv_dtype", value.data(), &size)) {
+        api.ReleaseStatus(st);
+        throw mla::Error(std::string(op) + ": cannot read the string attribute 'kv_dtype'");
+    }
+    value.resize(size > 0 ? size - 1 : 0);  // size counts the terminating NUL
+    return mla::kv_dtype_from_name(op, value);
+}
+
 // ------------------------------------------------------------------ op base
 
 // Inputs whose type the kernel validates itself are declared UNDEFINED (any type). The output of
@@ -186,18 +203,20 @@ struct MlaOp : Ort::CustomOpBase<TOp, TKernel, /*WithStatus=*/true> {
 // ------------------------------------------------------------------ MlaCacheWrite
 
 struct CacheWriteKernel {
-    CacheWriteKernel(const OrtApi&, const OrtKernelInfo*, int num_threads) : num_threads_(num_threads) {}
+    CacheWriteKernel(const OrtApi& api, const OrtKernelInfo* info, int num_threads)
+        : kv_dtype_(kv_dtype_attr(api, info, "MlaCacheWrite")), num_threads_(num_threads) {}
     OrtStatusPtr ComputeV2(OrtKernelContext* context) {
         return guarded("MlaCacheWrite", [&] {
             Ort::KernelContext ctx(context);
             const int64_t written = mla::cache_write(
                 input_view(ctx, 0, "kv_c"), input_view(ctx, 1, "k_pe"), input_view(ctx, 2, "kv_cache"),
-                input_view(ctx, 3, "slot_mapping"), ort_threading(context, num_threads_));
+                input_view(ctx, 3, "slot_mapping"), ort_threading(context, num_threads_), kv_dtype_);
             const int64_t shape[1] = {1};
             auto out = ctx.GetOutput(0, shape, 1);
             out.GetTensorMutableData<int32_t>()[0] = static_cast<int32_t>(written);
         });
     }
+    mla::KvDtype kv_dtype_;
     int num_threads_;
 };
 
@@ -218,6 +237,7 @@ struct DecodeKernel {
     DecodeKernel(const OrtApi& api, const OrtKernelInfo* info, int num_threads)
         : scale_(float_attr(api, info, "MlaPagedDecode", "scale")),
           kv_lora_rank_(int_attr(api, info, "kv_lora_rank", 512)),
+          kv_dtype_(kv_dtype_attr(api, info, "MlaPagedDecode")),
           num_threads_(num_threads) {
         if (kv_lora_rank_ <= 0)
             throw mla::Error("MlaPagedDecode: attribute 'kv_lora_rank' must be positive, got " +
@@ -228,15 +248,16 @@ struct DecodeKernel {
             Ort::KernelContext ctx(context);
             const auto q = input_view(ctx, 0, "q"), cache = input_view(ctx, 1, "kv_cache");
             const auto bt = input_view(ctx, 2, "block_tables"), lens = input_view(ctx, 3, "seq_lens");
-            const mla::DecodeShapes s = mla::paged_decode_shapes(q, cache, bt, lens, kv_lora_rank_);
+            const mla::DecodeShapes s = mla::paged_decode_shapes(q, cache, bt, lens, kv_lora_rank_, kv_dtype_);
             const int64_t shape[3] = {s.batch, s.heads, s.rank};
             auto out = ctx.GetOutput(0, shape, 3);
             mla::paged_decode(q, cache, bt, lens, scale_, kv_lora_rank_, output_view(out, "output"),
-                              ort_threading(context, num_threads_));
+                              ort_threading(context, num_threads_), kv_dtype_);
         });
     }
     float scale_;
     int64_t kv_lora_rank_;
+    mla::KvDtype kv_dtype_;
     int num_threads_;
 };
 
@@ -259,6 +280,7 @@ struct AttentionKernel {
     AttentionKernel(const OrtApi& api, const OrtKernelInfo* info, int num_threads)
         : scale_(float_attr(api, info, "MlaPagedAttention", "scale")),
           form_(int_attr(api, info, "form", 0)),
+          kv_dtype_(kv_dtype_attr(api, info, "MlaPagedAttention")),
           num_threads_(num_threads) {
         if (form_ < 0 || form_ > 2)
             throw mla::Error("MlaPagedAttention attribute 'form' must be 0 (auto), 1 (absorbed) or 2 (expanded), got " +
@@ -272,15 +294,16 @@ struct AttentionKernel {
             const auto wuk = input_view(ctx, 3, "w_uk"), wuv = input_view(ctx, 4, "w_uv");
             const auto qsl = input_view(ctx, 5, "query_start_loc"), lens = input_view(ctx, 6, "seq_lens");
             const auto bt = input_view(ctx, 7, "block_tables");
-            const mla::AttentionShapes s = mla::paged_attention_shapes(qn, qp, cache, wuk, wuv, qsl, lens, bt);
+            const mla::AttentionShapes s = mla::paged_attention_shapes(qn, qp, cache, wuk, wuv, qsl, lens, bt, kv_dtype_);
             const int64_t shape[3] = {s.tokens, s.heads, s.v_dim};
             auto out = ctx.GetOutput(0, shape, 3);
             mla::paged_attention(qn, qp, cache, wuk, wuv, qsl, lens, bt, scale_, static_cast<mla::Form>(form_),
-                                 output_view(out, "output"), ort_threading(context, num_threads_));
+                                 output_view(out, "output"), ort_threading(context, num_threads_), kv_dtype_);
         });
     }
     float scale_;
     int64_t form_;
+    mla::KvDtype kv_dtype_;
     int num_threads_;
 };
 

@@ -16,20 +16,25 @@ ov::OutputVector inputs_of(const ov::frontend::NodeContext& ctx) {
     return args;
 }
 
+// The cache's row format; absent = "" (by the cache's element type, u8 = bf16 rows).
+std::string kv_dtype_of(const ov::frontend::NodeContext& ctx) {
+    return ctx.get_attribute<std::string>("kv_dtype", "");
+}
+
 ov::OutputVector convert_cache_write(const ov::frontend::NodeContext& ctx) {
-    return std::make_shared<mla_ov::MlaCacheWrite>(inputs_of(ctx))->outputs();
+    return std::make_shared<mla_ov::MlaCacheWrite>(inputs_of(ctx), kv_dtype_of(ctx))->outputs();
 }
 
 ov::OutputVector convert_decode(const ov::frontend::NodeContext& ctx) {
     const float scale = ctx.get_attribute<float>("scale");
     const int64_t rank = ctx.get_attribute<int64_t>("kv_lora_rank", 512);
-    return std::make_shared<mla_ov::MlaPagedDecode>(inputs_of(ctx), scale, rank)->outputs();
+    return std::make_shared<mla_ov::MlaPagedDecode>(inputs_of(ctx), scale, rank, kv_dtype_of(ctx))->outputs();
 }
 
 ov::OutputVector convert_attention(const ov::frontend::NodeContext& ctx) {
     const float scale = ctx.get_attribute<float>("scale");
     const int64_t form = ctx.get_attribute<int64_t>("form", 0);
-    return std::make_shared<mla_ov::MlaPagedAttention>(inputs_of(ctx), scale, form)->outputs();
+    return std::make_shared<mla_ov::MlaPagedAttention>(inputs_of(ctx), scale, form, kv_dtype_of(ctx))->outputs();
 }
 
 }  // namespace

@@ -41,6 +41,15 @@ mla::Threading ov_threading() {
     return th;
 }
 
+// The kv_dtype attribute, checked when the graph is built (not first at inference).
+void check_kv_dtype(const ov::Node* node, const std::string& kv_dtype) {
+    try {
+        mla::kv_dtype_from_name(node->get_type_name(), kv_dtype);
+    } catch (const mla::Error& e) {
+        NODE_VALIDATION_CHECK(node, false, e.what());
+    }
+}
+
 void check_inputs(const ov::Node* node, size_t required) {
     const size_t n = node->get_input_size();
     NODE_VALIDATION_CHECK(node, n == required || n == required + 1, node->get_type_name(), " takes ", required,
@@ -51,21 +60,30 @@ void check_inputs(const ov::Node* node, size_t required) {
 
 // ---------------------------------------------------------------- MlaCacheWrite
 
-MlaCacheWrite::MlaCacheWrite(const ov::OutputVector& args) : Op(args) { constructor_validate_and_infer_types(); }
+MlaCacheWrite::MlaCacheWrite(const ov::OutputVector& args, std::string kv_dtype)
+    : Op(args), m_kv_dtype(std::move(kv_dtype)) {
+    constructor_validate_and_infer_types();
+}
 
 void MlaCacheWrite::validate_and_infer_types() {
     NODE_VALIDATION_CHECK(this, get_input_size() == 4, "MlaCacheWrite takes 4 inputs, got ", get_input_size());
+    check_kv_dtype(this, m_kv_dtype);
     set_output_type(0, ov::element::i32, ov::PartialShape{1});
 }
 
 std::shared_ptr<ov::Node> MlaCacheWrite::clone_with_new_inputs(const ov::OutputVector& args) const {
-    return std::make_shared<MlaCacheWrite>(args);
+    return std::make_shared<MlaCacheWrite>(args, m_kv_dtype);
+}
+
+bool MlaCacheWrite::visit_attributes(ov::AttributeVisitor& visitor) {
+    visitor.on_attribute("kv_dtype", m_kv_dtype);
+    return true;
 }
 
 bool MlaCacheWrite::evaluate(ov::TensorVector& outputs, const ov::TensorVector& inputs) const {
     const int64_t written = mla::cache_write(view(inputs[0], "kv_c"), view(inputs[1], "k_pe"),
                                              view(inputs[2], "kv_cache"), view(inputs[3], "slot_mapping"),
-                                             ov_threading());
+                                             ov_threading(), mla::kv_dtype_from_name("MlaCacheWrite", m_kv_dtype));
     outputs[0].set_shape(ov::Shape{1});
     outputs[0].data<int32_t>()[0] = static_cast<int32_t>(written);
     return true;
@@ -73,13 +91,14 @@ bool MlaCacheWrite::evaluate(ov::TensorVector& outputs, const ov::TensorVector& 
 
 // ---------------------------------------------------------------- MlaPagedDecode
 
-MlaPagedDecode::MlaPagedDecode(const ov::OutputVector& args, float scale, int64_t kv_lora_rank)
-    : Op(args), m_scale(scale), m_kv_lora_rank(kv_lora_rank) {
+MlaPagedDecode::MlaPagedDecode(const ov::OutputVector& args, float scale, int64_t kv_lora_rank, std::string kv_dtype)
+    : Op(args), m_scale(scale), m_kv_lora_rank(kv_lora_rank), m_kv_dtype(std::move(kv_dtype)) {
     constructor_validate_and_infer_types();
 }
 
 void MlaPagedDecode::validate_and_infer_types() {
     check_inputs(this, 4);
+    check_kv_dtype(this, m_kv_dtype);
     const auto& q = get_input_partial_shape(0);
     ov::PartialShape out = ov::PartialShape::dynamic(3);
     if (q.rank().is_static() && q.rank().get_length() == 3) out = ov::PartialShape{q[0], q[1], m_kv_lora_rank};
@@ -87,33 +106,36 @@ void MlaPagedDecode::validate_and_infer_types() {
 }
 
 std::shared_ptr<ov::Node> MlaPagedDecode::clone_with_new_inputs(const ov::OutputVector& args) const {
-    return std::make_shared<MlaPagedDecode>(args, m_scale, m_kv_lora_rank);
+    return std::make_shared<MlaPagedDecode>(args, m_scale, m_kv_lora_rank, m_kv_dtype);
 }
 
 bool MlaPagedDecode::visit_attributes(ov::AttributeVisitor& visitor) {
     visitor.on_attribute("scale", m_scale);
     visitor.on_attribute("kv_lora_rank", m_kv_lora_rank);
+    visitor.on_attribute("kv_dtype", m_kv_dtype);
     return true;
 }
 
 bool MlaPagedDecode::evaluate(ov::TensorVector& outputs, const ov::TensorVector& inputs) const {
     const auto q = view(inputs[0], "q"), cache = view(inputs[1], "kv_cache");
     const auto bt = view(inputs[2], "block_tables"), lens = view(inputs[3], "seq_lens");
-    const mla::DecodeShapes s = mla::paged_decode_shapes(q, cache, bt, lens, m_kv_lora_rank);
+    const auto kv = mla::kv_dtype_from_name("MlaPagedDecode", m_kv_dtype);
+    const mla::DecodeShapes s = mla::paged_decode_shapes(q, cache, bt, lens, m_kv_lora_rank, kv);
     outputs[0].set_shape(ov::Shape{size_t(s.batch), size_t(s.heads), size_t(s.rank)});
-    mla::paged_decode(q, cache, bt, lens, m_scale, m_kv_lora_rank, view(outputs[0], "output"), ov_threading());
+    mla::paged_decode(q, cache, bt, lens, m_scale, m_kv_lora_rank, view(outputs[0], "output"), ov_threading(), kv);
     return true;
 }
 
 // ---------------------------------------------------------------- MlaPagedAttention
 
-MlaPagedAttention::MlaPagedAttention(const ov::OutputVector& args, float scale, int64_t form)
-    : Op(args), m_scale(scale), m_form(form) {
+MlaPagedAttention::MlaPagedAttention(const ov::OutputVector& args, float scale, int64_t form, std::string kv_dtype)
+    : Op(args), m_scale(scale), m_form(form), m_kv_dtype(std::move(kv_dtype)) {
     constructor_validate_and_infer_types();
 }
 
 void MlaPagedAttention::validate_and_infer_types() {
     check_inputs(this, 8);
+    check_kv_dtype(this, m_kv_dtype);
     NODE_VALIDATION_CHECK(this, m_form >= 0 && m_form <= 2, "MlaPagedAttention attribute 'form' must be 0 (auto), ",
                           "1 (absorbed) or 2 (expanded), got ", m_form);
     const auto& qn = get_input_partial_shape(0);
@@ -125,12 +147,13 @@ void MlaPagedAttention::validate_and_infer_types() {
 }
 
 std::shared_ptr<ov::Node> MlaPagedAttention::clone_with_new_inputs(const ov::OutputVector& args) const {
-    return std::make_shared<MlaPagedAttention>(args, m_scale, m_form);
+    return std::make_shared<MlaPagedAttention>(args, m_scale, m_form, m_kv_dtype);
 }
 
 bool MlaPagedAttention::visit_attributes(ov::AttributeVisitor& visitor) {
     visitor.on_attribute("scale", m_scale);
     visitor.on_attribute("form", m_form);
+    visitor.on_attribute("kv_dtype", m_kv_dtype);
     return true;
 }
 
@@ -139,10 +162,11 @@ bool MlaPagedAttention::evaluate(ov::TensorVector& outputs, const ov::TensorVect
     const auto wuk = view(inputs[3], "w_uk"), wuv = view(inputs[4], "w_uv");
     const auto qsl = view(inputs[5], "query_start_loc"), lens = view(inputs[6], "seq_lens");
     const auto bt = view(inputs[7], "block_tables");
-    const mla::AttentionShapes s = mla::paged_attention_shapes(qn, qp, cache, wuk, wuv, qsl, lens, bt);
+    const auto kv = mla::kv_dtype_from_name("MlaPagedAttention", m_kv_dtype);
+    const mla::AttentionShapes s = mla::paged_attention_shapes(qn, qp, cache, wuk, wuv, qsl, lens, bt, kv);
     outputs[0].set_shape(ov::Shape{size_t(s.tokens), size_t(s.heads), size_t(s.v_dim)});
     mla::paged_attention(qn, qp, cache, wuk, wuv, qsl, lens, bt, m_scale, static_cast<mla::Form>(m_form),
-                         view(outputs[0], "output"), ov_threading());
+                         view(outputs[0], "output"), ov_threading(), kv);
     return true;
 }
 

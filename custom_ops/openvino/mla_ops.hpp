@@ -4,6 +4,8 @@
 // lets MlaCacheWrite update a shared-memory cache Parameter in place.
 #pragma once
 
+#include <string>
+
 #include <openvino/op/op.hpp>
 
 namespace mla_ov {
@@ -12,12 +14,16 @@ class MlaCacheWrite : public ov::op::Op {
 public:
     OPENVINO_OP("MlaCacheWrite", "mla_export");
     MlaCacheWrite() = default;
-    explicit MlaCacheWrite(const ov::OutputVector& args);  // kv_c, k_pe, kv_cache, slot_mapping
+    // kv_c, k_pe, kv_cache, slot_mapping
+    explicit MlaCacheWrite(const ov::OutputVector& args, std::string kv_dtype = "");
     void validate_and_infer_types() override;
     std::shared_ptr<ov::Node> clone_with_new_inputs(const ov::OutputVector& args) const override;
-    bool visit_attributes(ov::AttributeVisitor&) override { return true; }
+    bool visit_attributes(ov::AttributeVisitor& visitor) override;
     bool evaluate(ov::TensorVector& outputs, const ov::TensorVector& inputs) const override;
     bool has_evaluate() const override { return true; }
+
+private:
+    std::string m_kv_dtype;  // the cache's row format ("" = by element type, see cache_format.hpp)
 };
 
 class MlaPagedDecode : public ov::op::Op {
@@ -25,7 +31,7 @@ public:
     OPENVINO_OP("MlaPagedDecode", "mla_export");
     MlaPagedDecode() = default;
     // q, kv_cache, block_tables, seq_lens [, after]
-    MlaPagedDecode(const ov::OutputVector& args, float scale, int64_t kv_lora_rank);
+    MlaPagedDecode(const ov::OutputVector& args, float scale, int64_t kv_lora_rank, std::string kv_dtype = "");
     void validate_and_infer_types() override;
     std::shared_ptr<ov::Node> clone_with_new_inputs(const ov::OutputVector& args) const override;
     bool visit_attributes(ov::AttributeVisitor& visitor) override;
@@ -35,6 +41,7 @@ public:
 private:
     float m_scale = 1.0f;
     int64_t m_kv_lora_rank = 512;
+    std::string m_kv_dtype;
 };
 
 class MlaPagedAttention : public ov::op::Op {
@@ -42,7 +49,7 @@ public:
     OPENVINO_OP("MlaPagedAttention", "mla_export");
     MlaPagedAttention() = default;
     // q_nope, q_pe, kv_cache, w_uk, w_uv, query_start_loc, seq_lens, block_tables [, after]
-    MlaPagedAttention(const ov::OutputVector& args, float scale, int64_t form);
+    MlaPagedAttention(const ov::OutputVector& args, float scale, int64_t form, std::string kv_dtype = "");
     void validate_and_infer_types() override;
     std::shared_ptr<ov::Node> clone_with_new_inputs(const ov::OutputVector& args) const override;
     bool visit_attributes(ov::AttributeVisitor& visitor) override;
@@ -52,6 +59,7 @@ public:
 private:
     float m_scale = 1.0f;
     int64_t m_form = 0;
+    std::string m_kv_dtype;
 };
 
 }  // namespace mla_ov

@@ -30,7 +30,9 @@ from .weights import CheckpointReader
 __all__ = ["ExportError", "ExportResult", "export_model", "FORMATS"]
 
 FORMATS = ("openvino", "onnx", "both")
-KV_DTYPES = {"bf16": 2, "f32": 4}
+# Cache formats (mla_export/kv_formats.py) and the bytes per value of a per-head cache in each,
+# for the summary's comparison (the latent rows' exact sizes come from kv_formats.row_bytes).
+KV_DTYPES = {"bf16": 2, "f32": 4, "f16": 2, "int8": 1, "fp8": 1}
 
 
 class ExportError(ValueError):
@@ -96,7 +98,7 @@ def _check_out_dir(out_dir: Path, overwrite: bool) -> None:
 
 
 def export_model(model_dir, out_dir, *, fmt: str = "openvino", portable: bool = False, block_size: int = 16,
-                 kv_dtype: str = "bf16", weight_format: str = "auto", group_size: int = 128, ratio: float = 1.0,
+                 kv_dtype: str = "f16", weight_format: str = "auto", group_size: int = 128, ratio: float = 1.0,
                  overwrite: bool = False, progress: ExportProgress | None = None,
                  weight_dtype: str | None = None) -> ExportResult:
     """weight_format: auto | f32 | f16 | bf16 | int8 | int4 (weight_dtype: its older name).
@@ -107,7 +109,10 @@ def export_model(model_dir, out_dir, *, fmt: str = "openvino", portable: bool = 
     if fmt not in FORMATS:
         raise ExportError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     if kv_dtype not in KV_DTYPES:
-        raise ExportError(f"--kv-dtype must be bf16 or f32, got {kv_dtype!r}")
+        raise ExportError(f"--kv-dtype must be one of {', '.join(KV_DTYPES)}, got {kv_dtype!r}")
+    if portable and kv_dtype in ("int8", "fp8"):
+        raise ExportError(f"--portable cannot hold an {kv_dtype} cache (standard ONNX has no bit-cast to read the f32 "
+                          "scale stored in each byte row); use --kv-dtype f16, bf16 or f32 with --portable")
     if not isinstance(block_size, int) or block_size < 1:
         raise ExportError(f"--block-size must be a positive integer, got {block_size!r}")
     if not model_dir.is_dir():

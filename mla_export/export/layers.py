@@ -107,9 +107,11 @@ def attention(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig, i: int
     cache = f"kv_cache.{i}"
     if "custom" in g.variants:
         written = f"layers.{i}.written"
-        g.add_node("custom", cache_write_node(kv_c, k_pe, cache, io["slot_mapping"], written, f"layers.{i}.cache_write"))
+        g.add_node("custom", cache_write_node(kv_c, k_pe, cache, io["slot_mapping"], written, f"layers.{i}.cache_write",
+                                              kv_dtype=io["kv_dtype"]))
         g.add_node("custom", paged_attention_node(q_nope, q_pe, cache, w_uk, w_uv, *meta, written, attn,
-                                                  f"layers.{i}.paged_attention", scale=cfg.softmax_scale, form=0))
+                                                  f"layers.{i}.paged_attention", scale=cfg.softmax_scale, form=0,
+                                                  kv_dtype=io["kv_dtype"]))
     if "portable" in g.variants:
         updated = f"kv_cache_out.{i}"
         g.add_node("portable", cache_update_node(kv_c, k_pe, cache, io["slot_mapping"], updated, f"layers.{i}.cache_update"))

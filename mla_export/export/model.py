@@ -41,13 +41,13 @@ def build_onnx(cfg: MLAModelConfig, reader: CheckpointReader, out_dir: Path, *, 
     store = WeightStore(out_dir / ONNX_DATA, weight_format)
     try:
         g = GraphBuilder(store, variants)
-        _build(g, reader, cfg, progress)
+        _build(g, reader, cfg, progress, kv_dtype)
     finally:
         store.close()
     onnx_ops.register_schemas()
     paths = {}
     for variant in variants:
-        inputs, outputs = graph_io(cfg.num_layers, block_size, cfg.row_width, kv_dtype, variant)
+        inputs, outputs = graph_io(cfg.num_layers, block_size, cfg.row_width, kv_dtype, variant, cfg.kv_lora_rank)
         graph = helper.make_graph(g.variants[variant], f"{cfg.model_type}_mla_{variant}",
                                   [_value_info(s, cfg.vocab_size) for s in inputs],
                                   [_value_info(s, cfg.vocab_size) for s in outputs], store.initializers)
@@ -76,8 +76,9 @@ def plan_weights(cfg: MLAModelConfig, reader: CheckpointReader, weight_format: W
 
 
 def _build(g: GraphBuilder, reader: CheckpointReader, cfg: MLAModelConfig,
-           progress: Callable[[int, int], None] | None) -> None:
+           progress: Callable[[int, int], None] | None, kv_dtype: str = "") -> None:
     io = _inputs(g, cfg)
+    io["kv_dtype"] = kv_dtype  # the cache row format the MLA nodes read and write (kv_dtype attribute)
     h, table = _embed(g, reader, cfg)
     for i in range(cfg.num_layers):
         h = _decoder_layer(g, reader, cfg, i, h, io)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..kv_formats import row_bytes
 from .exporter import KV_DTYPES, ExportResult
 
 __all__ = ["summary_lines"]
@@ -21,7 +22,7 @@ def summary_lines(result: ExportResult, wall_seconds: float | None = None) -> li
     c = result.contract
     m, cache = c["model"], c["cache"]
     elem = KV_DTYPES[cache["dtype"]]
-    latent = m["num_layers"] * cache["row_width"] * elem
+    latent = m["num_layers"] * row_bytes(cache["dtype"], m["kv_lora_rank"], m["qk_rope_head_dim"])
     expanded = m["num_layers"] * m["num_heads"] * (m["qk_nope_head_dim"] + m["qk_rope_head_dim"] + m["v_head_dim"]) * elem
     lines = [
         f"exported {m['model_type']} ({m['num_layers']} layers, {m['num_heads']} heads, vocab {m['vocab_size']}) "

@@ -82,6 +82,7 @@ class LLMEngine:
         self.kv_cache = KVCacheManager(
             facts.num_layers, num_blocks, facts.block_size, facts.row_width, facts.cache_dtype,
             enable_prefix_caching=enable_prefix_caching, block_order_seed=block_order_seed,
+            kv_lora_rank=facts.kv_lora_rank,
         )
         self.builder = OpenVINOMLABackend.get_builder_cls()(
             facts.block_size, num_blocks, facts.max_model_len, facts.vocab_size
@@ -104,7 +105,7 @@ class LLMEngine:
                 raise ValueError(f"num_blocks must be a positive integer, got {num_blocks!r}")
             return num_blocks
         per_block = KVCacheManager.blocks_for_memory
-        args = (facts.num_layers, facts.block_size, facts.row_width, facts.cache_dtype)
+        args = (facts.num_layers, facts.block_size, facts.row_width, facts.cache_dtype, facts.kv_lora_rank)
         if kv_cache_memory is not None:
             blocks = per_block(kv_cache_memory, *args)
             if blocks < 1:

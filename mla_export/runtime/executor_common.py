@@ -17,7 +17,8 @@ from .metadata import MLAMetadata, MLAMetadataBuilder
 __all__ = ["PRECISIONS", "CacheNotInPlaceError", "check_options", "check_cache_written_in_place"]
 
 PRECISIONS = ("f32", "bf16")
-_SENTINEL = -1234.0  # exactly representable in bf16; no real cache row is all this value
+_SENTINEL = -1234.0  # exactly representable in bf16 and f16; no real cache row is all this value
+_SENTINEL_BYTE = 0xA5  # int8/fp8 byte rows: a written row (codes, scale, k_pe) is never all 0xA5
 
 
 class CacheNotInPlaceError(RuntimeError):
@@ -36,12 +37,13 @@ def check_cache_written_in_place(execute: Callable[[MLAMetadata], np.ndarray], k
     """Sentinel step: fill block 0 with a sentinel, run one token at slot 0, read the row back
     from every layer's numpy array. The block is zeroed again afterwards (it must be free).
     `who` names the runtime; `binding_of(i)` describes how layer i's cache is bound."""
-    for cache in kv_caches:
-        cache[0] = _SENTINEL
+    sentinel = [_SENTINEL_BYTE if c.dtype == np.uint8 else _SENTINEL for c in kv_caches]
+    for cache, value in zip(kv_caches, sentinel):
+        cache[0] = value
     nb, bs, _ = kv_caches[0].shape
     step = MLAMetadataBuilder(bs, nb, max_model_len=1).build([1], [1], [[0]], np.zeros(1, np.int32))
     logits = execute(step)
-    stale = [i for i, c in enumerate(kv_caches) if np.all(c[0, 0] == _SENTINEL)]
+    stale = [i for i, c in enumerate(kv_caches) if np.all(c[0, 0] == sentinel[i])]
     for cache in kv_caches:
         cache[0] = 0
     if stale:

@@ -118,11 +118,11 @@ class OnnxRuntimeMLAExecutor:
                                    [(o.name, o.shape, o.type) for o in self.session.get_outputs()], io_variant)
         specs = {s.name: s for s in contract.inputs(io_variant)}
 
-        # The arrays the graph sees: the custom graph takes bf16 caches as u8 bytes.
+        # The arrays the graph sees: the custom graph takes all but f32 caches as u8 bytes.
         self._bound = [ort_kernels.cache_bytes(c) if self.variant == "custom" else c for c in self._kv_caches]
         for i, arr in enumerate(self._bound):
             spec = specs[f"kv_cache.{i}"]
-            want = {"u8": np.uint8, "f32": np.float32, "bf16": ort_kernels.BF16}[spec.dtype]
+            want = {"u8": np.uint8, "f32": np.float32, "bf16": ort_kernels.BF16, "f16": np.float16}[spec.dtype]
             if arr.dtype != want or arr.ndim != len(spec.shape) or any(
                     isinstance(s, int) and s != d for s, d in zip(spec.shape, arr.shape)):
                 raise ValueError(f"graph input kv_cache.{i} is {spec.dtype} {list(spec.shape)}; "

@@ -49,7 +49,7 @@ class OpenVINOMLAExecutor:
         self.graph_file = path.name
         model = core.read_model(str(path))
         contract.validate_openvino_model(model)
-        # The arrays the graph sees: f32 caches as they are, bf16 ones as their bytes.
+        # The arrays the graph sees: f32 caches as they are, the others as their bytes.
         self._kv_caches = list(kv_caches)
         self._bound = [cache_binding(c) for c in self._kv_caches]
         _check_cache_bindings(model, self._bound)
@@ -105,7 +105,7 @@ class OpenVINOMLAExecutor:
         check_cache_written_in_place(
             self.execute, self._kv_caches, "the OpenVINO plugin",
             lambda i: f"the bound array must be C-contiguous with exactly the graph input's element type (f32, "
-                      f"or bf16 bound as u8 bytes); got {self._bound[i].dtype} {self._bound[i].shape}")
+                      f"or any other format bound as u8 bytes); got {self._bound[i].dtype} {self._bound[i].shape}")
 
 
 def _check_cache_bindings(model: ov.Model, bound_caches: Sequence[np.ndarray]) -> None:

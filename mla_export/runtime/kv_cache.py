@@ -1,8 +1,9 @@
 """The paged latent cache: per-layer arrays, a ref-counted block pool, prefix caching, copy-on-write.
 
-Memory: one C-contiguous [num_blocks, block_size, W] array per layer, in the contract's cache
-dtype (f32 or bf16: the dtypes the CPU plugin writes in place). The executor binds these very
-arrays to the graph, so they must never be replaced, only written.
+Memory: one C-contiguous array per layer in the contract's cache format (mla_export/kv_formats.py):
+[num_blocks, block_size, W] of f32, bf16 or f16, or u8 [num_blocks, block_size, row bytes] for
+int8/fp8. The executor binds these very arrays to the graph (all but f32 as their bytes), so
+they must never be replaced, only written.
 
 Blocks (vLLM v1's design, simplified to one KV cache group):
 - a block is referenced by every request whose block table holds it (ref count);
@@ -21,22 +22,26 @@ import hashlib
 from collections import OrderedDict
 from typing import Sequence
 
-import ml_dtypes
 import numpy as np
 
+from .. import kv_formats
 from .backend import OpenVINOMLABackend
 
 __all__ = ["BlockPool", "KVCacheManager", "cache_dtype", "block_hash"]
 
-_CACHE_DTYPES = {"f32": np.dtype(np.float32), "bf16": np.dtype(ml_dtypes.bfloat16)}
-
-
 def cache_dtype(name: str) -> np.dtype:
-    """numpy dtype of a contract cache dtype name ("f32" or "bf16"; f16 would be copied by the plugin)."""
-    try:
-        return _CACHE_DTYPES[name]
-    except KeyError:
-        raise ValueError(f"unsupported cache dtype {name!r}: the cache must be one of {sorted(_CACHE_DTYPES)}") from None
+    """numpy dtype of the cache arrays of a contract cache dtype name (u8 for int8/fp8)."""
+    if name not in kv_formats.KV_DTYPES:
+        raise ValueError(f"unsupported cache dtype {name!r}: the cache must be one of {list(kv_formats.KV_DTYPES)}")
+    return kv_formats.storage_dtype(name)
+
+
+def _row_bytes(dtype: str, row_width: int, kv_lora_rank: int | None) -> int:
+    if dtype in kv_formats.QUANTISED:
+        if not kv_lora_rank or not 0 < kv_lora_rank < row_width:
+            raise ValueError(f"an {dtype} cache needs kv_lora_rank in [1, {row_width - 1}], got {kv_lora_rank!r}")
+        return kv_formats.row_bytes(dtype, kv_lora_rank, row_width - kv_lora_rank)
+    return row_width * cache_dtype(dtype).itemsize
 
 
 def block_hash(parent: bytes, token_ids: Sequence[int]) -> bytes:
@@ -123,11 +128,15 @@ class KVCacheManager:
         dtype: str = "bf16",
         enable_prefix_caching: bool = True,
         block_order_seed: int | None = None,
+        kv_lora_rank: int | None = None,  # needed for int8/fp8 rows
     ):
         if num_layers < 1 or num_blocks < 1:
             raise ValueError("the cache needs at least one layer and one block")
-        shape = OpenVINOMLABackend.get_kv_cache_shape(num_blocks, block_size, 1, row_width)
         self.dtype = cache_dtype(dtype)
+        self.row_bytes = _row_bytes(dtype, row_width, kv_lora_rank)
+        # int8/fp8 arrays are u8 rows of bytes: the last axis counts bytes, not values.
+        width = row_width if dtype not in kv_formats.QUANTISED else self.row_bytes
+        shape = OpenVINOMLABackend.get_kv_cache_shape(num_blocks, block_size, 1, width)
         self.kv_caches = [np.zeros(shape, dtype=self.dtype) for _ in range(num_layers)]
         self.block_size = block_size
         self.num_blocks = num_blocks
@@ -139,8 +148,9 @@ class KVCacheManager:
         self.num_copied_blocks = 0  # copy-on-write count
 
     @staticmethod
-    def blocks_for_memory(budget_bytes: int, num_layers: int, block_size: int, row_width: int, dtype: str) -> int:
-        block_bytes = num_layers * block_size * row_width * cache_dtype(dtype).itemsize
+    def blocks_for_memory(budget_bytes: int, num_layers: int, block_size: int, row_width: int, dtype: str,
+                          kv_lora_rank: int | None = None) -> int:
+        block_bytes = num_layers * block_size * _row_bytes(dtype, row_width, kv_lora_rank)
         return int(budget_bytes) // block_bytes
 
     @property

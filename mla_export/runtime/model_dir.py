@@ -16,11 +16,12 @@ class ModelFacts:
     num_layers: int
     block_size: int
     row_width: int  # kv_lora_rank + qk_rope_head_dim
-    cache_dtype: str  # "f32" | "bf16": the dtype of the cache arrays (bf16 is bound as bytes)
+    cache_dtype: str  # the row format, kv_formats.KV_DTYPES (all but f32 are bound as bytes)
     vocab_size: int
     max_model_len: int
     eos_token_ids: frozenset[int]
     tokenizer_path: Path | None
+    kv_lora_rank: int = 0  # r: where int8/fp8 rows split into codes and k_pe
 
     def load_tokenizer(self):
         if self.tokenizer_path is None:
@@ -55,5 +56,6 @@ def load_model_dir(out_dir: str | Path) -> tuple[Contract, ModelFacts]:
         max_model_len=model["max_position_embeddings"],
         eos_token_ids=frozenset(model["eos_token_ids"]),
         tokenizer_path=contract.tokenizer_path(),
+        kv_lora_rank=model["kv_lora_rank"],
     )
     return contract, facts

@@ -1,0 +1,170 @@
+"""The f16, int8 and fp8 latent caches (mla_export/kv_formats.py, custom_ops/kernels/cache_format.hpp)
+through both runtimes' ops, against the float64 reference that stores the very same bytes.
+
+Precision: every query, weight and output here is f32 (exactness); the only rounding under test
+is the cache's own, which the reference reproduces bit for bit (the write) and then reads in
+float64 (the attention), so the tolerance is the f32 one. Caches have shuffled block tables and
+NaN in every row no sequence owns (int8/fp8: a NaN scale)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from mla_export import kernels as ov_ops
+from mla_export import kv_formats as kf
+from mla_export import reference as ref
+from paged_problems import make_problem, randn, rel_err
+
+NEW = ["f16", "int8", "fp8"]
+TOL = 2e-5  # f32 accumulation against float64 on identical stored values
+
+
+def _runtimes():
+    mods = [pytest.param(ov_ops, id="openvino")]
+    try:
+        import onnx  # noqa: F401
+        import onnxruntime  # noqa: F401
+
+        from mla_export import ort_kernels
+
+        if ort_kernels.available():
+            mods.append(pytest.param(ort_kernels, id="onnxruntime"))
+    except ImportError:
+        pass
+    return mods
+
+
+RUNTIMES = _runtimes()
+
+
+@pytest.mark.parametrize("ops", RUNTIMES)
+@pytest.mark.parametrize("kv", NEW)
+@pytest.mark.parametrize("src", ["f32", "bf16", "f16"])
+def test_cache_write_is_bit_exact(rng, ops, kv, src):
+    nb, bs, r, dr = 5, 16, 512, 64
+    cache = kf.allocate(kv, nb, bs, r, dr, fill=0x7f)  # f16 0x7f7f, codes 0x7f: garbage everywhere
+    before = cache.copy()
+    t = 9
+    kv_c, k_pe = randn(rng, (t, r), src, scale=3.0), randn(rng, (t, dr), src, scale=40.0)
+    kv_c[2] = 0  # an all-zero row: scale 0, codes 0
+    slots = rng.choice(nb * bs, size=t, replace=False).astype(np.int32)
+    slots[-1] = -1
+    ops.cache_write(kv_c, k_pe, cache, slots, kv_dtype=kv)
+    expected = ref.cache_write(kv_c, k_pe, before.copy(), slots, kv_dtype=kv)
+    np.testing.assert_array_equal(cache.view(np.uint8), expected.view(np.uint8))
+    assert kf.row_bytes(kv, r, dr) == {"f16": 1152, "int8": 644, "fp8": 644}[kv]
+    rows = kf.decode_rows(cache.reshape(nb * bs, -1)[slots[:-1]], kv, r)
+    err = np.abs(rows[:, :r] - kv_c[:-1].astype(np.float64)).max() / np.abs(kv_c.astype(np.float64)).max()
+    assert err <= {"f16": 2 ** -11, "int8": 0.5 / 127, "fp8": 2 ** -4}[kv] * 1.01, err
+
+
+@pytest.mark.parametrize("ops", RUNTIMES)
+@pytest.mark.parametrize("kv", ["int8", "fp8"])
+def test_rounding_ties_zero_and_non_finite_rows(ops, kv):
+    r, dr = 16, 2
+    top = 127.0 if kv == "int8" else 448.0  # amax = top: scale exactly 1, x / scale = x
+    ties = ([0.5, 1.5, 2.5, -0.5, -2.5, 126.5, 3.4999, 3.5] if kv == "int8" else
+            [1.0625, 1.1875, -1.0625, 1.5 * 2 ** -9, 2.5 * 2 ** -9, 2 ** -10, 447.0, 15.5])
+    row = np.zeros(r, np.float32)
+    row[0] = top
+    row[1:1 + len(ties)] = ties
+    kv_c = np.stack([row, np.zeros(r, np.float32), row, row]).astype(np.float32)
+    kv_c[2, 5] = np.nan
+    kv_c[3, 6] = np.inf
+    k_pe = np.ones((4, dr), np.float32)
+    cache = kf.allocate(kv, 1, 4, r, dr)
+    ops.cache_write(kv_c, k_pe, cache, np.arange(4, dtype=np.int32), kv_dtype=kv)
+    expected = ref.cache_write(kv_c, k_pe, kf.allocate(kv, 1, 4, r, dr), np.arange(4), kv_dtype=kv)
+    np.testing.assert_array_equal(cache, expected)
+    got = kf.decode_rows(cache[0], kv, r)
+    if kv == "int8":
+        np.testing.assert_array_equal(got[0, 1:9], [0, 2, 2, -0.0, -2, 126, 3, 4])
+    else:  # round half to even on 3 mantissa bits, subnormal ties too (2^-10 is a tie to 0)
+        np.testing.assert_array_equal(got[0, 1:9], [1.0, 1.25, -1.0, 2 * 2 ** -9, 2 * 2 ** -9, 0, 448, 16])
+    assert np.all(got[1, :r] == 0)  # zero row: scale 0
+    assert np.isnan(got[2, :r]).all() and np.isnan(got[3, :r]).all()  # non-finite: NaN scale, loud
+    assert np.all(got[2:, r:] == 1)  # k_pe unaffected
+
+
+@pytest.mark.parametrize("ops", RUNTIMES)
+def test_every_e4m3_code_reads_exactly(ops):
+    """A one-token sequence's decode output is its row's latent values: all 254 finite codes."""
+    r, dr = 256, 8
+    codes = np.arange(256, dtype=np.uint8)
+    codes[[0x7f, 0xff]] = 0  # the NaN codes are never written
+    scale = np.float32(0.75)
+    row = np.concatenate([codes, np.frombuffer(scale.tobytes(), np.uint8),
+                          np.zeros(dr, ml_dtypes.bfloat16).view(np.uint8)])
+    cache = np.ascontiguousarray(row[None, None, :])
+    q = np.zeros((1, 1, r + dr), np.float32)
+    out = ops.paged_decode(q, cache, np.zeros((1, 1), np.int32), np.ones(1, np.int32), 1.0, kv_lora_rank=r,
+                           kv_dtype="fp8")
+    expected = codes.view(ml_dtypes.float8_e4m3fn).astype(np.float64) * 0.75
+    np.testing.assert_array_equal(out[0, 0].astype(np.float64), expected)
+
+
+@pytest.mark.parametrize("ops", RUNTIMES)
+@pytest.mark.parametrize("kv", NEW)
+@pytest.mark.parametrize("lens,r,dr,h,bs", [([1, 300, 33, 129], 512, 64, 16, 16), ([2500, 7], 20, 6, 3, 32)])
+def test_decode(rng, ops, kv, lens, r, dr, h, bs):
+    p = make_problem(rng, lens, np.ones(len(lens), int), r + dr, bs, kv, r=r)
+    q = randn(rng, (len(lens), h, r + dr))
+    scale = (r + dr) ** -0.5
+    out = ops.paged_decode(q, p.kv_cache, p.block_tables, p.seq_lens, scale, kv_lora_rank=r, kv_dtype=kv)
+    expected = ref.paged_decode(q, p.kv_cache, p.block_tables, p.seq_lens, scale, kv_lora_rank=r, kv_dtype=kv)
+    assert not np.isnan(out).any(), "read a NaN-poisoned row no sequence owns"
+    assert rel_err(out, expected) <= TOL
+
+
+@pytest.mark.parametrize("ops", RUNTIMES)
+@pytest.mark.parametrize("kv", NEW)
+@pytest.mark.parametrize("form", ["absorbed", "expanded", "auto"])
+def test_attention_mixed_batch(rng, ops, kv, form):
+    h, dn, dr, r, dv = 4, 24, 16, 64, 20
+    lens, qlens = [70, 9, 600, 1], [70, 2, 530, 1]  # prefill, extend, long chunked prefill, decode
+    p = make_problem(rng, lens, qlens, r + dr, 16, kv, r=r)
+    t = int(sum(qlens))
+    q_nope, q_pe = randn(rng, (t, h, dn)), randn(rng, (t, h, dr))
+    w_uk, w_uv = randn(rng, (h, dn, r), scale=0.2), randn(rng, (h, r, dv), scale=0.2)
+    args = (q_nope, q_pe, p.kv_cache, w_uk, w_uv, p.query_start_loc, p.seq_lens, p.block_tables, 0.1)
+    out = ops.paged_attention(*args, form=form, kv_dtype=kv)
+    expected = ref.paged_attention_absorbed(*args, kv_dtype=kv)
+    assert not np.isnan(out).any(), "read a NaN-poisoned row no sequence owns"
+    assert rel_err(out, expected) <= TOL
+    if form == "expanded":
+        assert rel_err(ref.paged_attention_expanded(*args, kv_dtype=kv), expected) < 1e-12
+
+
+@pytest.mark.parametrize("ops", RUNTIMES)
+def test_format_errors_name_the_input(rng, ops):
+    r, dr = 32, 8
+    q = randn(rng, (1, 2, r + dr))
+    bt, lens = np.zeros((1, 1), np.int32), np.ones(1, np.int32)
+    bad_width = np.zeros((1, 4, r + 4 + 2 * dr + 1), np.uint8)  # odd k_pe bytes
+    with pytest.raises(Exception, match=r"kv_cache.*r \+ 4 \+ 2 \* dr bytes"):
+        ops.paged_decode(q, bad_width, bt, lens, 1.0, kv_lora_rank=r, kv_dtype="int8")
+    with pytest.raises(Exception, match=r"kv_dtype"):
+        ops.paged_decode(q, np.zeros((1, 4, r + dr), np.float32).view(np.uint8), bt, lens, 1.0, kv_lora_rank=r,
+                         kv_dtype="int4")
+
+
+@pytest.mark.parametrize("kv", NEW)
+def test_generic_isa_path_matches(kv):
+    """The portable (non-AVX2, no F16C) widening and dequantisation give the same answers."""
+    code = (
+        "import numpy as np, sys; sys.path.insert(0, 'tests');"
+        "import test_ops_kv_dtypes as t;"
+        f"rng = np.random.default_rng(11);"
+        f"t.test_decode(rng, t.ov_ops, {kv!r}, [300, 17], 64, 16, 4, 16);"
+        f"[t.test_attention_mixed_batch(rng, t.ov_ops, {kv!r}, f) for f in ('absorbed', 'expanded')];"
+        "t.test_every_e4m3_code_reads_exactly(t.ov_ops)"
+    )
+    env = dict(os.environ, MLA_EXPORT_ISA="generic")
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=str(Path(__file__).parents[1]))

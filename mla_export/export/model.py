@@ -56,7 +56,8 @@ def build_onnx(cfg: MLAModelConfig, reader: CheckpointReader, out_dir: Path, *, 
                                    "portable" if variant == "portable" else "custom")
         graph = helper.make_graph(g.variants[variant], f"{cfg.model_type}_mla_{variant}",
                                   [_value_info(s, cfg.vocab_size) for s in inputs],
-                                  [_value_info(s, cfg.vocab_size) for s in outputs], store.initializers)
+                                  [_value_info(s, cfg.vocab_size) for s in outputs],
+                                  _used(store.initializers, g.variants[variant]))
         model = helper.make_model(graph, opset_imports=onnx_ops.opset_imports(variant == "portable"),
                                   producer_name="mla-export", ir_version=10)
         if variant == "portable":
@@ -65,6 +66,13 @@ def build_onnx(cfg: MLAModelConfig, reader: CheckpointReader, out_dir: Path, *, 
         onnx.save_model(model, str(path))
         paths[variant] = path
     return paths
+
+
+def _used(initializers, nodes) -> list:
+    """The initializers a variant's nodes read (variants with different MoE forms share one
+    weights file but not every constant)."""
+    read = {name for node in nodes for name in node.input}
+    return [t for t in initializers if t.name in read]
 
 
 def plan_weights(cfg: MLAModelConfig, reader: CheckpointReader, weight_format: WeightFormat,

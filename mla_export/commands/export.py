@@ -39,6 +39,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--ratio", type=float, default=1.0,
                    help="int4 only: share of the matmul weights (by parameters) kept int4, the rest int8, the most "
                         "int4-sensitive first (default 1.0; below 1 costs one more pass over the checkpoint)")
+    p.add_argument("--moe-form", choices=("grouped", "gather-matmul"), default="grouped",
+                   help="routed experts in the IR: grouped (default: one dispatch, per-expert GEMMs on each "
+                        "expert's rows) or gather-matmul (OpenVINO's fused GatherMatmul, which batches an expert's "
+                        "tokens only with AMX: slower than grouped on CPUs without it). ONNX outputs use grouped")
     p.add_argument("--overwrite", action="store_true", help="replace a previous export in OUT_DIR")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress display")
     # optimum-cli habits that mean something here (the rest get a hint: mla_export/cli_hints.py).
@@ -89,7 +93,7 @@ def run(args) -> int:
             result = export_model(model_dir, args.out_dir, fmt=args.fmt, portable=args.portable,
                                   block_size=args.block_size, kv_dtype=args.kv_dtype, weight_format=args.weight_format,
                                   group_size=args.group_size, ratio=args.ratio, overwrite=args.overwrite,
-                                  progress=progress)
+                                  progress=progress, moe_form=args.moe_form.replace("-", "_"))
     except (ConfigError, WeightError, ExportError, ContractError) as e:
         progress.close()
         print(f"mla-export export: {e}", file=sys.stderr)

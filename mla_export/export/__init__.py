@@ -1,7 +1,8 @@
 """Checkpoint -> ONNX -> OpenVINO IR with the paged latent cache, plus the graph contract.
 
 Modules: `weights` (safetensors reader), `graph` (node builder, external weights), `layers`
-(the decoder layer's math), `model` (the whole graph, both variants), `openvino_ir`,
+(the decoder layer's math), `moe` (router + routed experts, grouped or gather_matmul form),
+`model` (the whole graph, its variants), `openvino_ir`,
 `tokenizer_files`, `exporter` (`export_model`, all-or-nothing), `summary`.
 """
 

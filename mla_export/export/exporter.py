@@ -2,8 +2,9 @@
 
 Everything is written into a temporary sibling of OUT_DIR and renamed into place at the end, so
 a failure (bad config, missing or misshapen weights, conversion error, Ctrl-C) leaves OUT_DIR as
-it was. The custom-op ONNX graph is always built (it is the source of the OpenVINO IR) and kept
-only when the ONNX format is asked for.
+it was. The OpenVINO IR is converted from a custom-op ONNX graph: model.onnx itself when the IR's
+MoE form is the grouped one (the default), else a separate `openvino_source.onnx` on the same
+weights file; a graph that was only the IR's source is deleted after the conversion.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from ..contract import CONTRACT_FILE, make_contract
 from .graph import WEIGHT_DTYPES, WeightFormat
 from .quantize import INT_FORMATS, WEIGHT_FORMATS
 from .model import ONNX_DATA, ONNX_FILES, build_onnx, plan_weights
+from .moe import MOE_FORMS
 from .progress import IR_SHARE, ExportProgress
 from .tokenizer_files import copy_tokenizer_files
 from .weights import CheckpointReader
@@ -100,8 +102,9 @@ def _check_out_dir(out_dir: Path, overwrite: bool) -> None:
 def export_model(model_dir, out_dir, *, fmt: str = "openvino", portable: bool = False, block_size: int = 16,
                  kv_dtype: str = "f16", weight_format: str = "auto", group_size: int = 128, ratio: float = 1.0,
                  overwrite: bool = False, progress: ExportProgress | None = None,
-                 weight_dtype: str | None = None) -> ExportResult:
+                 weight_dtype: str | None = None, moe_form: str = "grouped") -> ExportResult:
     """weight_format: auto | f32 | f16 | bf16 | int8 | int4 (weight_dtype: its older name).
+    moe_form: the IR's MoE form, grouped or gather_matmul (see moe.py); ONNX outputs are always grouped.
     `progress` (an `ExportProgress`, e.g. `TqdmProgress()`) is told every phase."""
     start = time.time()
     progress = progress or ExportProgress()
@@ -113,6 +116,9 @@ def export_model(model_dir, out_dir, *, fmt: str = "openvino", portable: bool = 
     if portable and kv_dtype in ("int8", "fp8"):
         raise ExportError(f"--portable cannot hold an {kv_dtype} cache (standard ONNX has no bit-cast to read the f32 "
                           "scale stored in each byte row); use --kv-dtype f16, bf16 or f32 with --portable")
+    if moe_form not in MOE_FORMS:
+        raise ExportError(f"--moe-form must be one of {', '.join(f.replace('_', '-') for f in MOE_FORMS)}, "
+                          f"got {moe_form!r}")
     if not isinstance(block_size, int) or block_size < 1:
         raise ExportError(f"--block-size must be a positive integer, got {block_size!r}")
     if not model_dir.is_dir():
@@ -139,12 +145,17 @@ def export_model(model_dir, out_dir, *, fmt: str = "openvino", portable: bool = 
     os.umask(umask)
     tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private; the export is an ordinary directory
     try:
+        want_ir, want_onnx = fmt in ("openvino", "both"), fmt in ("onnx", "both")
+        # The IR's source graph: model.onnx itself, or its own graph when its MoE form differs.
+        ir_source = "openvino" if want_ir and moe_form != "grouped" else "custom"
+        variants = (["custom"] if want_onnx or ir_source == "custom" else []) + \
+            (["openvino"] if ir_source == "openvino" else []) + (["portable"] if portable else [])
+        moe_forms = {v: moe_form if v == "openvino" else "grouped" for v in variants}
         if wformat.ratio < 1.0:  # mixed int4/int8: one reading pass to rank the weights first
             progress.phase("ranking the weights for int4/int8")
-            plan_weights(cfg, reader, wformat)
-        variants = ["custom"] + (["portable"] if portable else [])
+            plan_weights(cfg, reader, wformat, moe_form=moe_form if ir_source == "openvino" else "grouped")
         onnx_paths = build_onnx(cfg, reader, tmp, variants=variants, block_size=block_size, kv_dtype=kv_dtype,
-                                weight_format=wformat, progress=layer_done)
+                                weight_format=wformat, moe_forms=moe_forms, progress=layer_done)
         reader.close()
         progress.advance(rest_bytes)
         files = dict(openvino_xml=None, openvino_bin=None, onnx=None, onnx_portable=None, onnx_data=None)
@@ -157,12 +168,13 @@ def export_model(model_dir, out_dir, *, fmt: str = "openvino", portable: bool = 
 
             progress.phase("converting to OpenVINO IR")
             # The IR's .bin is the ONNX data file itself (renamed, or hard-linked when ONNX is kept).
-            ir_model = convert_to_ir(onnx_paths["custom"], tmp, tmp / ONNX_DATA,
+            ir_model = convert_to_ir(onnx_paths[ir_source], tmp, tmp / ONNX_DATA,
                                      keep_data_file=files["onnx_data"] is not None)
             progress.advance(ir_bytes)
             files.update(openvino_xml=IR_XML, openvino_bin=IR_BIN)
-        if fmt not in ("onnx", "both"):
-            (tmp / ONNX_FILES["custom"]).unlink()  # only the IR's source
+        for variant in ("custom", "openvino"):
+            if variant in onnx_paths and not (variant == "custom" and want_onnx):
+                onnx_paths[variant].unlink()  # only the IR's source
         if files["onnx_data"] is None and (tmp / ONNX_DATA).exists():
             (tmp / ONNX_DATA).unlink()
         progress.phase("tokenizer, contract, checks")
@@ -174,6 +186,7 @@ def export_model(model_dir, out_dir, *, fmt: str = "openvino", portable: bool = 
                         weight_params=wformat.stats.get("params", {}),
                         int4_group_sizes=sorted(wformat.stats.get("int4_group_sizes", []), reverse=True),
                         int4_ratio=wformat.ratio if wformat.fmt == "int4" else None,
+                        moe_form=moe_form,
                         exporter_version=__version__, source=str(model_dir.resolve()),
                         seconds=round(time.time() - start, 3)))
         (tmp / CONTRACT_FILE).write_text(json.dumps(contract, indent=2) + "\n")

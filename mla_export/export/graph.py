@@ -116,7 +116,7 @@ class WeightStore:
             array = np.ascontiguousarray(array.astype(np_type))
         else:
             onnx_type = helper.np_dtype_to_tensor_dtype(array.dtype)
-            array = np.ascontiguousarray(array)
+            array = np.asarray(array, order="C")  # keeps rank 0 (ascontiguousarray would make it [1])
         if array.nbytes <= _INLINE_BYTES and onnx_type != TensorProto.BFLOAT16:
             self.initializers.append(numpy_helper.from_array(array, name))
             return name
@@ -151,17 +151,25 @@ class WeightStore:
 
 
 class GraphBuilder:
-    """Nodes for several graph variants at once; `op` emits into all, `op_in` into one."""
+    """Nodes for several graph variants at once; `op` emits into all, `add_node` into one,
+    `only(...)` gives a view for a subset."""
 
     def __init__(self, store: WeightStore, variants: list[str]):
         self.store = store
         self.variants = {v: [] for v in variants}
-        self._count = 0
+        self._count = [0]  # shared with the views `only` makes, so node names stay unique
         self._consts: dict = {}
 
+    def only(self, variants) -> "GraphBuilder":
+        """A view that emits into the named variants only (same weights file, constants, names)."""
+        view = GraphBuilder.__new__(GraphBuilder)
+        view.store, view._count, view._consts = self.store, self._count, self._consts
+        view.variants = {v: self.variants[v] for v in variants}
+        return view
+
     def _name(self, base: str) -> str:
-        self._count += 1
-        return f"{base}_{self._count}"
+        self._count[0] += 1
+        return f"{base}_{self._count[0]}"
 
     def _make(self, op_type: str, inputs, n_out: int, domain: str, name: str | None, attrs: dict):
         name = name or self._name(op_type)
@@ -183,6 +191,13 @@ class GraphBuilder:
         key = ("i64", values)
         if key not in self._consts:
             self._consts[key] = self.store.add(self._name("const_i64"), np.array(values, dtype=np.int64))
+        return self._consts[key]
+
+    def i64_scalar(self, value: int) -> str:
+        """A rank-0 int64 constant (a Gather index that drops the axis)."""
+        key = ("i64_scalar", int(value))
+        if key not in self._consts:
+            self._consts[key] = self.store.add(self._name("const_i64"), np.array(value, dtype=np.int64))
         return self._consts[key]
 
     def f32(self, value: float) -> str:

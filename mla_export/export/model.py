@@ -3,7 +3,9 @@ time from the checkpoint, final norm on the rows `logits_indices` picks, lm_head
 
 `build_onnx(...)` writes `model.onnx` (custom MLA ops) and/or `model_portable.onnx` (portable
 functions, updated caches as outputs) into a directory, both pointing at one external weights
-file, and returns their paths.
+file, and returns their paths. A third variant, "openvino" (`openvino_source.onnx`, custom MLA
+ops), is the OpenVINO IR's source when the IR's MoE form differs from model.onnx's (see moe.py);
+the exporter deletes it after the conversion.
 """
 
 from __future__ import annotations
@@ -18,12 +20,13 @@ from .. import onnx_ops
 from ..config import MLAModelConfig
 from ..contract import graph_io
 from .graph import GraphBuilder, WeightFormat, WeightStore
-from .layers import attention, dense_mlp, moe, norm, rope_tables
+from .layers import attention, dense_mlp, norm, rope_tables
+from .moe import moe
 from .weights import CheckpointReader
 
 __all__ = ["build_onnx", "plan_weights", "ONNX_FILES", "ONNX_DATA"]
 
-ONNX_FILES = {"custom": "model.onnx", "portable": "model_portable.onnx"}
+ONNX_FILES = {"custom": "model.onnx", "portable": "model_portable.onnx", "openvino": "openvino_source.onnx"}
 ONNX_DATA = "model.onnx.data"
 _ONNX_TYPES = {"f32": TensorProto.FLOAT, "bf16": TensorProto.BFLOAT16, "f16": TensorProto.FLOAT16,
                "i32": TensorProto.INT32, "i64": TensorProto.INT64, "u8": TensorProto.UINT8}
@@ -36,21 +39,25 @@ def _value_info(spec, vocab: int):
 
 def build_onnx(cfg: MLAModelConfig, reader: CheckpointReader, out_dir: Path, *, variants: list[str],
                block_size: int, kv_dtype: str, weight_format: WeightFormat | str,
+               moe_forms: dict[str, str] | None = None,
                progress: Callable[[int, int], None] | None = None) -> dict[str, Path]:
+    """moe_forms: variant -> MoE form ("grouped" or "gather_matmul"; default grouped everywhere)."""
     out_dir = Path(out_dir)
     store = WeightStore(out_dir / ONNX_DATA, weight_format)
     try:
         g = GraphBuilder(store, variants)
-        _build(g, reader, cfg, progress, kv_dtype)
+        _build(g, reader, cfg, progress, moe_forms, kv_dtype)
     finally:
         store.close()
     onnx_ops.register_schemas()
     paths = {}
     for variant in variants:
-        inputs, outputs = graph_io(cfg.num_layers, block_size, cfg.row_width, kv_dtype, variant, cfg.kv_lora_rank)
+        inputs, outputs = graph_io(cfg.num_layers, block_size, cfg.row_width, kv_dtype,
+                                   "portable" if variant == "portable" else "custom", cfg.kv_lora_rank)
         graph = helper.make_graph(g.variants[variant], f"{cfg.model_type}_mla_{variant}",
                                   [_value_info(s, cfg.vocab_size) for s in inputs],
-                                  [_value_info(s, cfg.vocab_size) for s in outputs], store.initializers)
+                                  [_value_info(s, cfg.vocab_size) for s in outputs],
+                                  _used(store.initializers, g.variants[variant]))
         model = helper.make_model(graph, opset_imports=onnx_ops.opset_imports(variant == "portable"),
                                   producer_name="mla-export", ir_version=10)
         if variant == "portable":
@@ -61,27 +68,36 @@ def build_onnx(cfg: MLAModelConfig, reader: CheckpointReader, out_dir: Path, *, 
     return paths
 
 
+def _used(initializers, nodes) -> list:
+    """The initializers a variant's nodes read (variants with different MoE forms share one
+    weights file but not every constant)."""
+    read = {name for node in nodes for name in node.input}
+    return [t for t in initializers if t.name in read]
+
+
 def plan_weights(cfg: MLAModelConfig, reader: CheckpointReader, weight_format: WeightFormat,
-                 progress: Callable[[int, int], None] | None = None) -> None:
-    """A pass over every weight that stores nothing: int4 sensitivities, then weight_format.plan()."""
+                 progress: Callable[[int, int], None] | None = None, moe_form: str = "grouped") -> None:
+    """A pass over every weight that stores nothing: int4 sensitivities, then weight_format.plan().
+    moe_form: the one the export writes (it decides the expert weights' names: stacked or per expert)."""
     import os
 
     weight_format.planning = True
     store = WeightStore(Path(os.devnull), weight_format)
     try:
-        _build(GraphBuilder(store, ["custom"]), reader, cfg, progress)
+        _build(GraphBuilder(store, ["custom"]), reader, cfg, progress, {"custom": moe_form})
     finally:
         store.close()
     weight_format.plan()
 
 
 def _build(g: GraphBuilder, reader: CheckpointReader, cfg: MLAModelConfig,
-           progress: Callable[[int, int], None] | None, kv_dtype: str = "") -> None:
+           progress: Callable[[int, int], None] | None, moe_forms: dict[str, str] | None = None,
+           kv_dtype: str = "") -> None:
     io = _inputs(g, cfg)
     io["kv_dtype"] = kv_dtype  # the cache row format the MLA nodes read and write (kv_dtype attribute)
     h, table = _embed(g, reader, cfg)
     for i in range(cfg.num_layers):
-        h = _decoder_layer(g, reader, cfg, i, h, io)
+        h = _decoder_layer(g, reader, cfg, i, h, io, moe_forms)
         if progress:
             progress(i + 1, cfg.num_layers)
     picked = g.op("Gather", h, "logits_indices", axis=0)  # [B, hidden]: norm + lm_head on B rows only
@@ -125,13 +141,14 @@ def _lm_head(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig, embeddi
     return g.weight("lm_head.weight", rd.get("lm_head.weight"))  # raises the missing-tensor error
 
 
-def _decoder_layer(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig, i: int, h: str, io: dict) -> str:
+def _decoder_layer(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig, i: int, h: str, io: dict,
+                   moe_forms: dict[str, str] | None) -> str:
     p = f"model.layers.{i}"
     x = norm(g, rd, f"{p}.input_layernorm.weight", h, cfg.hidden_size, cfg.rms_norm_eps)
     h = g.op("Add", h, attention(g, rd, cfg, i, x, io))
     x = norm(g, rd, f"{p}.post_attention_layernorm.weight", h, cfg.hidden_size, cfg.rms_norm_eps)
     if cfg.is_moe_layer(i):
-        y = moe(g, rd, cfg, i, x)
+        y = moe(g, rd, cfg, i, x, moe_forms)
     else:
         y = dense_mlp(g, rd, f"{p}.mlp", x, cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
     return g.op("Add", h, y)

@@ -12,6 +12,11 @@ initializers, shapes the frontend made) are appended to it, and the file becomes
 every weight a second time: for a 31 GB checkpoint, 16 GB (int8) instead of 32 GB beside it.
 Anything unexpected (a constant whose size differs from its initializer's) falls back to
 OpenVINO's own save_model.
+
+ONNX's MatMul has no transpose_b, so a batched MatMul on a stacked [E, out, in] expert weight
+arrives as MatMul(x, Transpose(w, [0, 2, 1])); `_fold_weight_transposes` writes it as
+MatMul(x, w, transpose_b=True), the form OpenVINO's MoE passes match and the CPU plugin
+decompresses on the fly: the weight (and its decompression chain) keeps its [..., out, in] layout.
 """
 
 from __future__ import annotations
@@ -23,6 +28,46 @@ from pathlib import Path
 __all__ = ["convert_to_ir", "IR_XML", "IR_BIN"]
 
 IR_XML, IR_BIN = "openvino_model.xml", "openvino_model.bin"
+_WEIGHT_CHAIN_OPS = {"Constant", "Convert", "Subtract", "Multiply", "Reshape"}
+
+
+def _is_constant_weight(output) -> bool:
+    """A Constant, or a decompression chain (Convert / Subtract / Multiply / Reshape) of Constants."""
+    node = output.get_node()
+    if node.get_type_name() not in _WEIGHT_CHAIN_OPS:
+        return False
+    return all(_is_constant_weight(i.get_source_output()) for i in node.inputs())
+
+
+def _swaps_last_two(transpose) -> bool:
+    perm_node = transpose.input(1).get_source_output().get_node()
+    if perm_node.get_type_name() != "Constant":
+        return False
+    perm = [int(v) for v in perm_node.get_vector()]
+    n = len(perm)
+    return n >= 2 and perm == list(range(n - 2)) + [n - 1, n - 2]
+
+
+def _fold_weight_transposes(model) -> int:
+    """MatMul(a, Transpose(w, swap last two)) -> MatMul(a, w, transpose_b=True) for constant
+    weights w; returns how many were folded."""
+    import openvino.opset13 as ops
+
+    folded = 0
+    for node in model.get_ordered_ops():
+        if node.get_type_name() != "MatMul" or node.get_attributes()["transpose_b"]:
+            continue
+        tr = node.input(1).get_source_output().get_node()
+        if tr.get_type_name() != "Transpose" or not _swaps_last_two(tr):
+            continue
+        w = tr.input(0).get_source_output()
+        if not _is_constant_weight(w):
+            continue
+        new = ops.matmul(node.input(0).get_source_output(), w, node.get_attributes()["transpose_a"], True)
+        new.set_friendly_name(node.get_friendly_name())
+        node.output(0).replace(new.output(0))
+        folded += 1
+    return folded
 _ALIGN = 64
 _CONST = re.compile(r'(<layer id="\d+" name="([^"]*)" type="Const" version="opset1">\s*<data [^>]*?)'
                     r'offset="(\d+)" size="(\d+)"')
@@ -57,6 +102,8 @@ def convert_to_ir(onnx_path: Path, out_dir: Path, data_path: Path, keep_data_fil
 
     out_dir, data_path = Path(out_dir), Path(data_path)
     model = ov_core().read_model(str(onnx_path))
+    if _fold_weight_transposes(model):
+        model.validate_nodes_and_infer_types()
     xml_path, bin_path = out_dir / IR_XML, out_dir / IR_BIN
     external = _external_initializers(Path(onnx_path), data_path.name)
     consts = {n.get_friendly_name(): n for n in model.get_ordered_ops() if n.get_type_name() == "Constant"}

@@ -1,0 +1,215 @@
+"""The routed-experts block (DeepSeek MoE) as ONNX nodes, in one of two forms.
+
+Routing is transformers 5.24's (`_router`): DeepseekV2 softmax, greedy or group-limited greedy,
+and DeepseekV3 sigmoid + e_score_correction_bias + group mask + norm_topk_prob, both times
+routed_scaling_factor. The experts then run in one of two forms:
+
+"grouped" (the default for every output): the T*k (token, slot) pairs are sorted by expert once
+(TopK on the expert ids), the chosen tokens' rows are gathered in that order and cut into 64
+pieces by ONE Split whose lengths are the per-expert counts; each expert runs its own
+`gate_up` Gemm on its rows only (empty for most experts in decode), SiLU-and-multiply and its
+`down` Gemm; the 64 outputs are concatenated, weighed and added back onto their tokens by one
+ScatterND(add). The additions reach each token in ascending expert order, as transformers'
+expert loop adds them. Weights are per-expert 2-D [out, in] tensors (one `g.weight` call per
+expert and projection), so each expert's Gemm reads its own constant (a compressed one stays a
+Const -> Convert -> Subtract -> Multiply chain in front of one MatMul).
+
+"gather_matmul": the vectorized-experts pattern OpenVINO's MoE passes match
+(ConvertTiledMoeBlockTo3GatherMatmuls): x tiled to [E, T, hidden], batched MatMuls with the
+stacked weights [E, out, in] (transpose_b), routing weights scattered into [T, E], transposed to
+[E, T, 1], ReduceSum over experts. The CPU plugin turns it into three GatherMatmul nodes that
+compute the selected experts only. On this machine (AVX-512 without AMX) GatherMatmul runs one
+GEMV per (token, expert) pair and is far slower than the grouped form from T = 8 tokens on (see
+docs/ARCHITECTURE.md, "MoE"); it is kept as an export option for CPUs with AMX, where the plugin
+batches each expert's tokens into one GEMM. onnxruntime would compute every expert densely from
+that graph, so ONNX outputs always use the grouped form.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto, helper
+
+from ..config import MLAModelConfig
+from .graph import GraphBuilder
+from .weights import CheckpointReader
+
+__all__ = ["MOE_FORMS", "moe", "router"]
+
+MOE_FORMS = ("grouped", "gather_matmul")
+
+
+def _f32_value(v: float):
+    return helper.make_tensor("value", TensorProto.FLOAT, [1], [v])
+
+
+def _group_mask(g: GraphBuilder, scores: str, n_exp: int, n_group: int, topk_group: int, group_score: str) -> str:
+    """[T, E] bool: experts of the topk_group best groups (group score = top-2 sum for V3, max for V2)."""
+    grouped = g.op("Reshape", scores, g.i64(-1, n_group, n_exp // n_group))
+    if group_score == "top2_sum":
+        top2 = g.op("TopK", grouped, g.i64(2), axis=-1, n_out=2)[0]
+        gscore = g.op("ReduceSum", top2, g.i64(-1), keepdims=0)
+    else:
+        gscore = g.op("ReduceMax", grouped, g.i64(-1), keepdims=0)
+    gidx = g.op("TopK", gscore, g.i64(topk_group), axis=-1, n_out=2)[1]  # [T, topk_group]
+    ones = g.op("ConstantOfShape", g.op("Shape", gidx), value=_f32_value(1.0))
+    zeros = g.op("ConstantOfShape", g.op("Shape", gscore), value=_f32_value(0.0))
+    gmask = g.op("ScatterElements", zeros, gidx, ones, axis=1)  # [T, G]
+    emask = g.op("Expand", g.op("Unsqueeze", gmask, g.i64(-1)), g.i64(1, 1, n_exp // n_group))
+    return g.op("Cast", g.op("Reshape", emask, g.i64(-1, n_exp)), to=TensorProto.BOOL)
+
+
+def router(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig, prefix: str, x: str) -> tuple[str, str]:
+    """(topk_weights [T, k] f32, topk_indices [T, k] i64) exactly as the model's TopkRouter."""
+    moe, n_exp = cfg.moe, cfg.moe.n_routed_experts
+    w = g.f32_tensor(f"{prefix}.gate.weight", rd.get(f"{prefix}.gate.weight", (n_exp, cfg.hidden_size)))
+    logits = g.op("Gemm", x, w, transB=1)  # [T, E], f32 as transformers computes the router
+    k = g.i64(moe.num_experts_per_tok)
+    if moe.scoring == "sigmoid":  # DeepseekV3TopkRouter
+        scores = g.op("Sigmoid", logits)
+        bias = g.f32_tensor(f"{prefix}.gate.e_score_correction_bias",
+                            rd.get(f"{prefix}.gate.e_score_correction_bias", (n_exp,)))
+        choice = g.op("Add", scores, bias)
+        if moe.topk_group < moe.n_group:  # with every group kept the mask is all true: skip it
+            keep = _group_mask(g, choice, n_exp, moe.n_group, moe.topk_group, "top2_sum")
+            choice = g.op("Where", keep, choice, g.f32(float("-inf")))
+        idx = g.op("TopK", choice, k, axis=-1, n_out=2)[1]
+        weights = g.op("GatherElements", scores, idx, axis=1)  # the un-biased scores weigh the experts
+        if moe.norm_topk_prob:
+            denom = g.op("Add", g.op("ReduceSum", weights, g.i64(-1), keepdims=1), g.f32(1e-20))
+            weights = g.op("Div", weights, denom)
+    else:  # DeepseekV2TopkRouter; it ignores norm_topk_prob in transformers 5.24, and so do we
+        scores = g.op("Softmax", logits, axis=-1)
+        if moe.topk_method == "group_limited_greedy" and moe.topk_group < moe.n_group:
+            keep = _group_mask(g, scores, n_exp, moe.n_group, moe.topk_group, "max")
+            scores = g.op("Where", keep, scores, g.f32(0.0))
+        weights, idx = g.op("TopK", scores, k, axis=-1, n_out=2)
+    return g.op("Mul", weights, g.f32(moe.routed_scaling_factor)), idx
+
+
+class _ExpertWeights:
+    """Each expert's (gate [I, hidden], up [I, hidden], down [hidden, I]) in the checkpoint layout:
+    one tensor per expert and projection (DeepSeek's and save_pretrained's files), or transformers'
+    in-memory fused `experts.gate_up_proj [E, 2I, hidden]` / `experts.down_proj [E, hidden, I]`."""
+
+    def __init__(self, rd: CheckpointReader, prefix: str, n_exp: int, hidden: int, inter: int):
+        self.rd, self.prefix, self.hidden, self.inter = rd, prefix, hidden, inter
+        self.fused = None
+        if not rd.has(f"{prefix}.experts.0.gate_proj.weight"):
+            self.fused = (rd.get(f"{prefix}.experts.gate_up_proj", (n_exp, 2 * inter, hidden)),
+                          rd.get(f"{prefix}.experts.down_proj", (n_exp, hidden, inter)))
+
+    PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+
+    def one(self, e: int, proj: str) -> np.ndarray:
+        """Projection `proj` of expert e as [out, in]."""
+        j = self.PROJECTIONS.index(proj)
+        if self.fused is not None:
+            return (self.fused[0][e, :self.inter], self.fused[0][e, self.inter:], self.fused[1][e])[j]
+        shape = (self.hidden, self.inter) if proj == "down_proj" else (self.inter, self.hidden)
+        return self.rd.get(f"{self.prefix}.experts.{e}.{proj}.weight", shape)
+
+    def shape(self, proj: str) -> tuple[int, int]:
+        return (self.hidden, self.inter) if proj == "down_proj" else (self.inter, self.hidden)
+
+
+def _silu_mul(g: GraphBuilder, gate: str, up: str) -> str:
+    return g.op("Mul", g.op("Mul", gate, g.op("Sigmoid", gate)), up)
+
+
+def _grouped(g: GraphBuilder, experts: _ExpertWeights, x: str, weights: str, idx: str, n_exp: int, out: str,
+             stacked: dict | None = None) -> str:
+    """Sort (token, slot) pairs by expert, one Split, each expert's Gemms on its rows, one ScatterND(add).
+
+    Each expert's weights are its own [2I, hidden] gate_up and [hidden, I] down tensors, or, when
+    `stacked` already holds every expert's (the gather_matmul form is written too), slices of
+    those (onnxruntime folds the constant Gathers once, at session start)."""
+    inter, prefix = experts.inter, experts.prefix
+    flat_e = g.op("Reshape", idx, g.i64(-1))  # [T*k]: pair p = token * k + slot
+    k = g.op("Gather", g.op("Shape", idx), g.i64(1), axis=0)  # [1]
+    order = g.op("TopK", flat_e, g.op("Shape", flat_e), axis=0, largest=0, sorted=1, n_out=2)[1]  # by expert id
+    tokens = g.op("Div", order, k)  # [T*k] token of each sorted pair
+    rows = g.op("Gather", x, tokens, axis=0)  # [T*k, hidden]
+    coef = g.op("Gather", g.op("Reshape", weights, g.i64(-1)), order, axis=0)  # [T*k]
+    # rows per expert: one-hot counts (f32 sums of 0/1 are exact far beyond any T*k)
+    onehot = g.op("OneHot", flat_e, g.i64(n_exp), g.f32_tensor(f"{prefix}.experts.onehot_values",
+                                                              np.array([0.0, 1.0], np.float32)), axis=-1)
+    counts = g.op("Cast", g.op("ReduceSum", onehot, g.i64(0), keepdims=0), to=TensorProto.INT64)  # [E]
+    pieces = g.op("Split", rows, counts, axis=0, n_out=n_exp)
+    outs = []
+    for e in range(n_exp):
+        ep = f"{prefix}.experts.{e}"
+        if stacked is None:
+            w_gate_up = g.weight(f"{ep}.gate_up_proj.weight",
+                                 np.concatenate([experts.one(e, "gate_proj"), experts.one(e, "up_proj")]))
+            w_down = g.weight(f"{ep}.down_proj.weight", experts.one(e, "down_proj"))
+        else:
+            w_gate_up = g.op("Concat", *(g.op("Gather", stacked[p], g.i64_scalar(e), axis=0) for p in ("gate_proj", "up_proj")),
+                             axis=0)
+            w_down = g.op("Gather", stacked["down_proj"], g.i64_scalar(e), axis=0)
+        gate_up = g.op("Gemm", pieces[e], w_gate_up, transB=1)  # [n_e, 2I]: one weight read for both projections
+        gate, up = g.op("Split", gate_up, g.i64(inter, inter), axis=1, n_out=2)
+        outs.append(g.op("Gemm", _silu_mul(g, gate, up), w_down, transB=1))
+    y = g.op("Mul", g.op("Concat", *outs, axis=0), g.op("Unsqueeze", coef, g.i64(1)))
+    zeros = g.op("ConstantOfShape", g.op("Shape", x), value=_f32_value(0.0))
+    return g.op("ScatterND", zeros, g.op("Unsqueeze", tokens, g.i64(1)), y, reduction="add", name=out)
+
+
+def _stacked_weights(g: GraphBuilder, experts: _ExpertWeights, n_exp: int) -> dict[str, str]:
+    """gate_proj, up_proj [E, I, hidden] and down_proj [E, hidden, I]: one g.weight call each, built
+    one projection at a time (each expert tensor is read once; memory: one projection of the layer)."""
+    stacked = {}
+    for proj in experts.PROJECTIONS:
+        arr = np.empty((n_exp, *experts.shape(proj)), np.float32)
+        for e in range(n_exp):
+            arr[e] = experts.one(e, proj)
+        stacked[proj] = g.weight(f"{experts.prefix}.experts.{proj}.stacked", arr)
+        del arr
+    return stacked
+
+
+def _gather_matmul(g: GraphBuilder, stacked: dict, x: str, weights: str, idx: str, n_exp: int, hidden: int,
+                   out: str) -> str:
+    """The vectorized-experts pattern OpenVINO rewrites to GatherMatmul (see the module doc)."""
+    # ONNX MatMul has no transpose_b: the weights go through Transpose, which the IR conversion
+    # folds into MatMul(transpose_b=True) on the stacked [E, out, in] constant (openvino_ir.py).
+    wt = {n: g.op("Transpose", v, perm=[0, 2, 1]) for n, v in stacked.items()}
+    tiled = g.op("Reshape", g.op("Tile", x, g.i64(n_exp, 1)), g.i64(n_exp, -1, hidden))  # [E, T, hidden]
+    act = _silu_mul(g, g.op("MatMul", tiled, wt["gate_proj"]), g.op("MatMul", tiled, wt["up_proj"]))
+    down = g.op("Reshape", g.op("MatMul", act, wt["down_proj"]), g.i64(n_exp, -1, hidden))
+    n_tok = g.op("Slice", g.op("Shape", x), g.i64(0), g.i64(1))  # [1]
+    zeros = g.op("ConstantOfShape", g.op("Concat", n_tok, g.i64(n_exp), axis=0), value=_f32_value(0.0))  # [T, E]
+    scattered = g.op("ScatterElements", zeros, idx, weights, axis=1)  # each token's weights at its experts
+    route = g.op("Reshape", g.op("Transpose", scattered, perm=[1, 0]), g.i64(n_exp, -1, 1))  # [E, T, 1]
+    return g.op("ReduceSum", g.op("Mul", down, route), g.i64(0), keepdims=0, name=out)
+
+
+def moe(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig, i: int, x: str,
+        forms: dict[str, str] | None = None) -> str:
+    """Routed experts on their selected tokens only, plus the shared experts.
+
+    forms: graph variant -> MoE form (default: grouped everywhere). Router and shared experts are
+    emitted once for all variants; when the forms differ, the expert weights are still stored once
+    (stacked), and the grouped form takes each expert's slice of them."""
+    from .layers import dense_mlp
+
+    forms = forms or {v: "grouped" for v in g.variants}
+    if set(forms) != set(g.variants) or not set(forms.values()) <= set(MOE_FORMS):
+        raise ValueError(f"MoE forms must map each graph variant {sorted(g.variants)} to one of "
+                         f"{', '.join(MOE_FORMS)}, got {forms!r}")
+    prefix = f"model.layers.{i}.mlp"
+    hidden, inter, n_exp = cfg.hidden_size, cfg.moe.moe_intermediate_size, cfg.moe.n_routed_experts
+    weights, idx = router(g, rd, cfg, prefix, x)
+    experts = _ExpertWeights(rd, prefix, n_exp, hidden, inter)
+    by_form = {f: [v for v in forms if forms[v] == f] for f in MOE_FORMS if f in forms.values()}
+    out = f"{prefix}.routed_experts"  # each form's last node writes this name in its own variants
+    stacked = None
+    if "gather_matmul" in by_form:
+        stacked = _stacked_weights(g, experts, n_exp)
+        _gather_matmul(g.only(by_form["gather_matmul"]), stacked, x, weights, idx, n_exp, hidden, out)
+    if "grouped" in by_form:
+        _grouped(g.only(by_form["grouped"]), experts, x, weights, idx, n_exp, out, stacked)
+    if cfg.moe.n_shared_experts:
+        shared = dense_mlp(g, rd, f"{prefix}.shared_experts", x, hidden, inter * cfg.moe.n_shared_experts, cfg.mlp_bias)
+        out = g.op("Add", out, shared)
+    return out

@@ -152,7 +152,19 @@ void absorbed_task(const IsaKernels& K, const AbsorbedSeq& s, const Partial& p, 
         K.row_dot(m, n, w, s.q + i0 * w, w, chunk_rows, sbuf, kChunk, &pf);
         auto visible = [&](int64_t i) { return std::clamp<int64_t>(row_limit(s, i0 + i) - c0, 0, n); };
         softmax_step(K, sbuf, m, scale, visible, p.mx + i0, p.l + i0, p.o + i0 * r, r, r);
-        K.row_axpy(m, n, r, sbuf, kChunk, chunk_rows, p.o + i0 * r, r, &pf);
+        // Each row sums only the rows it may see: a row past its causal limit is never read into
+        // the sum (its weight is 0, but 0 x NaN/Inf would still poison the output). Rows are
+        // ordered by token, so equal limits form runs; only the chunk on the diagonal has more
+        // than one run.
+        for (int64_t a = 0; a < m;) {
+            const int64_t v = visible(a);
+            int64_t e = a + 1;
+            while (e < m && visible(e) == v) ++e;
+            if (v > 0)
+                K.row_axpy(e - a, v, r, sbuf + a * kChunk, kChunk, chunk_rows, p.o + (i0 + a) * r, r,
+                           v == n ? &pf : nullptr);
+            a = e;
+        }
         pf.issue(1 << 30);  // whatever the tiles did not cover
     }
 }
@@ -293,7 +305,20 @@ void expanded_task(const IsaKernels& K, const ExpandedSeq& s, int64_t h, int64_t
                 K.row_dot(rr, n, dk, qh + t * dk, dk, key_rows + c, sbuf, kChunk, nullptr);
                 auto visible = [&](int64_t i) { return std::clamp<int64_t>(past + t + i + 1 - pos0, 0, n); };
                 softmax_step(K, sbuf, rr, scale, visible, mx + t, l + t, o + t * dv, dv, dv);
-                K.gemm_packed(rr, dv, n, sbuf, kChunk, v + c * 16, kSpan * 16, o + t * dv, dv, 16, true);
+                // Rows whose causal limit falls inside this chunk sum only their visible keys (a
+                // NaN/Inf value row past the limit must not reach them as 0 x NaN): one product
+                // for the rows that see the whole chunk, one per row on the diagonal.
+                int64_t full = rr;
+                while (full > 0 && visible(full - 1) == n) --full;
+                for (int64_t i = 0; i < full; ++i) {
+                    const int64_t vis = visible(i);
+                    if (vis > 0)
+                        K.gemm_packed(1, dv, vis, sbuf + i * kChunk, kChunk, v + c * 16, kSpan * 16,
+                                      o + (t + i) * dv, dv, 16, true);
+                }
+                if (full < rr)
+                    K.gemm_packed(rr - full, dv, n, sbuf + full * kChunk, kChunk, v + c * 16, kSpan * 16,
+                                  o + (t + full) * dv, dv, 16, true);
             }
         }
     }

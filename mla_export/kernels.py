@@ -19,6 +19,7 @@ import openvino as ov
 
 from . import ov_core
 from .kv_formats import QUANTISED, kv_dtype_of
+from .ov_op_errors import checked_infer
 from .ov_tensors import BF16, cache_binding, ov_type, shared_tensor, to_numpy
 
 __all__ = ["cache_write", "paged_decode", "paged_attention"]
@@ -74,7 +75,7 @@ def _run(op: str, arrays: list[tuple[str, np.ndarray]], attrs: dict, out_type: o
     tensors = [shared_tensor(a) for _, a in arrays]  # `arrays` keeps every buffer alive meanwhile
     for i, t in enumerate(tensors):
         req.set_input_tensor(i, t)
-    req.infer()
+    checked_infer(req)
     return req.get_output_tensor(0)
 
 

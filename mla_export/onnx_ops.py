@@ -26,7 +26,7 @@ from onnx import AttributeProto, TensorProto, helper
 __all__ = [
     "DOMAIN", "PORTABLE_DOMAIN", "OPSET_VERSION", "ONNX_OPSET", "register_schemas",
     "cache_write_node", "paged_attention_node", "cache_update_node", "portable_attention_node",
-    "portable_functions", "opset_imports",
+    "portable_functions", "opset_imports", "step_check_node", "STEP_INPUTS", "CHECKED",
 ]
 
 DOMAIN = "mla_export"
@@ -86,7 +86,22 @@ def _schemas():
         type_constraints=[("T", _FLOATS, ""), ("C", _CACHES, ""), ("I", _INDICES, ""), ("X", _ANY, "")],
         attributes=[A("scale", S.AttrType.FLOAT, "softmax scale", required=True),
                     A("form", helper.make_attribute("form", 0), "0 auto, 1 absorbed, 2 expanded"), kv_dtype])
-    return [cache_write, decode, attention]
+    var = S.FormalParameterOption.Variadic
+    step_check = S(
+        "MlaStepCheck", DOMAIN, OPSET_VERSION,
+        "Checks a whole step's metadata against the caches and the model's vocab and positions before any "
+        "layer runs; outputs input_ids, positions and slot_mapping unchanged, so everything after depends on it.",
+        inputs=[P("input_ids", "I", "[T]"), P("positions", "I", "[T]"), P("slot_mapping", "I", "[T]"),
+                P("query_start_loc", "I", "[B+1]"), P("seq_lens", "I", "[B]"), P("block_tables", "I", "[B, M]"),
+                P("logits_indices", "I", "[B]"),
+                P("kv_cache", "C", "one per layer, [NB, BS, W] (u8: [NB, BS, 2W] bf16 bytes)", param_option=var,
+                  is_homogeneous=True)],
+        outputs=[P("input_ids_checked", "I", "[T]"), P("positions_checked", "I", "[T]"),
+                 P("slot_mapping_checked", "I", "[T]")],
+        type_constraints=[("I", _INDICES, ""), ("C", _CACHES + ["tensor(int8)"], "")],
+        attributes=[A("vocab_size", S.AttrType.INT, "token ids lie in [0, vocab_size)", required=True),
+                    A("max_positions", S.AttrType.INT, "rows of the RoPE table", required=True)])
+    return [cache_write, decode, attention, step_check]
 
 
 def register_schemas() -> None:
@@ -110,6 +125,20 @@ def paged_attention_node(q_nope, q_pe, kv_cache, w_uk, w_uv, query_start_loc, se
     return helper.make_node("MlaPagedAttention", [q_nope, q_pe, kv_cache, w_uk, w_uv, query_start_loc, seq_lens,
                                                   block_tables, after], [out], name=name, domain=DOMAIN,
                             scale=float(scale), form=form, **({"kv_dtype": kv_dtype} if kv_dtype else {}))
+
+
+STEP_INPUTS = ("input_ids", "positions", "slot_mapping", "query_start_loc", "seq_lens", "block_tables",
+               "logits_indices")
+CHECKED = {name: f"{name}.checked" for name in STEP_INPUTS[:3]}  # what the graph reads instead
+
+
+def step_check_node(num_layers: int, vocab_size: int, max_positions: int, name: str = "step_check"):
+    """The graph's first node: validates the whole step; the rest of the graph reads input_ids,
+    positions and slot_mapping only through its outputs (CHECKED), so no cache write can run
+    before the step was accepted."""
+    caches = [f"kv_cache.{i}" for i in range(num_layers)]
+    return helper.make_node("MlaStepCheck", [*STEP_INPUTS, *caches], list(CHECKED.values()), name=name,
+                            domain=DOMAIN, vocab_size=int(vocab_size), max_positions=int(max_positions))
 
 
 def cache_update_node(kv_c: str, k_pe: str, kv_cache: str, slot_mapping: str, out: str, name: str):

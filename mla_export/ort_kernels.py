@@ -27,6 +27,7 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 ONNX_BFLOAT16 = 16  # onnx.TensorProto.BFLOAT16
 
 __all__ = ["BF16", "cache_bytes", "available", "session_options", "ortvalue", "to_numpy", "single_op_model", "cache_write",
+           "check_writable_cache",
            "paged_decode", "paged_attention", "cache_write_then_attention", "FORMS"]
 
 FORMS = {"auto": 0, "absorbed": 1, "expanded": 2}
@@ -165,12 +166,22 @@ def _float_attr(x) -> float:
     return float(np.float32(x))
 
 
+def check_writable_cache(kv_cache, name: str = "kv_cache") -> None:
+    """A cache the library writes into must be writable memory: onnxruntime wraps the array's
+    buffer without looking at numpy's flag, so a `writeable=False` array would be written behind
+    numpy's back and a read-only memmap would crash the process (SIGSEGV) on the first write."""
+    if not isinstance(kv_cache, np.ndarray):
+        raise TypeError(f"input '{name}' must be a numpy array (it is updated in place)")
+    if not kv_cache.flags.writeable:
+        raise ValueError(f"input '{name}' is read-only (numpy writeable=False, e.g. a memmap opened with mode 'r'); "
+                         "the cache is written in place, so it must be writable")
+
+
 def cache_write(kv_c, k_pe, kv_cache: np.ndarray, slot_mapping, kv_dtype: str | None = None) -> np.ndarray:
     """MlaCacheWrite: [kv_c[t] | k_pe[t]] -> kv_cache at slot_mapping[t] (slots < 0 skipped), in
     place. Returns kv_cache. kv_dtype (every op here): the cache's row format (kv_formats);
     None = by the array's dtype, passed as that type without the attribute."""
-    if not isinstance(kv_cache, np.ndarray):
-        raise TypeError("input 'kv_cache' must be a numpy array (it is updated in place)")
+    check_writable_cache(kv_cache)
     target = kv_cache if kv_cache.flags.c_contiguous else np.ascontiguousarray(kv_cache)
     attrs = _kv_attrs(target, kv_dtype)
     arrays = [("kv_c", _contiguous(kv_c)), ("k_pe", _contiguous(k_pe)), ("kv_cache", _bind_cache(target, attrs)),
@@ -219,7 +230,8 @@ def cache_write_then_attention(kv_c, k_pe, slot_mapping, q_nope, q_pe, kv_cache:
     """The graph pattern of a layer: MlaCacheWrite into kv_cache (in place, a C-contiguous
     numpy array), its `written` output fed to MlaPagedAttention's ordering input `after`.
     Returns (attention output, written)."""
-    if not (isinstance(kv_cache, np.ndarray) and kv_cache.flags.c_contiguous):
+    check_writable_cache(kv_cache)
+    if not kv_cache.flags.c_contiguous:
         raise ValueError("kv_cache must be a C-contiguous numpy array (it is updated in place)")
     arrays = [("kv_c", _contiguous(kv_c)), ("k_pe", _contiguous(k_pe)), ("slot_mapping", _contiguous(slot_mapping)),
               ("q_nope", _contiguous(q_nope)), ("q_pe", _contiguous(q_pe)),

@@ -46,6 +46,13 @@ void paged_attention(const TensorView& q_nope, const TensorView& q_pe, const Ten
                      const TensorView& out, const Threading& threading,
                      KvDtype kv_dtype = KvDtype::automatic);
 
+// MlaStepCheck: the whole step's metadata checked before any layer runs (see step_check.cpp).
+struct StepInputs {
+    TensorView input_ids, positions, slot_mapping, query_start_loc, seq_lens, block_tables, logits_indices;
+};
+void step_check(const StepInputs& in, const std::vector<TensorView>& caches, int64_t vocab_size,
+                int64_t max_positions);
+
 // Which form a sequence of qlen new tokens over seq_len positions runs in under Form::automatic
 // (exposed so tests can make sure both forms are exercised).
 Form choose_form(int64_t qlen, int64_t seq_len, int64_t heads, int64_t r, int64_t dr, int64_t dn,

@@ -22,6 +22,7 @@
 #undef ORT_API_MANUAL_INIT
 
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -320,6 +321,62 @@ struct AttentionOp : MlaOp<AttentionOp, AttentionKernel> {
     ONNXTensorElementDataType GetOutputType(size_t) const { return q_type_; }
 };
 
+// ------------------------------------------------------------------ MlaStepCheck
+
+// input_ids, positions, slot_mapping, query_start_loc, seq_lens, block_tables, logits_indices,
+// kv_cache.0 .. (variadic) -> copies of input_ids, positions, slot_mapping once the step passed.
+struct StepCheckKernel {
+    StepCheckKernel(const OrtApi& api, const OrtKernelInfo* info, int)
+        : vocab_size_(int_attr(api, info, "vocab_size", 0)), max_positions_(int_attr(api, info, "max_positions", 0)) {
+        if (vocab_size_ <= 0 || max_positions_ <= 0)
+            throw mla::Error("MlaStepCheck: attributes 'vocab_size' and 'max_positions' must be positive, got " +
+                             std::to_string(vocab_size_) + " and " + std::to_string(max_positions_));
+    }
+    OrtStatusPtr ComputeV2(OrtKernelContext* context) {
+        return guarded("MlaStepCheck", [&] {
+            static const char* const names[] = {"input_ids", "positions", "slot_mapping", "query_start_loc",
+                                                "seq_lens", "block_tables", "logits_indices"};
+            Ort::KernelContext ctx(context);
+            mla::StepInputs in{input_view(ctx, 0, names[0]), input_view(ctx, 1, names[1]),
+                               input_view(ctx, 2, names[2]), input_view(ctx, 3, names[3]),
+                               input_view(ctx, 4, names[4]), input_view(ctx, 5, names[5]),
+                               input_view(ctx, 6, names[6])};
+            const size_t n = ctx.GetInputCount();
+            std::vector<std::string> cache_names;
+            for (size_t i = 7; i < n; ++i) cache_names.push_back("kv_cache." + std::to_string(i - 7));
+            std::vector<mla::TensorView> caches;
+            for (size_t i = 7; i < n; ++i) caches.push_back(input_view(ctx, i, cache_names[i - 7].c_str()));
+            mla::step_check(in, caches, vocab_size_, max_positions_);
+            const mla::TensorView* pass[] = {&in.input_ids, &in.positions, &in.slot_mapping};
+            for (size_t i = 0; i < 3; ++i) {
+                if (pass[i]->dtype != mla::DType::i32)
+                    throw mla::Error(std::string("MlaStepCheck: input '") + pass[i]->name + "' must be i32");
+                auto out = ctx.GetOutput(i, pass[i]->shape.data(), pass[i]->shape.size());
+                std::memcpy(out.GetTensorMutableRawData(), pass[i]->data, size_t(pass[i]->numel()) * sizeof(int32_t));
+            }
+        });
+    }
+    int64_t vocab_size_, max_positions_;
+};
+
+struct StepCheckOp : Ort::CustomOpBase<StepCheckOp, StepCheckKernel, /*WithStatus=*/true> {
+    static constexpr const char* kName = "MlaStepCheck";
+    const char* GetName() const { return kName; }
+    const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
+    OrtStatusPtr CreateKernelV2(const OrtApi& api, const OrtKernelInfo* info, void** kernel) const {
+        return guarded(kName, [&] { *kernel = new StepCheckKernel(api, info, 1); });
+    }
+    size_t GetInputTypeCount() const { return 8; }  // 7 metadata + the caches (variadic)
+    ONNXTensorElementDataType GetInputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED; }
+    OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t index) const {
+        return index == 7 ? INPUT_OUTPUT_VARIADIC : INPUT_OUTPUT_REQUIRED;
+    }
+    int GetVariadicInputMinArity() const { return 1; }
+    bool GetVariadicInputHomogeneity() const { return false; }
+    size_t GetOutputTypeCount() const { return 3; }
+    ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32; }
+};
+
 // ------------------------------------------------------------------ registration
 
 // onnxruntime keeps raw pointers to the ops and the domain for as long as any session that was
@@ -369,6 +426,7 @@ __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps
         auto reg = std::make_unique<Registration>();
         reg->domain = Ort::CustomOpDomain(kDomain);
         reg->ops.push_back(std::make_unique<CacheWriteOp>(threads));
+        reg->ops.push_back(std::make_unique<StepCheckOp>());
         for (auto q : {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16,
                        ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16}) {
             reg->ops.push_back(std::make_unique<DecodeOp>(threads, q));

@@ -37,13 +37,21 @@ ov::OutputVector convert_attention(const ov::frontend::NodeContext& ctx) {
     return std::make_shared<mla_ov::MlaPagedAttention>(inputs_of(ctx), scale, form, kv_dtype_of(ctx))->outputs();
 }
 
+ov::OutputVector convert_step_check(const ov::frontend::NodeContext& ctx) {
+    const int64_t vocab = ctx.get_attribute<int64_t>("vocab_size");
+    const int64_t max_pos = ctx.get_attribute<int64_t>("max_positions");
+    return std::make_shared<mla_ov::MlaStepCheck>(inputs_of(ctx), vocab, max_pos)->outputs();
+}
+
 }  // namespace
 
 OPENVINO_CREATE_EXTENSIONS(std::vector<ov::Extension::Ptr>({
     std::make_shared<ov::OpExtension<mla_ov::MlaCacheWrite>>(),
     std::make_shared<ov::OpExtension<mla_ov::MlaPagedDecode>>(),
     std::make_shared<ov::OpExtension<mla_ov::MlaPagedAttention>>(),
+    std::make_shared<ov::OpExtension<mla_ov::MlaStepCheck>>(),
     std::make_shared<ov::frontend::onnx::ConversionExtension>("MlaCacheWrite", "mla_export", convert_cache_write),
     std::make_shared<ov::frontend::onnx::ConversionExtension>("MlaPagedDecode", "mla_export", convert_decode),
     std::make_shared<ov::frontend::onnx::ConversionExtension>("MlaPagedAttention", "mla_export", convert_attention),
+    std::make_shared<ov::frontend::onnx::ConversionExtension>("MlaStepCheck", "mla_export", convert_step_check),
 }));

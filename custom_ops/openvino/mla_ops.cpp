@@ -2,6 +2,12 @@
 
 #include <openvino/core/parallel.hpp>
 
+#include <atomic>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <vector>
+
 #include "../kernels/mla_kernels.hpp"
 
 namespace mla_ov {
@@ -26,6 +32,29 @@ mla::TensorView view(const ov::Tensor& t, const char* name) {
     v.dtype = dtype_of(t.get_element_type());
     for (auto d : t.get_shape()) v.shape.push_back(static_cast<int64_t>(d));
     return v;
+}
+
+// OpenVINO's CPU plugin loses an exception thrown by a node when it runs the graph on one thread
+// (INFERENCE_NUM_THREADS=1: infer() returns as if the step had run, with stale or zero outputs;
+// measured on 2026.4.1). So every op also records its failure here, and the Python executors
+// check the count around infer() (mla_export_ov_error_count / mla_export_ov_last_error below).
+std::atomic<uint64_t> g_error_count{0};
+std::mutex g_error_mutex;
+std::string g_last_error;
+
+template <typename Fn>
+bool recorded(Fn&& fn) {
+    try {
+        fn();
+        return true;
+    } catch (const std::exception& e) {
+        {
+            std::lock_guard<std::mutex> lock(g_error_mutex);
+            g_last_error = e.what();
+        }
+        g_error_count.fetch_add(1);
+        throw;
+    }
 }
 
 mla::Threading ov_threading() {
@@ -81,12 +110,13 @@ bool MlaCacheWrite::visit_attributes(ov::AttributeVisitor& visitor) {
 }
 
 bool MlaCacheWrite::evaluate(ov::TensorVector& outputs, const ov::TensorVector& inputs) const {
-    const int64_t written = mla::cache_write(view(inputs[0], "kv_c"), view(inputs[1], "k_pe"),
-                                             view(inputs[2], "kv_cache"), view(inputs[3], "slot_mapping"),
-                                             ov_threading(), mla::kv_dtype_from_name("MlaCacheWrite", m_kv_dtype));
-    outputs[0].set_shape(ov::Shape{1});
-    outputs[0].data<int32_t>()[0] = static_cast<int32_t>(written);
-    return true;
+    return recorded([&] {
+        const int64_t written = mla::cache_write(view(inputs[0], "kv_c"), view(inputs[1], "k_pe"),
+                                                 view(inputs[2], "kv_cache"), view(inputs[3], "slot_mapping"),
+                                                 ov_threading(), mla::kv_dtype_from_name("MlaCacheWrite", m_kv_dtype));
+        outputs[0].set_shape(ov::Shape{1});
+        outputs[0].data<int32_t>()[0] = static_cast<int32_t>(written);
+    });
 }
 
 // ---------------------------------------------------------------- MlaPagedDecode
@@ -117,13 +147,14 @@ bool MlaPagedDecode::visit_attributes(ov::AttributeVisitor& visitor) {
 }
 
 bool MlaPagedDecode::evaluate(ov::TensorVector& outputs, const ov::TensorVector& inputs) const {
-    const auto q = view(inputs[0], "q"), cache = view(inputs[1], "kv_cache");
-    const auto bt = view(inputs[2], "block_tables"), lens = view(inputs[3], "seq_lens");
-    const auto kv = mla::kv_dtype_from_name("MlaPagedDecode", m_kv_dtype);
-    const mla::DecodeShapes s = mla::paged_decode_shapes(q, cache, bt, lens, m_kv_lora_rank, kv);
-    outputs[0].set_shape(ov::Shape{size_t(s.batch), size_t(s.heads), size_t(s.rank)});
-    mla::paged_decode(q, cache, bt, lens, m_scale, m_kv_lora_rank, view(outputs[0], "output"), ov_threading(), kv);
-    return true;
+    return recorded([&] {
+        const auto q = view(inputs[0], "q"), cache = view(inputs[1], "kv_cache");
+        const auto bt = view(inputs[2], "block_tables"), lens = view(inputs[3], "seq_lens");
+        const auto kv = mla::kv_dtype_from_name("MlaPagedDecode", m_kv_dtype);
+        const mla::DecodeShapes s = mla::paged_decode_shapes(q, cache, bt, lens, m_kv_lora_rank, kv);
+        outputs[0].set_shape(ov::Shape{size_t(s.batch), size_t(s.heads), size_t(s.rank)});
+        mla::paged_decode(q, cache, bt, lens, m_scale, m_kv_lora_rank, view(outputs[0], "output"), ov_threading(), kv);
+    });
 }
 
 // ---------------------------------------------------------------- MlaPagedAttention
@@ -158,16 +189,89 @@ bool MlaPagedAttention::visit_attributes(ov::AttributeVisitor& visitor) {
 }
 
 bool MlaPagedAttention::evaluate(ov::TensorVector& outputs, const ov::TensorVector& inputs) const {
-    const auto qn = view(inputs[0], "q_nope"), qp = view(inputs[1], "q_pe"), cache = view(inputs[2], "kv_cache");
-    const auto wuk = view(inputs[3], "w_uk"), wuv = view(inputs[4], "w_uv");
-    const auto qsl = view(inputs[5], "query_start_loc"), lens = view(inputs[6], "seq_lens");
-    const auto bt = view(inputs[7], "block_tables");
-    const auto kv = mla::kv_dtype_from_name("MlaPagedAttention", m_kv_dtype);
-    const mla::AttentionShapes s = mla::paged_attention_shapes(qn, qp, cache, wuk, wuv, qsl, lens, bt, kv);
-    outputs[0].set_shape(ov::Shape{size_t(s.tokens), size_t(s.heads), size_t(s.v_dim)});
-    mla::paged_attention(qn, qp, cache, wuk, wuv, qsl, lens, bt, m_scale, static_cast<mla::Form>(m_form),
-                         view(outputs[0], "output"), ov_threading(), kv);
+    return recorded([&] {
+        const auto qn = view(inputs[0], "q_nope"), qp = view(inputs[1], "q_pe"), cache = view(inputs[2], "kv_cache");
+        const auto wuk = view(inputs[3], "w_uk"), wuv = view(inputs[4], "w_uv");
+        const auto qsl = view(inputs[5], "query_start_loc"), lens = view(inputs[6], "seq_lens");
+        const auto bt = view(inputs[7], "block_tables");
+        const auto kv = mla::kv_dtype_from_name("MlaPagedAttention", m_kv_dtype);
+        const mla::AttentionShapes s = mla::paged_attention_shapes(qn, qp, cache, wuk, wuv, qsl, lens, bt, kv);
+        outputs[0].set_shape(ov::Shape{size_t(s.tokens), size_t(s.heads), size_t(s.v_dim)});
+        mla::paged_attention(qn, qp, cache, wuk, wuv, qsl, lens, bt, m_scale, static_cast<mla::Form>(m_form),
+                             view(outputs[0], "output"), ov_threading(), kv);
+    });
+}
+
+// ---------------------------------------------------------------- MlaStepCheck
+
+namespace {
+const char* const kStepNames[] = {"input_ids", "positions", "slot_mapping", "query_start_loc",
+                                  "seq_lens", "block_tables", "logits_indices"};
+constexpr size_t kStepMeta = 7;
+
+// "kv_cache.<i>" names that outlive the views pointing at them.
+const std::vector<std::string>& cache_names(size_t n) {
+    static std::vector<std::string> names;
+    static std::mutex mutex;
+    std::lock_guard<std::mutex> lock(mutex);
+    while (names.size() < n) names.push_back("kv_cache." + std::to_string(names.size()));
+    return names;
+}
+}  // namespace
+
+MlaStepCheck::MlaStepCheck(const ov::OutputVector& args, int64_t vocab_size, int64_t max_positions)
+    : Op(args), m_vocab_size(vocab_size), m_max_positions(max_positions) {
+    constructor_validate_and_infer_types();
+}
+
+void MlaStepCheck::validate_and_infer_types() {
+    NODE_VALIDATION_CHECK(this, get_input_size() >= kStepMeta + 1, "MlaStepCheck takes the 7 metadata inputs and ",
+                          "at least one kv_cache, got ", get_input_size(), " inputs");
+    NODE_VALIDATION_CHECK(this, m_vocab_size > 0 && m_max_positions > 0,
+                          "MlaStepCheck attributes vocab_size and max_positions must be positive, got ", m_vocab_size,
+                          " and ", m_max_positions);
+    for (size_t i = 0; i < 3; ++i) set_output_type(i, get_input_element_type(i), get_input_partial_shape(i));
+}
+
+std::shared_ptr<ov::Node> MlaStepCheck::clone_with_new_inputs(const ov::OutputVector& args) const {
+    return std::make_shared<MlaStepCheck>(args, m_vocab_size, m_max_positions);
+}
+
+bool MlaStepCheck::visit_attributes(ov::AttributeVisitor& visitor) {
+    visitor.on_attribute("vocab_size", m_vocab_size);
+    visitor.on_attribute("max_positions", m_max_positions);
     return true;
 }
 
+bool MlaStepCheck::evaluate(ov::TensorVector& outputs, const ov::TensorVector& inputs) const {
+    return recorded([&] {
+        mla::StepInputs in{view(inputs[0], kStepNames[0]), view(inputs[1], kStepNames[1]), view(inputs[2], kStepNames[2]),
+                           view(inputs[3], kStepNames[3]), view(inputs[4], kStepNames[4]), view(inputs[5], kStepNames[5]),
+                           view(inputs[6], kStepNames[6])};
+        const auto& names = cache_names(inputs.size() - kStepMeta);
+        std::vector<mla::TensorView> caches;
+        for (size_t i = kStepMeta; i < inputs.size(); ++i) caches.push_back(view(inputs[i], names[i - kStepMeta].c_str()));
+        mla::step_check(in, caches, m_vocab_size, m_max_positions);
+        for (size_t i = 0; i < 3; ++i) {
+            outputs[i].set_shape(inputs[i].get_shape());
+            std::memcpy(outputs[i].data(), inputs[i].data(), inputs[i].get_byte_size());
+        }
+    });
+}
+
 }  // namespace mla_ov
+
+extern "C" {
+// How many op calls have failed in this process so far, and the last failure's message (copied
+// into buf, NUL-terminated; returns its full length).
+__attribute__((visibility("default"))) uint64_t mla_export_ov_error_count() { return mla_ov::g_error_count.load(); }
+__attribute__((visibility("default"))) size_t mla_export_ov_last_error(char* buf, size_t size) {
+    std::lock_guard<std::mutex> lock(mla_ov::g_error_mutex);
+    if (size) {
+        const size_t n = std::min(size - 1, mla_ov::g_last_error.size());
+        std::memcpy(buf, mla_ov::g_last_error.data(), n);
+        buf[n] = 0;
+    }
+    return mla_ov::g_last_error.size();
+}
+}

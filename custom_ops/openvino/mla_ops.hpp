@@ -62,4 +62,23 @@ private:
     std::string m_kv_dtype;
 };
 
+// input_ids, positions, slot_mapping, query_start_loc, seq_lens, block_tables, logits_indices,
+// kv_cache.0 .. kv_cache.<L-1> -> input_ids, positions, slot_mapping (copies, once the whole step
+// passed). The graph reads those three only through this op, so nothing runs before it.
+class MlaStepCheck : public ov::op::Op {
+public:
+    OPENVINO_OP("MlaStepCheck", "mla_export");
+    MlaStepCheck() = default;
+    MlaStepCheck(const ov::OutputVector& args, int64_t vocab_size, int64_t max_positions);
+    void validate_and_infer_types() override;
+    std::shared_ptr<ov::Node> clone_with_new_inputs(const ov::OutputVector& args) const override;
+    bool visit_attributes(ov::AttributeVisitor& visitor) override;
+    bool evaluate(ov::TensorVector& outputs, const ov::TensorVector& inputs) const override;
+    bool has_evaluate() const override { return true; }
+
+private:
+    int64_t m_vocab_size = 0;
+    int64_t m_max_positions = 0;
+};
+
 }  // namespace mla_ov

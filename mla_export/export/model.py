@@ -106,11 +106,22 @@ def _build(g: GraphBuilder, reader: CheckpointReader, cfg: MLAModelConfig,
 
 
 def _inputs(g: GraphBuilder, cfg: MLAModelConfig) -> dict:
-    """Graph-level values every layer shares: metadata names and the RoPE rows of `positions`."""
+    """Graph-level values every layer shares: metadata names and the RoPE rows of `positions`.
+
+    The custom-op graph starts with MlaStepCheck (the whole step validated before any cache byte
+    moves); input_ids, positions and slot_mapping are read only through its outputs. The
+    portable graph returns updated caches instead of writing its inputs, so a failing step
+    leaves the caller's caches alone there; it passes the three through unchanged (Identity)."""
+    ck = onnx_ops.CHECKED
+    if "custom" in g.variants:
+        g.add_node("custom", onnx_ops.step_check_node(cfg.num_layers, cfg.vocab_size, cfg.max_position_embeddings))
+    if "portable" in g.variants:
+        for raw, checked in ck.items():
+            g.add_node("portable", helper.make_node("Identity", [raw], [checked], name=f"{raw}.pass"))
     cos, sin = rope_tables(cfg)
-    cos_k = g.op("Gather", g.f32_tensor("rope.cos", cos), "positions", axis=0)  # [T, dr]
-    sin_k = g.op("Gather", g.f32_tensor("rope.sin", sin), "positions", axis=0)
-    return dict(slot_mapping="slot_mapping", query_start_loc="query_start_loc", seq_lens="seq_lens",
+    cos_k = g.op("Gather", g.f32_tensor("rope.cos", cos), ck["positions"], axis=0)  # [T, dr]
+    sin_k = g.op("Gather", g.f32_tensor("rope.sin", sin), ck["positions"], axis=0)
+    return dict(slot_mapping=ck["slot_mapping"], query_start_loc="query_start_loc", seq_lens="seq_lens",
                 block_tables="block_tables", cos_k=cos_k, sin_k=sin_k,
                 cos_q=g.op("Unsqueeze", cos_k, g.i64(1)), sin_q=g.op("Unsqueeze", sin_k, g.i64(1)))
 
@@ -123,14 +134,14 @@ def _embed(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig) -> tuple[
     if fmt.bits("embedding") is None:
         fmt.record(fmt.float_dtype, table.size)
         stored = g.store.add(name, table, fmt.float_dtype)
-        rows = g.op("Gather", stored, "input_ids", axis=0)  # gather first, widen only the T rows
+        rows = g.op("Gather", stored, onnx_ops.CHECKED["input_ids"], axis=0)  # gather first, widen only the T rows
         if fmt.float_dtype == "f32":
             return rows, stored
         return g.op("Cast", rows, to=TensorProto.FLOAT), g.op("Cast", stored, to=TensorProto.FLOAT)
     # Quantized: the decompression chain sits on the whole table and the Gather follows, the form
     # the CPU plugin turns into one Gather over the compressed table (only T rows are decoded).
     deq = g.weight(name, table, kind="embedding")
-    return g.op("Gather", deq, "input_ids", axis=0), deq
+    return g.op("Gather", deq, onnx_ops.CHECKED["input_ids"], axis=0), deq
 
 
 def _lm_head(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig, embedding: str) -> str:

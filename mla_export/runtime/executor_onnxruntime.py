@@ -100,6 +100,7 @@ class OnnxRuntimeMLAExecutor:
         for i, c in enumerate(self._kv_caches):
             if not (isinstance(c, np.ndarray) and c.flags.c_contiguous):
                 raise ValueError(f"cache of layer {i} must be a C-contiguous numpy array")
+            ort_kernels.check_writable_cache(c, f"kv_cache.{i}")
 
         if self.variant == "custom":
             so = ort_kernels.session_options(num_threads)

@@ -21,6 +21,7 @@ import numpy as np
 import openvino as ov
 
 from .. import ov_core
+from ..ov_op_errors import checked_infer
 from ..ov_tensors import cache_binding, ov_type, shared_tensor
 from ..contract import Contract
 from .executor_common import CacheNotInPlaceError, check_cache_written_in_place, check_options
@@ -90,7 +91,7 @@ class OpenVINOMLAExecutor:
 
     def run(self) -> np.ndarray:
         """The graph alone, on the inputs bound last."""
-        self.request.infer()
+        checked_infer(self.request)  # raises even where the plugin loses an op's exception
         return self.request.get_tensor(self._logits).data
 
     def describe(self) -> str:

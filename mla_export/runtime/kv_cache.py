@@ -106,6 +106,10 @@ class BlockPool:
             self._block_of[h] = block
             self._hash_of[block] = h
 
+    def unregister(self, block: int) -> None:
+        """Drop a block's prefix-cache entry (its contents are about to change)."""
+        self._evict(block)
+
     def is_immutable(self, block: int) -> bool:
         return self._refs[block] > 1 or self._hash_of[block] is not None
 
@@ -200,7 +204,16 @@ class KVCacheManager:
             i for i in range(first_written, min(last_written + 1, len(candidate))) if self.pool.is_immutable(candidate[i])
         ]
         if num_alloc + len(to_copy) > self.pool.num_free - reused_free:
-            return False
+            # A cached block no other request holds can be taken over instead of copied: its
+            # registration is dropped and it is written in place. Only when the copy does not
+            # fit: a fully cached prompt on an exactly full cache needs every block it has, and
+            # the copy would need one more than admission counted.
+            own = [i for i in to_copy if i >= len(table) and self.pool.ref_count(candidate[i]) == 0]
+            if num_alloc + len(to_copy) - len(own) > self.pool.num_free - reused_free:
+                return False
+            for i in own:
+                self.pool.unregister(candidate[i])
+            to_copy = [i for i in to_copy if i not in own]
 
         for block in computed_blocks:
             self.pool.touch(block)

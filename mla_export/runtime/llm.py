@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
+
 from .engine import LLMEngine
 from .sampling import SamplingParams
 
@@ -46,8 +48,7 @@ class LLM:
     ) -> list[CompletionOutput]:
         """`prompts`: one prompt or a list of them, each a string or a list of token ids.
         `sampling_params` (one for all, or one per prompt) overrides the keyword arguments."""
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
+        prompts = _prompt_list(prompts)
         if sampling_params is None:
             sampling_params = SamplingParams(max_tokens, temperature, top_p, top_k, seed, tuple(stop_token_ids), ignore_eos)
         if isinstance(sampling_params, SamplingParams):
@@ -69,6 +70,9 @@ class LLM:
         finally:  # an error (or Ctrl-C) must not leave requests holding blocks
             for rid in ids:
                 self.engine.abort_request(rid)
+        for i, r in enumerate(ids):
+            if final[r].finish_reason == "error":
+                raise RuntimeError(f"prompt {i} failed: {final[r].error}")
         return [
             CompletionOutput(final[r].prompt_token_ids, final[r].token_ids, final[r].text, final[r].finish_reason)
             for r in ids
@@ -100,3 +104,29 @@ class LLM:
             prompter = self._prompter
         prompts = [prompter.prompt_ids(c, add_generation_prompt) for c in conversations]
         return self.generate(prompts, sampling_params=sampling_params, **generate_kwargs)
+
+def _is_token_id(x) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+def _prompt_list(prompts) -> list:
+    """One prompt (a string, a flat sequence or 1-D numpy array of token ids) or several (a list
+    of those, or a 2-D numpy array, one prompt per row) -> a list of prompts."""
+    if isinstance(prompts, str):
+        return [prompts]
+    if isinstance(prompts, np.ndarray):
+        if prompts.ndim == 1:
+            return [prompts]
+        if prompts.ndim == 2:
+            return list(prompts)
+        raise ValueError(f"a numpy array of prompts must be 1-D (one prompt) or 2-D (one per row), got shape "
+                         f"{prompts.shape}")
+    try:
+        prompts = list(prompts)
+    except TypeError:
+        raise TypeError(f"prompts must be a string, token ids, or a list of those; got {type(prompts).__name__}") from None
+    if not prompts:
+        raise ValueError("no prompts given")
+    if all(_is_token_id(p) for p in prompts):
+        return [prompts]
+    return prompts

@@ -302,6 +302,11 @@ class EngineLoop:
                 self.metrics.observe_token_gap((now - seq.last_token) / n_new)
             if n_new:
                 seq.last_token = now
+            if out.finish_reason == "error":  # this request failed; the engine goes on
+                self._end(out.request_id)
+                self.metrics.observe_end("error", None, seq.num_generated)
+                items.append((seq.loop, seq.queue, Aborted(out.request_id, "error", out.error)))
+                continue
             if out.finished:
                 self._end(out.request_id)
                 seq.num_prompt_tokens = len(out.prompt_token_ids or ())

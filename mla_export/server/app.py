@@ -28,6 +28,7 @@ from starlette.routing import Route
 
 from . import protocol as P
 from .chat import ChatTemplate, TemplateError, load_chat_template
+from .tokenize import PromptEncoder, PromptTooLong
 from .engine_loop import Aborted, EngineDead, EngineLoop, QueueFull, SeqRequest, ShuttingDown
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .routes_tokenize import tokenize_routes
@@ -159,6 +160,8 @@ class ServerState:
         self.loop = EngineLoop(engine, max_num_seqs=max_num_seqs, max_queue=max_queue, metrics=self.metrics)
         self.tokenizer = getattr(engine, "tokenizer", None)
         self.max_model_len = getattr(engine, "max_model_len", None)
+        tok_path = getattr(getattr(engine, "facts", None), "tokenizer_path", None)
+        self.encoder = PromptEncoder(self.tokenizer, str(tok_path) if tok_path else None, self.max_model_len)
         contract = _contract(engine)
         facts = contract.get("model", {})
         self.vocab_size = facts.get("vocab_size")
@@ -182,8 +185,13 @@ class ServerState:
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def encode(self, text: str, *, special: bool) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=special).ids)
+    async def encode(self, text: str, *, special: bool) -> list[int]:
+        """Token ids, tokenized off the event loop when the text is long (see tokenize.py)."""
+        try:
+            return await self.encoder.encode(text, special=special, max_tokens=self.max_model_len)
+        except PromptTooLong as e:
+            raise P.bad_request(f"This model's maximum context length is {self.max_model_len} tokens; {e}.",
+                                "prompt", "context_length_exceeded") from None
 
 
 def _error(e: P.APIError) -> JSONResponse:
@@ -200,10 +208,12 @@ def create_app(engine, *, model_name: str, api_key: str | None = None, max_num_s
     @contextlib.asynccontextmanager
     async def lifespan(app):
         st.loop.start()
+        await asyncio.to_thread(st.encoder.start)
         log.info("engine loop started: capacity %d sequences", st.loop.capacity)
         try:
             yield
         finally:
+            st.encoder.close()
             stats = await asyncio.to_thread(st.loop.stop, 60.0)
             st.final_stats = stats
             log.info("engine loop stopped: kv_blocks_used=%s of %s, running=%s, waiting=%s",
@@ -230,22 +240,21 @@ def create_app(engine, *, model_name: str, api_key: str | None = None, max_num_s
         length = request.headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
             raise too_big
-        chunks, size = [], 0
+        body = bytearray()  # grown as chunks arrive: no 16 MiB join at the end
         async for chunk in request.stream():
-            size += len(chunk)
-            if size > MAX_BODY_BYTES:
+            if len(body) + len(chunk) > MAX_BODY_BYTES:
                 raise too_big
-            chunks.append(chunk)
-        return P.parse_json_body(b"".join(chunks))
+            body += chunk
+        return await st.encoder.parse_json(body)  # big bodies are parsed off the event loop
 
-    def to_ids(prompt) -> list[int]:
+    async def to_ids(prompt) -> list[int]:
         if isinstance(prompt, list):
             if st.vocab_size is not None and max(prompt) >= int(st.vocab_size):
                 raise P.bad_request(f"'prompt' token id {max(prompt)} is out of the vocabulary (size {st.vocab_size})", "prompt")
             return prompt
         if st.tokenizer is None:
             raise P.bad_request("this model has no tokenizer: send the prompt as token ids", "prompt")
-        return st.encode(prompt, special=True)
+        return await st.encode(prompt, special=True)
 
     def engine_params(s: P.Sampling, prompt_len: int, choice: int):
         from mla_export.runtime.sampling import SamplingParams
@@ -467,7 +476,7 @@ def create_app(engine, *, model_name: str, api_key: str | None = None, max_num_s
         async def build(body):
             req = P.parse_completion_request(body)
             check_model(req.model)
-            ids = [to_ids(p) for p in req.prompts]
+            ids = [await to_ids(p) for p in req.prompts]
             return await respond(request, "/v1/completions", ids, req.sampling, chat=False)
 
         return await handle(request, "/v1/completions", build)
@@ -486,7 +495,7 @@ def create_app(engine, *, model_name: str, api_key: str | None = None, max_num_s
                                                **req.template_kwargs)
             except TemplateError as e:
                 raise P.bad_request(f"the chat template rejected the messages: {e}", "messages") from None
-            ids = st.encode(text, special=False)
+            ids = await st.encode(text, special=False)
             if not ids:
                 raise P.bad_request("the rendered chat prompt is empty", "messages")
             return await respond(request, "/v1/chat/completions", [ids], req.sampling, chat=True)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -70,11 +71,36 @@ def parse_json_body(raw: bytes) -> dict:
         raise bad_request("the request body is empty; expected a JSON object")
     try:
         body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except RecursionError:
+        raise bad_request("the request body is nested too deeply") from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, an integer of more than 4300 digits
         raise bad_request(f"the request body is not valid JSON: {e}") from None
     if not isinstance(body, dict):
         raise bad_request(f"the request body must be a JSON object, got {type(body).__name__}")
+    # JSON may escape half a UTF-16 pair ("\ud800"); such a string is no text and would fail
+    # deep in the tokenizer. Only bodies with such an escape are walked.
+    if _SURROGATE_ESCAPE.search(raw):
+        _check_text(body, "body")
     return body
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _check_text(v: Any, where: str) -> None:
+    stack = [(v, where)]
+    while stack:
+        v, where = stack.pop()
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                raise bad_request(f"'{where}' holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff escape), "
+                                  "which is not text", where) from None
+        elif isinstance(v, dict):
+            stack.extend((x, k if where == "body" else f"{where}.{k}") for k, x in v.items())
+        elif isinstance(v, list):
+            stack.extend((x, f"{where}[{i}]") for i, x in enumerate(v))
 
 
 # ---- typed field readers ---------------------------------------------------------------------

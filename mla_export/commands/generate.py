@@ -45,6 +45,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--precision", "--dtype", dest="precision", type=dtype_arg, default="bf16",
                    help="inference precision hint: bf16 (default) or f32; vLLM's --dtype values are accepted")
     p.add_argument("-t", "--threads", type=int, default=None, help="inference threads (default: the plugin's)")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="longest sequence served (default: the model's context, or what the KV cache holds if less)")
     p.add_argument("--runtime", choices=("openvino", "onnxruntime"), default="openvino")
     from mla_export.cli_hints import add_foreign_flags
 
@@ -96,7 +98,10 @@ def run(args, stdout=None) -> int:
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                                 top_k=args.top_k, seed=args.seed, ignore_eos=args.ignore_eos, output_kind="delta")
         engine = LLMEngine(out_dir, runtime=args.runtime, precision=args.precision, num_threads=args.threads,
-                           max_num_seqs=1)
+                           max_num_seqs=1, max_model_len=args.max_model_len)
+        if engine.max_model_len < engine.facts.max_model_len:
+            print(f"mla-export generate: max_model_len {engine.max_model_len} tokens (the model has "
+                  f"{engine.facts.max_model_len})", file=sys.stderr)
         prompt = _prompt(args, engine)
         start = time.perf_counter()
         engine.add_request("cli", prompt, params)

@@ -67,6 +67,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="token budget of one engine step (default 512)")
     p.add_argument("--kv-cache-memory", type=parse_size, default=None,
                    help="KV cache budget, e.g. 2GiB (default: the engine's: a full batch at full context, capped)")
+    p.add_argument("--max-model-len", type=_positive, default=None,
+                   help="longest sequence (prompt + output) served (default: the model's context, or what the KV "
+                        "cache holds if less); a request without max_tokens gets the room left")
     p.add_argument("--num-blocks", type=_positive, default=None, help="KV cache size in blocks (instead of a budget)")
     p.add_argument("--precision", choices=("bf16", "f32"), default="bf16", help="CPU inference precision (default bf16)")
     p.add_argument("--threads", type=_positive, default=None, help="inference threads (default: the plugin's)")
@@ -163,7 +166,7 @@ def run(args) -> int:
         engine = LLMEngine(out_dir, precision=args.precision, num_threads=args.threads, num_blocks=args.num_blocks,
                            kv_cache_memory=args.kv_cache_memory, max_num_seqs=args.max_num_seqs,
                            max_num_batched_tokens=args.max_num_batched_tokens,
-                           enable_prefix_caching=not args.no_prefix_caching)
+                           enable_prefix_caching=not args.no_prefix_caching, max_model_len=args.max_model_len)
     except (FileNotFoundError, ValueError) as e:
         print(f"mla-export serve: {e}", file=sys.stderr)
         return 2
@@ -182,7 +185,8 @@ def run(args) -> int:
         return 2
     st = app.state.server
     stats = engine.stats()
-    print(f"mla-export serve: model '{name}' from {out_dir}, context {st.max_model_len} tokens, "
+    print(f"mla-export serve: model '{name}' from {out_dir}, max_model_len {st.max_model_len} tokens "
+          f"(model {engine.facts.max_model_len}, KV cache {stats['kv_blocks_total'] * stats['kv_block_size']}), "
           f"{stats['kv_blocks_total']} KV blocks of {stats['kv_block_size']} tokens, "
           f"chat {'on' if st.chat_template else 'off'}, auth {'on' if args.api_key else 'off'}", file=sys.stderr)
     _Server = _server_class()

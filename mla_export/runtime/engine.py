@@ -71,14 +71,29 @@ class LLMEngine:
         max_num_batched_tokens: int = 512,
         enable_prefix_caching: bool = True,
         block_order_seed: int | None = None,  # shuffles the free-block order (tests)
+        max_model_len: int | None = None,
     ):
+        """`max_model_len`: the longest sequence (prompt + output) served. Default: the model's
+        max_position_embeddings, or less when the KV cache holds fewer tokens (one sequence must
+        fit the whole cache). Given, it must fit both; the default cache is then sized for it."""
         if runtime not in RUNTIMES:
             raise ValueError(f"runtime must be one of {RUNTIMES}, got {runtime!r}")
         self.contract, facts = load_model_dir(out_dir)
         self.facts: ModelFacts = facts
         self.tokenizer = facts.load_tokenizer()
-        self.max_model_len = facts.max_model_len
-        num_blocks = self._num_blocks(facts, num_blocks, kv_cache_memory, max_num_seqs)
+        if max_model_len is not None:
+            if not isinstance(max_model_len, (int, np.integer)) or isinstance(max_model_len, bool) or max_model_len < 1:
+                raise ValueError(f"max_model_len must be a positive integer, got {max_model_len!r}")
+            if max_model_len > facts.max_model_len:
+                raise ValueError(f"max_model_len {max_model_len} is more than the model's context "
+                                 f"(max_position_embeddings {facts.max_model_len})")
+        wanted = int(max_model_len) if max_model_len is not None else facts.max_model_len
+        num_blocks = self._num_blocks(facts, num_blocks, kv_cache_memory, max_num_seqs, wanted)
+        capacity = num_blocks * facts.block_size
+        if max_model_len is not None and max_model_len > capacity:
+            raise ValueError(f"max_model_len {max_model_len} does not fit the KV cache ({num_blocks} blocks of "
+                             f"{facts.block_size} = {capacity} tokens): lower max_model_len or give the cache more room")
+        self.max_model_len = min(wanted, capacity)
 
         self.kv_cache = KVCacheManager(
             facts.num_layers, num_blocks, facts.block_size, facts.row_width, facts.cache_dtype,
@@ -98,7 +113,7 @@ class LLMEngine:
         self._num_steps = 0
 
     @staticmethod
-    def _num_blocks(facts: ModelFacts, num_blocks, kv_cache_memory, max_num_seqs: int) -> int:
+    def _num_blocks(facts: ModelFacts, num_blocks, kv_cache_memory, max_num_seqs: int, max_model_len: int) -> int:
         if num_blocks is not None and kv_cache_memory is not None:
             raise ValueError("give num_blocks or kv_cache_memory, not both")
         if num_blocks is not None:
@@ -113,7 +128,7 @@ class LLMEngine:
                 raise ValueError(f"kv_cache_memory={kv_cache_memory} bytes does not hold one cache block")
             return blocks
         # Default: every sequence of a full batch at full context, within a cap.
-        full = max_num_seqs * -(-facts.max_model_len // facts.block_size)
+        full = max_num_seqs * -(-max_model_len // facts.block_size)
         return max(1, min(full, per_block(_DEFAULT_CACHE_CAP, *args)))
 
     # -- requests -----------------------------------------------------------------------------

@@ -33,6 +33,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from .export_paths import inside
+
 __all__ = ["CONTRACT_FILE", "CONTRACT_VERSION", "Contract", "ContractError", "TensorSpec", "graph_io", "cache_layout",
            "CACHE_DTYPES",
            "load_contract", "validate_contract", "schema", "normalize_dtype"]
@@ -213,9 +215,17 @@ def validate_contract(raw: dict, out_dir: str | Path | None = None) -> None:
         raise ContractError("mla_graph.json: 'portable' I/O must be given exactly when onnx_portable is")
     if out_dir is not None:
         listed = [f for f in files.values() if f] + ([raw["tokenizer"]["file"]] if raw["tokenizer"] else [])
+        for key, f in [(f"files.{k}", v) for k, v in files.items() if v] + \
+                [("tokenizer.file", raw["tokenizer"]["file"])] * bool(raw["tokenizer"]):
+            inside(out_dir, f, key)  # nothing an export names may lie outside it
         missing = [f for f in listed if not (Path(out_dir) / f).is_file()]
         if missing:
             raise ContractError(f"{out_dir}: file(s) listed in mla_graph.json are missing: {', '.join(missing)}")
+        recorded = raw["export"].get("files")
+        if recorded:
+            from .export_files import check_files
+
+            check_files(out_dir, {n: v for n, v in recorded.items() if n in listed})
 
 
 def _first_difference(got: list, want: list) -> str:
@@ -295,11 +305,11 @@ class Contract:
     def graph_path(self, key: str) -> Path | None:
         """Path of files[key] (openvino_xml, openvino_bin, onnx, onnx_portable, onnx_data) or None."""
         name = self.files.get(key)
-        return self.out_dir / name if name else None
+        return inside(self.out_dir, name, f"files.{key}") if name else None
 
     def tokenizer_path(self) -> Path | None:
         tok = self.raw["tokenizer"]
-        return self.out_dir / tok["file"] if tok else None
+        return inside(self.out_dir, tok["file"], "tokenizer.file") if tok else None
 
     def validate_model_io(self, inputs, outputs, variant: str = "custom") -> None:
         """inputs/outputs: (name, shape, dtype) triples of a loaded graph; shape items int or
@@ -319,6 +329,9 @@ class Contract:
                 if len(dims) != len(spec.shape):
                     raise ContractError(f"{label} {spec.name!r}: rank {len(dims)}, contract says {len(spec.shape)}")
                 for axis, (d, s) in enumerate(zip(dims, spec.shape)):
+                    if s == "vocab" and d is not None and d != self.model["vocab_size"]:
+                        raise ContractError(f"{label} {spec.name!r}: dim {axis} is {d}, the contract's vocab_size is "
+                                            f"{self.model['vocab_size']}: the graph belongs to another model")
                     if isinstance(s, int) and d != s:
                         raise ContractError(f"{label} {spec.name!r}: dim {axis} is {d if d is not None else 'dynamic'}, "
                                             f"contract says {s}")
@@ -329,6 +342,16 @@ class Contract:
             return [(p.get_any_name(), list(p.get_partial_shape()), p.get_element_type()) for p in ports]
 
         self.validate_model_io(triples(model.inputs), triples(model.outputs), "custom")
+        for op in model.get_ops():  # the step check holds the model facts the graph was built with
+            if op.get_type_name() == "MlaStepCheck":
+                self.validate_graph_facts(op.get_attributes())
+
+    def validate_graph_facts(self, attrs: dict) -> None:
+        """MlaStepCheck's attributes (vocab_size, max_positions) against the contract's model."""
+        for attr, key in (("vocab_size", "vocab_size"), ("max_positions", "max_position_embeddings")):
+            if attr in attrs and int(attrs[attr]) != self.model[key]:
+                raise ContractError(f"the graph was built for {attr} {int(attrs[attr])}, the contract says {key} "
+                                    f"{self.model[key]}: the graph and mla_graph.json belong to different models")
 
 
 def load_contract(out_dir: str | Path) -> Contract:

@@ -21,6 +21,7 @@ from pathlib import Path
 from .. import __version__
 from ..config import MLAModelConfig
 from ..contract import CONTRACT_FILE, make_contract
+from ..export_files import describe_files
 from .graph import WEIGHT_DTYPES, WeightFormat
 from .quantize import INT_FORMATS, WEIGHT_FORMATS
 from .model import ONNX_DATA, ONNX_FILES, build_onnx, plan_weights
@@ -179,6 +180,7 @@ def export_model(model_dir, out_dir, *, fmt: str = "openvino", portable: bool = 
             (tmp / ONNX_DATA).unlink()
         progress.phase("tokenizer, contract, checks")
         tokenizer, chat_template = copy_tokenizer_files(model_dir, tmp)
+        tied = [f for f in files.values() if f] + ([tokenizer["file"]] if tokenizer else [])
         contract = make_contract(
             model=cfg.facts(), block_size=block_size, kv_dtype=kv_dtype, files=files, tokenizer=tokenizer,
             chat_template=chat_template,
@@ -188,7 +190,7 @@ def export_model(model_dir, out_dir, *, fmt: str = "openvino", portable: bool = 
                         int4_ratio=wformat.ratio if wformat.fmt == "int4" else None,
                         moe_form=moe_form,
                         exporter_version=__version__, source=str(model_dir.resolve()),
-                        seconds=round(time.time() - start, 3)))
+                        seconds=round(time.time() - start, 3), files=describe_files(tmp, tied)))
         (tmp / CONTRACT_FILE).write_text(json.dumps(contract, indent=2) + "\n")
         if files["openvino_xml"]:
             from ..contract import Contract

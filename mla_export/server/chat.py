@@ -77,7 +77,10 @@ def load_chat_template(model_dir: str | Path, contract_value, override: str | Pa
     if model_dir is None:
         return contract_value if isinstance(contract_value, str) and "{" in contract_value else None
     if isinstance(contract_value, str) and contract_value:
-        p = model_dir / contract_value
+        if "{" not in contract_value:  # a file name: it must stay inside the export
+            from ..export_paths import inside
+
+            p = inside(model_dir, contract_value, "chat_template")
         if "{" not in contract_value and p.is_file():
             return p.read_text(encoding="utf-8")
         if "{" in contract_value:

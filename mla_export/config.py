@@ -30,13 +30,13 @@ _DEFAULTS = {
         routed_scaling_factor=1.0, norm_topk_prob=False, topk_method="greedy", n_group=None,
         topk_group=None, rms_norm_eps=1e-6, hidden_act="silu", attention_bias=False, mlp_bias=False,
         tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, max_position_embeddings=2048,
-        rope_interleave=None),
+        rope_interleave=None, q_lora_rank=1536),
     "deepseek_v3": dict(
         first_k_dense_replace=3, n_shared_experts=1, n_routed_experts=256, num_experts_per_tok=8,
         routed_scaling_factor=2.5, norm_topk_prob=True, topk_method=None, n_group=8, topk_group=4,
         rms_norm_eps=1e-6, hidden_act="silu", attention_bias=False, mlp_bias=False,
         tie_word_embeddings=False, bos_token_id=0, eos_token_id=1, max_position_embeddings=4096,
-        rope_interleave=True),
+        rope_interleave=True, q_lora_rank=1536),
 }
 _REQUIRED_INTS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size", "kv_lora_rank",
                   "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "intermediate_size",
@@ -212,6 +212,11 @@ class MLAModelConfig:
             raise ConfigError(f"quantized checkpoints are not supported (quantization_config.quant_method="
                               f"{qm!r}); convert the weights to bf16/f16/f32 first")
         d = {**_DEFAULTS[model_type], **{k: v for k, v in raw.items() if v is not None or k == "q_lora_rank"}}
+        # transformers 5.24 keeps an explicit null (its configs are dataclasses) and tests these two
+        # for truth: null means rotate-half RoPE and no top-k renormalisation, not the default.
+        for key in ("rope_interleave", "norm_topk_prob"):
+            if key in raw and raw[key] is None:
+                d[key] = False
         missing = [k for k in _REQUIRED_INTS if k not in raw or raw[k] is None]
         if missing:
             raise ConfigError(f"config.json lacks required key(s): {', '.join(missing)}")
@@ -230,7 +235,7 @@ class MLAModelConfig:
         if model_type == "deepseek_v2":
             rope_form = "complex"
         else:
-            rope_form = "interleave" if d.get("rope_interleave", True) else "half"
+            rope_form = "interleave" if d["rope_interleave"] else "half"
         eos = d.get("eos_token_id")
         eos_ids = tuple(int(e) for e in (eos if isinstance(eos, list) else [eos])) if eos is not None else ()
         return cls(
@@ -261,8 +266,10 @@ def _positive_float(d: dict, key: str) -> float:
 
 
 def _rope_config(d: dict, rope_dim: int, max_pos: int) -> RopeConfig:
-    """rope_parameters (transformers 5 form) or the legacy rope_theta + rope_scaling keys."""
-    params = d.get("rope_parameters") or d.get("rope_scaling") or {}
+    """rope_parameters (transformers 5 form) or the legacy rope_theta + rope_scaling keys. As
+    transformers 5.24 reads them: rope_scaling wins when both are given, and a top-level
+    original_max_position_embeddings wins over the rope dict's."""
+    params = d.get("rope_scaling") or d.get("rope_parameters") or {}
     if not isinstance(params, dict):
         raise ConfigError(f"config.json: rope_parameters must be an object, got {params!r}")
     rope_type = params.get("rope_type", params.get("type", "default"))
@@ -275,7 +282,9 @@ def _rope_config(d: dict, rope_dim: int, max_pos: int) -> RopeConfig:
         return RopeConfig("default", float(theta), dim)
     if rope_type != "yarn":
         raise ConfigError(f"rope type {rope_type!r} is not supported (DeepSeek models use 'default' or 'yarn')")
-    orig = params.get("original_max_position_embeddings", d.get("original_max_position_embeddings", max_pos))
+    orig = d.get("original_max_position_embeddings")
+    if orig is None:
+        orig = params.get("original_max_position_embeddings", max_pos)
     factor = params.get("factor")
     if factor is None:  # transformers derives it from the two lengths then
         factor = max_pos / orig

@@ -236,8 +236,10 @@ class MLAModelConfig:
             rope_form = "complex"
         else:
             rope_form = "interleave" if d["rope_interleave"] else "half"
-        eos = d.get("eos_token_id")
-        eos_ids = tuple(int(e) for e in (eos if isinstance(eos, list) else [eos])) if eos is not None else ()
+        eos_ids = _token_ids(d, "eos_token_id", ints["vocab_size"])
+        bos_ids = _token_ids(d, "bos_token_id", ints["vocab_size"])
+        if len(bos_ids) > 1:
+            raise ConfigError(f"config.json: bos_token_id must be one integer, got {d['bos_token_id']!r}")
         return cls(
             model_type=model_type, num_layers=ints["num_hidden_layers"], hidden_size=ints["hidden_size"],
             num_heads=ints["num_attention_heads"], vocab_size=ints["vocab_size"], q_lora_rank=q_lora_rank,
@@ -249,6 +251,20 @@ class MLAModelConfig:
             tie_word_embeddings=bool(d["tie_word_embeddings"]), rope=rope, rope_form=rope_form,
             moe=_moe_config(d, model_type, ints), bos_token_id=d.get("bos_token_id"), eos_token_ids=eos_ids,
             raw=raw)
+
+
+def _token_ids(d: dict, key: str, vocab: int) -> tuple[int, ...]:
+    """An id or list of ids (or null), each an integer inside the vocabulary."""
+    v = d.get(key)
+    if v is None:
+        return ()
+    ids = v if isinstance(v, list) else [v]
+    for i in ids:
+        if isinstance(i, bool) or not isinstance(i, int):
+            raise ConfigError(f"config.json: {key} must be an integer or a list of integers, got {v!r}")
+        if not 0 <= i < vocab:
+            raise ConfigError(f"config.json: {key} {i} is outside the vocabulary [0, {vocab})")
+    return tuple(ids)
 
 
 def _positive_int(d: dict, key: str) -> int:

@@ -82,8 +82,11 @@ def run(args) -> int:
     from mla_export.export.progress import ExportProgress, TqdmProgress
 
     progress = ExportProgress() if args.quiet else TqdmProgress()
+    from mla_export.export.safety import Terminated, sigterm_unwinds
+
+    signals = None
     try:
-        with tempfile.TemporaryDirectory(prefix="mla-export-preset-") as preset_dir:
+        with sigterm_unwinds() as signals, tempfile.TemporaryDirectory(prefix="mla-export-preset-") as preset_dir:
             model_dir = args.model_dir
             if args.preset:
                 from mla_export.presets import PRESETS
@@ -94,12 +97,23 @@ def run(args) -> int:
                                   block_size=args.block_size, kv_dtype=args.kv_dtype, weight_format=args.weight_format,
                                   group_size=args.group_size, ratio=args.ratio, overwrite=args.overwrite,
                                   progress=progress, moe_form=args.moe_form.replace("-", "_"))
-    except (ConfigError, WeightError, ExportError, ContractError) as e:
+    except BaseException as e:  # the exporter removed its partial output before this runs
         progress.close()
-        print(f"mla-export export: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    except BaseException:
-        progress.close()
+        if isinstance(e, Terminated) or (signals is not None and signals.fired):
+            print("mla-export export: terminated (SIGTERM); nothing was written (the partial output was removed)",
+                  file=sys.stderr)
+            return 143
+        if isinstance(e, (ConfigError, WeightError, ExportError, ContractError)):
+            print(f"mla-export export: {e}", file=sys.stderr)
+            return EXIT_USAGE
+        if isinstance(e, KeyboardInterrupt) or (signals is not None and signals.interrupted):
+            print("mla-export export: interrupted; nothing was written (the partial output was removed)",
+                  file=sys.stderr)
+            return 130
+        if isinstance(e, OSError):  # disk full, permissions, ...
+            print(f"mla-export export: {e.strerror or e} ({e.filename or args.out_dir}); nothing was written",
+                  file=sys.stderr)
+            return 1
         raise
     progress.phase("done")
     progress.close()

@@ -27,6 +27,7 @@ from .quantize import INT_FORMATS, WEIGHT_FORMATS
 from .model import ONNX_DATA, ONNX_FILES, build_onnx, plan_weights
 from .moe import MOE_FORMS
 from .progress import IR_SHARE, ExportProgress
+from .safety import replace_dir
 from .tokenizer_files import copy_tokenizer_files
 from .weights import CheckpointReader
 
@@ -110,6 +111,8 @@ def export_model(model_dir, out_dir, *, fmt: str = "openvino", portable: bool = 
     start = time.time()
     progress = progress or ExportProgress()
     model_dir, out_dir = Path(model_dir), Path(out_dir)
+    if out_dir.is_symlink():  # --overwrite through a link replaces the export it points at
+        out_dir = out_dir.resolve()
     if fmt not in FORMATS:
         raise ExportError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     if kv_dtype not in KV_DTYPES:
@@ -197,9 +200,7 @@ def export_model(model_dir, out_dir, *, fmt: str = "openvino", portable: bool = 
 
             Contract(contract, tmp).validate_openvino_model(ir_model)  # the IR's real I/O, checked once here
         sizes = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        tmp.rename(out_dir)
+        replace_dir(tmp, out_dir)  # never a moment with neither the old nor the new export
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

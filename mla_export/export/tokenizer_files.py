@@ -23,6 +23,19 @@ def _token_text(value):
     return value if isinstance(value, str) else None
 
 
+def _check_tokenizer(path: Path) -> None:
+    """The runtime loads tokenizer.json with `tokenizers`: a file it cannot load is refused now,
+    naming the file, rather than copied and failing at the first request."""
+    from tokenizers import Tokenizer
+
+    from ..config import ConfigError
+
+    try:
+        Tokenizer.from_file(str(path))
+    except Exception as e:  # noqa: BLE001 - tokenizers raises its own Exception types
+        raise ConfigError(f"{path}: not a tokenizer the runtime can load ({str(e).splitlines()[0][:200]})") from None
+
+
 def copy_tokenizer_files(src: Path, dst: Path) -> tuple[dict | None, str | None]:
     """Copy the files that exist; returns (the contract's tokenizer entry or None, chat template or None)."""
     src, dst = Path(src), Path(dst)
@@ -33,8 +46,10 @@ def copy_tokenizer_files(src: Path, dst: Path) -> tuple[dict | None, str | None]
     if (src / "tokenizer_config.json").is_file():
         try:
             config = json.loads((src / "tokenizer_config.json").read_text())
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{src / 'tokenizer_config.json'}: not valid JSON ({e})") from e
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            from ..config import ConfigError
+
+            raise ConfigError(f"{src / 'tokenizer_config.json'}: not valid JSON ({e})") from None
         template = config.get("chat_template")
     if (src / "chat_template.jinja").is_file():
         template = (src / "chat_template.jinja").read_text()
@@ -45,6 +60,7 @@ def copy_tokenizer_files(src: Path, dst: Path) -> tuple[dict | None, str | None]
         template = named.get("default")
     if not (src / "tokenizer.json").is_file():
         return None, template
+    _check_tokenizer(src / "tokenizer.json")
     entry = dict(file="tokenizer.json",
                  config="tokenizer_config.json" if (src / "tokenizer_config.json").is_file() else None,
                  bos_token=_token_text(config.get("bos_token")), eos_token=_token_text(config.get("eos_token")))

@@ -215,8 +215,10 @@ def validate_contract(raw: dict, out_dir: str | Path | None = None) -> None:
         raise ContractError("mla_graph.json: 'portable' I/O must be given exactly when onnx_portable is")
     if out_dir is not None:
         listed = [f for f in files.values() if f] + ([raw["tokenizer"]["file"]] if raw["tokenizer"] else [])
-        for key, f in [(f"files.{k}", v) for k, v in files.items() if v] + \
-                [("tokenizer.file", raw["tokenizer"]["file"])] * bool(raw["tokenizer"]):
+        named = [(f"files.{k}", v) for k, v in files.items() if v]
+        if raw["tokenizer"]:
+            named.append(("tokenizer.file", raw["tokenizer"]["file"]))
+        for key, f in named:
             inside(out_dir, f, key)  # nothing an export names may lie outside it
         missing = [f for f in listed if not (Path(out_dir) / f).is_file()]
         if missing:

@@ -16,7 +16,7 @@ import threading
 
 from . import extension_path
 
-__all__ = ["error_count", "last_error", "checked_infer", "OpError"]
+__all__ = ["error_count", "last_error", "checked_infer", "step_check", "OpError"]
 
 _lock = threading.Lock()
 _fns = None
@@ -36,7 +36,11 @@ def _lib():
             last = lib.mla_export_ov_last_error
             last.restype = ctypes.c_size_t
             last.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
-            _fns = (count, last)
+            check = lib.mla_export_step_check
+            check.restype = ctypes.c_int
+            check.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int64)] + \
+                [ctypes.c_int64] * 7 + [ctypes.c_char_p, ctypes.c_size_t]
+            _fns = (count, last, check)
         return _fns
 
 
@@ -58,3 +62,24 @@ def checked_infer(request) -> None:
     request.infer()
     if error_count() != before:
         raise OpError(last_error())
+
+
+def step_check(feeds: dict, *, num_blocks: int, block_size: int, row_width: int, num_layers: int, vocab_size: int,
+               max_positions: int) -> None:
+    """The graph's MlaStepCheck on a step's int32 metadata, outside any graph; raises OpError.
+    (The OpenVINO executor runs it before a single-thread infer(): see mla_ops.cpp.)"""
+    import numpy as np
+
+    names = ("input_ids", "positions", "slot_mapping", "query_start_loc", "seq_lens", "block_tables", "logits_indices")
+    arrays = [np.ascontiguousarray(feeds[n], dtype=np.int32) for n in names]
+    for n, a in zip(names, arrays):
+        if a.ndim != (2 if n == "block_tables" else 1):
+            raise OpError(f"MlaStepCheck: input '{n}' must have rank {2 if n == 'block_tables' else 1}, got shape "
+                          f"{list(a.shape)}")
+    ptrs = (ctypes.c_void_p * 7)(*[a.ctypes.data for a in arrays])
+    lens = (ctypes.c_int64 * 7)(*[a.shape[0] for a in arrays])
+    err = ctypes.create_string_buffer(4096)
+    bt = arrays[5]
+    if _lib()[2](ptrs, lens, bt.shape[1], num_blocks, block_size, row_width, num_layers, vocab_size, max_positions,
+                 err, len(err)):
+        raise OpError(err.value.decode("utf-8", "replace"))

@@ -1,5 +1,6 @@
-"""The bad steps of issue 14, one by one, on both runtimes (OpenVINO IR; model.onnx in
-onnxruntime with the custom-op library): each is rejected by the graph's step check with a
+"""The bad steps of issue 14, one by one, on both runtimes (OpenVINO IR on two threads and on
+one, where the executor runs the same check before infer(); model.onnx in onnxruntime with the
+custom-op library): each is rejected by the graph's step check with a
 message naming the input, before any cache byte moves. f32 caches, block size 4, tiny model.
 (test_graph_fuzz.py covers thousands of random ones.)"""
 
@@ -27,10 +28,12 @@ def setup(tmp_path_factory):
     contract, _ = load_model_dir(out)
     rng = np.random.default_rng(1)
     runtimes = {}
-    for kind in ("openvino", "onnxruntime"):
+    for kind in ("openvino", "openvino-1-thread", "onnxruntime"):
         caches = _caches(contract, rng)
-        ex = (OpenVINOMLAExecutor(contract, caches, precision="f32") if kind == "openvino" else
-              OnnxRuntimeMLAExecutor(contract, caches, variant="custom", num_threads=2))
+        if kind.startswith("openvino"):  # one thread: the executor's pre-check (see executor_openvino)
+            ex = OpenVINOMLAExecutor(contract, caches, precision="f32", num_threads=1 if "1" in kind else 2)
+        else:
+            ex = OnnxRuntimeMLAExecutor(contract, caches, variant="custom", num_threads=2)
         runtimes[kind] = (ex, caches)
     builder = MLAMetadataBuilder(BLOCK_SIZE, NUM_BLOCKS, contract.model["max_position_embeddings"],
                                  contract.model["vocab_size"])
@@ -66,7 +69,7 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("kind", ["openvino", "onnxruntime"])
+@pytest.mark.parametrize("kind", ["openvino", "openvino-1-thread", "onnxruntime"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_bad_step_is_named_and_changes_nothing(setup, kind, case):
     runtimes, good, model = setup

@@ -94,3 +94,25 @@ def test_long_prompt_is_tokenized_off_the_event_loop(server):
     print(f"1 MiB prompt tokenized in {took:.1f} s; {len(lat)} /health answers meanwhile, slowest "
           f"{max(lat) * 1e3:.1f} ms")
     assert len(lat) >= 10
+
+
+def test_a_request_the_engine_rejects_fails_alone(tmp_path_factory):
+    """A request whose step fails (here: the metadata builder refuses its token 7, as a stand-in
+    for any per-request failure) gets its own error; /health stays 200 and the next request is
+    served (before: the engine loop died, /health and every later request answered 503)."""
+    engine = LLMEngine(tiny_export(tmp_path_factory), precision="f32", max_num_seqs=4, max_num_batched_tokens=64)
+    build = engine.builder.build
+
+    def picky(*a, **k):
+        ids = k.get("new_token_ids", a[3] if len(a) > 3 else None)
+        if any(7 in list(t) for t in ids):
+            raise ValueError("token 7 refused")
+        return build(*a, **k)
+
+    engine.builder.build = picky
+    with ServerThread(engine, model_name="tiny", max_num_seqs=4, max_queue=16) as srv:
+        bad = httpx.post(srv.base + "/v1/completions", json={"prompt": [5, 7, 9], "max_tokens": 2}, timeout=120)
+        assert bad.status_code >= 400 and "token 7 refused" in bad.text
+        assert httpx.get(srv.base + "/health", timeout=30).status_code == 200
+        good = httpx.post(srv.base + "/v1/completions", json={"prompt": [5, 6, 9], "max_tokens": 2}, timeout=120)
+        assert good.status_code == 200, good.text

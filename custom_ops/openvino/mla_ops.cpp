@@ -275,3 +275,45 @@ __attribute__((visibility("default"))) size_t mla_export_ov_last_error(char* buf
     return mla_ov::g_last_error.size();
 }
 }
+
+// The step check callable without a graph: the OpenVINO executor runs it before infer() when the
+// plugin runs on one thread, where a node's exception is not only lost but leaves the process in
+// a state in which a later single-thread infer() crashed (measured on 2026.4.1). Metadata arrays
+// are i32; the caches are described by their shape (all alike, as the executor binds them).
+// Returns 0 when the step is valid, else 1 with the message in err.
+extern "C" __attribute__((visibility("default"))) int mla_export_step_check(
+    const int32_t* const* arrays, const int64_t* lengths, int64_t block_width, int64_t num_blocks,
+    int64_t block_size, int64_t row_width, int64_t num_layers, int64_t vocab_size, int64_t max_positions,
+    char* err, size_t err_size) {
+    static const char* const names[] = {"input_ids", "positions", "slot_mapping", "query_start_loc",
+                                        "seq_lens", "block_tables", "logits_indices"};
+    try {
+        mla::TensorView v[7];
+        for (int i = 0; i < 7; ++i) {
+            v[i].name = names[i];
+            v[i].data = const_cast<int32_t*>(arrays[i]);
+            v[i].dtype = mla::DType::i32;
+            v[i].shape = {lengths[i]};
+        }
+        v[5].shape = {lengths[5], block_width};
+        static float dummy = 0.f;  // never read: the check looks at the caches' shapes only
+        std::vector<std::string> cache_names;
+        for (int64_t i = 0; i < num_layers; ++i) cache_names.push_back("kv_cache." + std::to_string(i));
+        std::vector<mla::TensorView> caches(static_cast<size_t>(num_layers));
+        for (int64_t i = 0; i < num_layers; ++i) {
+            caches[i].name = cache_names[i].c_str();
+            caches[i].data = &dummy;
+            caches[i].dtype = mla::DType::f32;
+            caches[i].shape = {num_blocks, block_size, row_width};
+        }
+        mla::step_check(mla::StepInputs{v[0], v[1], v[2], v[3], v[4], v[5], v[6]}, caches, vocab_size, max_positions);
+        return 0;
+    } catch (const std::exception& e) {
+        if (err_size) {
+            const size_t n = std::min(err_size - 1, std::strlen(e.what()));
+            std::memcpy(err, e.what(), n);
+            err[n] = 0;
+        }
+        return 1;
+    }
+}

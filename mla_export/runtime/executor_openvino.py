@@ -21,7 +21,7 @@ import numpy as np
 import openvino as ov
 
 from .. import ov_core
-from ..ov_op_errors import checked_infer
+from ..ov_op_errors import checked_infer, step_check
 from ..ov_tensors import cache_binding, ov_type, shared_tensor
 from ..contract import Contract
 from .executor_common import CacheNotInPlaceError, check_cache_written_in_place, check_options
@@ -70,10 +70,21 @@ class OpenVINOMLAExecutor:
             self._meta_tensors[name] = ov.Tensor(ov.Type.i32, [1] * rank)
             self.request.set_tensor(name, self._meta_tensors[name])
         self._logits = self.compiled.output("logits")
+        # On one thread the CPU plugin loses a node's exception and a later single-thread infer()
+        # crashed the process (OpenVINO 2026.4.1): there the graph's step check is also run
+        # before infer(), so a rejected step never throws inside the plugin.
+        self._precheck = None
+        if int(self.compiled.get_property("INFERENCE_NUM_THREADS") or 0) == 1:
+            arr = self._kv_caches[0]
+            self._precheck = dict(num_blocks=arr.shape[0], block_size=arr.shape[1], row_width=arr.shape[2],
+                                  num_layers=len(self._kv_caches), vocab_size=contract.model["vocab_size"],
+                                  max_positions=contract.model["max_position_embeddings"])
         self.check_cache_written_in_place()
 
     def execute(self, metadata: MLAMetadata) -> np.ndarray:
         """Run one step; logits [B, vocab] f32, a view valid until the next call."""
+        if self._precheck is not None:  # one thread: a bad step must never reach infer()
+            step_check(metadata.feeds(), **self._precheck)
         self.bind(metadata)
         return self.run()
 

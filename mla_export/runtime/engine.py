@@ -245,7 +245,7 @@ class LLMEngine:
         self.scheduler.finish(req, "error")
         req.finished_time = time.time()
         self._requests.pop(req.request_id, None)
-        out = self._output(req, [])
+        out = self._output(req, [], None)
         out.error = error
         return out
 

@@ -113,8 +113,9 @@ def _inputs(g: GraphBuilder, cfg: MLAModelConfig) -> dict:
     portable graph returns updated caches instead of writing its inputs, so a failing step
     leaves the caller's caches alone there; it passes the three through unchanged (Identity)."""
     ck = onnx_ops.CHECKED
-    if "custom" in g.variants:
-        g.add_node("custom", onnx_ops.step_check_node(cfg.num_layers, cfg.vocab_size, cfg.max_position_embeddings))
+    for variant in ("custom", "openvino"):  # both use the in-place MLA ops
+        if variant in g.variants:
+            g.add_node(variant, onnx_ops.step_check_node(cfg.num_layers, cfg.vocab_size, cfg.max_position_embeddings))
     if "portable" in g.variants:
         for raw, checked in ck.items():
             g.add_node("portable", helper.make_node("Identity", [raw], [checked], name=f"{raw}.pass"))

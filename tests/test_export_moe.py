@@ -142,3 +142,29 @@ def test_compressed_experts_stay_compressed(tmp_path, weight_format, code):
         assert f32_matmuls == n_moe, weights_of  # the routers only (transformers keeps them f32)
         if form == "gather_matmul":
             assert weights_of[("GatherMatmul", code)] == 3 * n_moe, weights_of
+
+
+def test_expert_row_counts_stay_exact_at_bf16_precision(tmp_path, rng):
+    """Rows per expert are counted in int32: at bf16 inference precision (the runtime's default, real
+    bf16 on CPUs with AVX512-BF16/AMX) a float count above 256 rounds to an even number, and the
+    Split then misses the row count. Two experts, both chosen by every token: each gets all 501 rows."""
+    from mla_export import ov_core
+    from mla_export.ov_tensors import cache_binding
+
+    ckpt = make_checkpoint(tmp_path / "ckpt", "deepseek_v3", seed=4, n_routed_experts=2, num_experts_per_tok=2,
+                           n_group=1, topk_group=1)
+    out = tmp_path / "out"
+    export_model(ckpt, out, fmt="openvino", block_size=BLOCK, kv_dtype="f32", weight_dtype="f32")
+    core = ov_core()
+    compiled = core.compile_model(core.read_model(str(out / "openvino_model.xml")), "CPU",
+                                  {"INFERENCE_PRECISION_HINT": "bf16"})
+    hf_cfg = load_hf(ckpt).config
+    width = hf_cfg.kv_lora_rank + hf_cfg.qk_rope_head_dim
+    n = 501
+    blocks = -(-n // BLOCK) + 1
+    caches = [np.full((blocks, BLOCK, width), np.nan, np.float32) for _ in range(hf_cfg.num_hidden_layers)]
+    session = PagedSession(BLOCK, blocks, rng)
+    session.add("a", rng.integers(2, hf_cfg.vocab_size, n))
+    feeds = dict(session.step_feeds([("a", n)]), **{f"kv_cache.{i}": cache_binding(c) for i, c in enumerate(caches)})
+    logits = compiled.create_infer_request().infer(feeds, share_inputs=True)[compiled.output("logits")]
+    assert logits.shape == (1, hf_cfg.vocab_size) and np.isfinite(logits).all()

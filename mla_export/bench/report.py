@@ -93,6 +93,8 @@ def aggregate(results: list[dict], kv: dict) -> list[dict]:
         row["kv_bytes_per_token"] = kv_bytes_per_token(first, kv)
         row["inference_precision"] = first.get("inference_precision")
         row["agreement"] = first.get("agreement")
+        loads = [x for r in ok for x in (r.get("loadavg") or [])]
+        row["loadavg_range"] = [min(loads), max(loads)] if loads else None
         rows.append(row)
     return rows
 
@@ -158,13 +160,13 @@ def markdown(doc: dict) -> str:
         f"AVX2 {'yes' if m['avx2'] else 'no'}, AVX-512 {'yes' if m['avx512f'] else 'no'}); {m['note']}.",
         "",
         "| system | prompt | batch | TTFT s | decode tok/s | peak RSS GB | weights GB | KV B/token | "
-        "greedy = transformers | precision ran |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---|---|",
+        "greedy = transformers | precision ran | load avg |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|",
     ]
     for r in doc["aggregate"]:
         if not r.get("ok"):
             lines.append(f"| {r['system']} | {r['prompt_len']} | {r['batch']} | not available: "
-                         f"{str(r.get('error'))[:140]} | | | | | | |")
+                         f"{str(r.get('error'))[:140]} | | | | | | | |")
             continue
         a = r.get("agreement")
         agr = "reference" if r["system"] == "transformers" else (
@@ -174,7 +176,8 @@ def markdown(doc: dict) -> str:
         lines.append(f"| {r['system']} | {r['prompt_len']} | {r['batch']} | {_rng(r.get('ttft_s'), '.2f')} | "
                      f"{_rng(r.get('decode_tok_s'), '.1f')} | {_rng(rss_gb, '.1f')} | "
                      f"{_fmt(r['weight_bytes'] / 1e9 if r.get('weight_bytes') else None, '.2f')} | "
-                     f"{_fmt(r.get('kv_bytes_per_token'), '.0f')} | {agr} | {r.get('inference_precision') or ''} |")
+                     f"{_fmt(r.get('kv_bytes_per_token'), '.0f')} | {agr} | {r.get('inference_precision') or ''} | "
+                     f"{'-'.join(format(x, '.1f') for x in r['loadavg_range']) if r.get('loadavg_range') else ''} |")
     lines += ["",
               f"KV bytes per token ({kv['layers']} layers): ours {kv['latent_row_width']} x {kv['layers']} x the cache "
               f"dtype (one latent row per token and layer); a per-head expanded cache holds "
@@ -184,7 +187,8 @@ def markdown(doc: dict) -> str:
               "",
               "TTFT = until every sequence of the batch has its first token. decode tok/s = batch / median "
               "full-batch decode step time (llama.cpp: llama-batched-bench's S_TG). Each system and grid point "
-              "runs in its own process after a short warm-up, one at a time."]
+              "runs in its own process after a short warm-up, one at a time. load avg: the machine's 1-minute load "
+              "average around the runs (2 cores: above 2 other jobs shared the cores)."]
     profs = [p for p in (doc.get("profile_ours_decode") or []) if p.get("ok") and "graph_shares" in p]
     if profs:
         parts = list(dict.fromkeys(k for p in profs for k in p["graph_shares"]))

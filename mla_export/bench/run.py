@@ -270,14 +270,15 @@ def run_bench(args) -> int:
                     continue
                 log(f"round {rnd + 1}/{args.repeats}: {system}, prompt {plen} x batch {batch}, "
                     f"{args.new_tokens} new tokens")
-                t = time.time()
+                t, load0 = time.time(), os.getloadavg()[0]
                 r = _run_one(system, args, pf, ours_dirs, model_dir, ggufs, lc_dir, vllm, opt_py, opt_dirs, env, work)
-                r.update(base, wall_s=time.time() - t)
+                # the 1-minute load average before and after: other jobs on a shared machine
+                r.update(base, wall_s=time.time() - t, loadavg=[round(load0, 1), round(os.getloadavg()[0], 1)])
                 if not r.get("ok"):
                     log(f"  {system} failed: {r.get('error')}")
                 else:
                     log(f"  ttft {r['ttft_s']:.2f} s, decode {r.get('decode_tok_s') or float('nan'):.1f} tok/s, "
-                        f"peak RSS {r['peak_rss_mb']:.0f} MB ({r['wall_s']:.0f} s)")
+                        f"peak RSS {r['peak_rss_mb']:.0f} MB ({r['wall_s']:.0f} s, load {r['loadavg']})")
                 results.append(r)
 
     # greedy agreement with transformers (f32), per grid point and round

@@ -64,6 +64,8 @@ def llamacpp_gguf(d: Path, ckpt: Path, qtype: str, work: Path, env: dict, timeou
         if rc != 0:
             return None, f"llama-quantize {qtype} failed: {' | '.join((o + e).strip().splitlines()[-3:])[-400:]}"
         os.replace(str(out) + ".partial", out)
+        if src.name.endswith("-BF16.gguf") and qtype != "BF16":
+            src.unlink()  # the intermediate bf16 GGUF (the checkpoint's size) is not kept
     return out, ""
 
 

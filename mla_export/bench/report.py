@@ -8,6 +8,8 @@ import json
 import statistics
 from pathlib import Path
 
+from .common import type_bytes
+
 # headline pairs: (ours, peer) compared at the same weight bits where both ran
 PAIRS = [("ours-int8", "llamacpp-Q8_0"), ("ours-int4", "llamacpp-Q4_K_M"), ("ours-bf16", "vllm-bf16"),
          ("ours-int8", "vllm-bf16"), ("ours-int4", "vllm-bf16"), ("ours-bf16", "llamacpp-Q8_0"),
@@ -55,8 +57,8 @@ def kv_bytes_per_token(r: dict, kv: dict) -> float | None:
     s = r["system"]
     if r.get("kv_bytes_per_token_measured"):
         return r["kv_bytes_per_token_measured"]
-    if s.startswith("ours"):
-        return kv["layers"] * kv["latent_row_width"] * (4 if r.get("kv_cache_dtype") == "f32" else 2)
+    if s.startswith("ours"):  # int8 / fp8 rows carry a few scale bytes more (docs/KV_CACHE.md)
+        return kv["layers"] * kv["latent_row_width"] * (type_bytes(r.get("kv_cache_dtype")) or 2)
     if s.startswith("vllm"):  # CPU_MLA: one latent row per token and layer at the model dtype
         return kv["layers"] * kv["latent_row_width"] * (4 if "32" in str(r.get("kv_cache_dtype")) else 2)
     if s == "transformers":

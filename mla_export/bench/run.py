@@ -5,7 +5,7 @@ Systems (each grid point of each system in its own subprocess, one at a time, so
 RSS is its own and only one heavy system holds memory; rounds alternate the systems A B A B and
 the tables report medians and ranges over the rounds):
   ours-f32                 export with f32 weights and an f32 cache, f32 precision hint (exact)
-  ours-bf16 / ours-f16     the checkpoint's 16-bit weights, bf16 cache, bf16 hint
+  ours-bf16 / ours-f16     16-bit weights, the export's default cache, bf16 hint
   ours-int8 / ours-int4    `mla-export export --weight-format int8|int4` (when this build has it)
   ours                     the export directory given with --export-dir, as it is
   transformers             transformers generate, torch eager f32: the greedy-token reference
@@ -116,8 +116,9 @@ def _export_has_weight_format(py: str, env: dict) -> bool:
 def _export_cmd(system: str, ckpt: Path, out: Path, has_wf: bool, extra: str, py: str) -> list[str] | str:
     """`mla-export export` for an ours-* system, or the reason this build cannot make it."""
     w = OURS_WEIGHTS[system]
-    kv = "f32" if w == "f32" else "bf16"
-    cmd = [py, "-m", "mla_export.cli", "export", str(ckpt), "-o", str(out), "--overwrite", "-q", "--kv-dtype", kv]
+    cmd = [py, "-m", "mla_export.cli", "export", str(ckpt), "-o", str(out), "--overwrite", "-q"]
+    if w == "f32":  # exact: f32 cache too; the others keep the export's default cache
+        cmd += ["--kv-dtype", "f32"]
     if has_wf:
         cmd += ["--weight-format", w]
     elif w in ("f32", "bf16", "f16"):

@@ -24,7 +24,7 @@ COMMANDS = {
     "generate": "generate text from an exported model directory",
     "serve": "serve an exported model with an OpenAI-compatible HTTP API",
     "ovms": "lay out an OpenVINO Model Server repository from an export directory",
-    "bench": "end-to-end benchmark against transformers and optimum-intel",
+    "bench": "end-to-end benchmark against llama.cpp, vLLM, optimum-intel and transformers",
 }
 EXIT_USAGE = 2
 

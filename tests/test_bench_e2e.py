@@ -1,6 +1,8 @@
-"""Smoke test of the end-to-end benchmark (tools/bench_e2e.py via `mla-export bench`): a tiny
-model, ours + transformers only, a couple of tokens; checks the outputs' schema and the greedy
-agreement field, and that a missing optimum env is reported, not fatal. No timing thresholds."""
+"""Smoke test of the end-to-end benchmark (`mla-export bench`, mla_export/bench/): a tiny checkpoint
+made by the benchmark's own writer, ours + transformers only, a couple of tokens; checks the
+outputs' schema and the greedy agreement field, and that missing peer environments (optimum,
+llama.cpp) are reported, not fatal; the medians and ranges over alternated rounds on made-up
+results. No timing thresholds."""
 
 from __future__ import annotations
 
@@ -17,17 +19,19 @@ from mla_export.cli import main  # noqa: E402
 
 def test_bench_e2e_tiny_ours_and_transformers(tmp_path):
     out, work = tmp_path / "res", tmp_path / "work"
-    rc = main(["bench", "--shape", "tiny", "--systems", "ours-f32,transformers,optimum", "--prompt-lens", "16",
-               "--batches", "2", "--new-tokens", "3", "--optimum-python",
-               str(tmp_path / "no-such-venv/bin/python"), "--out-dir", str(out), "--work-dir", str(work),
-               "--timeout", "300"])
+    rc = main(["bench", "--shape", "tiny-v2", "--layers", "2", "--systems",
+               "ours-f32,transformers,optimum,llamacpp-Q8_0", "--prompt-lens", "16", "--batches", "2",
+               "--new-tokens", "3", "--optimum-python", str(tmp_path / "no-such-venv/bin/python"),
+               "--llamacpp-dir", str(tmp_path / "no-llamacpp"), "--out-dir", str(out), "--work-dir", str(work),
+               "--timeout", "300", "--mem-wait", "0"])
     assert rc == 0
     doc = json.loads((out / "e2e.json").read_text())
-    assert doc["schema_version"] == 1
-    assert {"machine", "workload", "systems", "kv_cache", "results", "summary"} <= set(doc)
+    assert doc["schema_version"] == 2
+    assert {"machine", "workload", "systems", "kv_cache", "results", "aggregate", "summary"} <= set(doc)
     assert doc["workload"]["prompt_lens"] == [16] and doc["workload"]["batches"] == [2]
+    assert doc["workload"]["model_config"]["model_type"] == "deepseek_v2"
     by = {r["system"]: r for r in doc["results"]}
-    assert set(by) == {"ours-f32", "transformers", "optimum"}
+    assert set(by) == {"ours-f32", "transformers", "optimum", "llamacpp-Q8_0"}
     for name in ("ours-f32", "transformers"):
         r = by[name]
         assert r["ok"], r.get("error")
@@ -44,6 +48,10 @@ def test_bench_e2e_tiny_ours_and_transformers(tmp_path):
     assert "agreement" not in by["transformers"]
     # the optimum env is missing: marked not available with the reason
     assert by["optimum"]["ok"] is False and "not found" in by["optimum"]["not_available"]
+    assert by["llamacpp-Q8_0"]["ok"] is False and "llama.cpp peer not found" in by["llamacpp-Q8_0"]["not_available"]
+    agg = {r["system"]: r for r in doc["aggregate"]}
+    assert agg["ours-f32"]["runs_ok"] == 1 and agg["ours-f32"]["decode_tok_s"]["n"] == 1
+    assert agg["ours-f32"]["weight_bytes"] > 0 and agg["ours-f32"]["kv_bytes_per_token"] == 2 * 48 * 4
     kv = doc["kv_cache"]
     assert kv["ours_bytes_per_token"] == 2 * (32 + 16) * 4  # layers x (r + dr) x f32
     assert kv["transformers_bytes_per_token"] and kv["ratio_ours_vs_expanded_same_dtype"] == pytest.approx(48 / (4 * 72))
@@ -52,3 +60,20 @@ def test_bench_e2e_tiny_ours_and_transformers(tmp_path):
     assert "| ours-f32 | 16 | 2 |" in md and "not available" in md
     if importlib.util.find_spec("matplotlib") is not None:
         assert (out / "e2e_decode.png").stat().st_size > 0
+
+
+def test_aggregate_medians_and_ranges_over_rounds():
+    from mla_export.bench.report import aggregate, kv_figures
+
+    cfg = dict(num_hidden_layers=3, num_attention_heads=16, kv_lora_rank=512, qk_rope_head_dim=64,
+               qk_nope_head_dim=128, v_head_dim=128)
+    kv = kv_figures(cfg, 2, None, None)
+    runs = [dict(system="ours-int8", prompt_len=1024, batch=1, round=i, ok=True, ttft_s=t, decode_tok_s=d,
+                 peak_rss_mb=m, weight_bytes=10, kv_cache_dtype="bf16") for i, (t, d, m) in
+            enumerate([(5.0, 20.0, 900), (7.0, 30.0, 1000), (6.0, 10.0, 800)])]
+    runs.append(dict(system="llamacpp-Q8_0", prompt_len=1024, batch=1, round=0, ok=False, not_available="no peer"))
+    rows = {r["system"]: r for r in aggregate(runs, kv)}
+    assert rows["ours-int8"]["decode_tok_s"] == {"median": 20.0, "min": 10.0, "max": 30.0, "n": 3}
+    assert rows["ours-int8"]["ttft_s"]["median"] == 6.0 and rows["ours-int8"]["peak_rss_mb"]["max"] == 1000
+    assert rows["ours-int8"]["kv_bytes_per_token"] == 3 * 576 * 2
+    assert rows["llamacpp-Q8_0"]["ok"] is False and rows["llamacpp-Q8_0"]["error"] == "no peer"

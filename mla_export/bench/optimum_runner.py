@@ -1,8 +1,9 @@
 #!/usr/bin/env python
-"""One grid point of tools/bench_e2e.py for the optimum-intel peer, run by the optimum venv's
-python (optimum-intel 2.2.0, transformers 4.53.3, openvino): never imports mla_export.
+"""One grid point of the end-to-end benchmark (mla_export.bench) for the optimum-intel peer, run
+by the optimum venv's python (optimum-intel 2.2.0, transformers 4.53.3, openvino): never imports
+mla_export (it is run by path, from a source tree or an installed wheel alike).
 
-    <optimum venv>/bin/python tools/optimum_runner.py --spec SPEC.json
+    <optimum venv>/bin/python mla_export/bench/optimum_runner.py --spec SPEC.json
 
 SPEC: {"optimum_dir": the `make_and_export.py export --mode native` output, "prompts_file": JSON
 list of token-id lists (one batch, equal lengths), "new_tokens", "threads",
@@ -10,8 +11,8 @@ list of token-id lists (one batch, equal lengths), "new_tokens", "threads",
 Prints one line `RESULT {json}`: ttft_s, decode_tok_s (batch / median full-batch step),
 decode_tok_s_mean, peak_rss_mb, tokens, the plugin's INFERENCE_PRECISION_HINT and
 KV_CACHE_PRECISION read back from the compiled model, the live cache's values per token.
-The timing conventions are the same as bench_e2e.py's transformers worker (HF generate with a
-logits processor that stamps each step).
+The timing conventions are the same as the transformers worker's (mla_export/bench/workers.py:
+HF generate with a logits processor that stamps each step).
 """
 
 import argparse

@@ -1,0 +1,156 @@
+"""Helpers shared by the benchmark's orchestrator, workers and peers: logging, memory figures,
+subprocess runs with their own peak RSS, the decode-step statistics every system reports."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def type_name(v) -> str:
+    """An OpenVINO property value as a short name ("f32", "bf16", ...)."""
+    return v.get_type_name() if hasattr(v, "get_type_name") else str(v)
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
+
+
+def current_rss_mb() -> float:
+    try:
+        for line in open("/proc/self/status"):
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return float("nan")
+
+
+def mem_available_gb() -> float:
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 2**20
+    except OSError:
+        pass
+    return float("inf")
+
+
+def wait_for_memory(need_gb: float, max_wait_s: float) -> tuple[bool, float]:
+    """Wait until MemAvailable >= need_gb (the machine is shared); (ok, available GB)."""
+    t0 = time.time()
+    while True:
+        avail = mem_available_gb()
+        if avail >= need_gb or time.time() - t0 >= max_wait_s:
+            return avail >= need_gb, avail
+        time.sleep(10)
+
+
+def decode_figures(step_times: list[float], step_rows: list[int], batch: int) -> dict:
+    """step_times: wall time of each decode step (seconds); step_rows: tokens it produced.
+    Headline: batch / median step time over the steps that produced a token for every sequence."""
+    full = [t for t, n in zip(step_times, step_rows) if n == batch]
+    out = {"decode_steps": len(step_times), "decode_full_batch_steps": len(full)}
+    if full:
+        med = statistics.median(full)
+        out["step_ms_median"] = med * 1e3
+        out["decode_tok_s"] = batch / med
+    if step_times:
+        out["decode_tok_s_mean"] = sum(step_rows) / sum(step_times)
+    return out
+
+
+def sh(cmd: list[str], timeout: float | None = None, env: dict | None = None) -> tuple[int, str, str]:
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+        return p.returncode, p.stdout, p.stderr
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        return -9, out, f"timeout after {timeout} s"
+    except OSError as e:
+        return -1, "", f"{cmd[0]}: {e}"
+
+
+def sh_rss(cmd: list[str], timeout: float | None = None, env: dict | None = None) -> tuple[int, str, str, float]:
+    """Run `cmd` and return (rc, stdout, stderr, its peak RSS in MB) from wait4's rusage."""
+    try:
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    except OSError as e:
+        return -1, "", f"{cmd[0]}: {e}", float("nan")
+    import threading
+
+    chunks = {"out": [], "err": []}
+    readers = [threading.Thread(target=lambda s=s, k=k: chunks[k].append(s.read()), daemon=True)
+               for s, k in ((p.stdout, "out"), (p.stderr, "err"))]
+    for r in readers:
+        r.start()
+    t0, rusage, rc = time.time(), None, None
+    while rc is None:
+        pid, status, ru = os.wait4(p.pid, os.WNOHANG)
+        if pid:
+            rc, rusage = os.waitstatus_to_exitcode(status), ru
+            p.returncode = rc
+            break
+        if timeout is not None and time.time() - t0 > timeout:
+            p.kill()
+            _, status, rusage = os.wait4(p.pid, 0)
+            p.returncode = rc = -9
+            chunks["err"].append(f"\ntimeout after {timeout} s")
+            break
+        time.sleep(0.2)
+    for r in readers:
+        r.join(timeout=10)
+    return rc, "".join(chunks["out"]), "".join(chunks["err"]), rusage.ru_maxrss / 1024.0
+
+
+def parse_result(rc: int, out: str, err: str) -> dict:
+    """The `RESULT {json}` line a worker prints last, or a failure with the stderr tail."""
+    for line in reversed(out.splitlines()):
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    tail = " | ".join(err.strip().splitlines()[-3:])
+    return {"ok": False, "error": f"exit {rc}: {tail[-600:]}"}
+
+
+def type_bytes(name: str | None) -> int | None:
+    if not name:
+        return None
+    n = name.lower()
+    for k, b in (("f32", 4), ("float32", 4), ("bf16", 2), ("bfloat16", 2), ("f16", 2), ("float16", 2), ("u8", 1),
+                 ("i8", 1)):
+        if k in n:
+            return b
+    return None
+
+
+def machine_info() -> dict:
+    flags = model = ""
+    try:
+        flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags"))
+        model = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return {"cpu": model, "cores": os.cpu_count(), "avx2": " avx2" in flags, "avx512f": " avx512f" in flags,
+            "avx512_bf16": "avx512_bf16" in flags, "amx_bf16": "amx_bf16" in flags,
+            "python": platform.python_version(), "mem_total_gb": round(_mem_total_gb(), 1),
+            "note": "shared machine: other jobs may run; compare the ratios within one run (alternated runs, medians)"}
+
+
+def _mem_total_gb() -> float:
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) / 2**20
+    except OSError:
+        pass
+    return float("nan")

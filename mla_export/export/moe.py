@@ -131,12 +131,12 @@ def _grouped(g: GraphBuilder, experts: _ExpertWeights, x: str, weights: str, idx
     tokens = g.op("Div", order, k)  # [T*k] token of each sorted pair
     rows = g.op("Gather", x, tokens, axis=0)  # [T*k, hidden]
     coef = g.op("Gather", g.op("Reshape", weights, g.i64(-1)), order, axis=0)  # [T*k]
-    # rows per expert: one-hot counts summed in int32. Not in f32: the CPU plugin computes float
-    # nodes in bf16 when asked for it, and bf16 holds integers exactly only up to 256 (an expert with
-    # 257+ rows in a long prefill made the Split lengths miss the row count).
-    onehot = g.op("OneHot", flat_e, g.i64(n_exp), g.store.add(f"{prefix}.experts.onehot_values",
-                                                              np.array([0, 1], np.int32)), axis=-1)
-    counts = g.op("Cast", g.op("ReduceSum", onehot, g.i64(0), keepdims=0), to=TensorProto.INT64)  # [E]
+    # rows per expert: one-hot counts summed as integers (int64: onnxruntime's OneHot has no int32
+    # output). Not in f32: the CPU plugin computes float nodes in bf16 when asked for it, and bf16
+    # holds integers exactly only up to 256 (an expert with 257+ rows in a long prefill made the Split
+    # lengths miss the row count).
+    onehot = g.op("OneHot", flat_e, g.i64(n_exp), g.i64(0, 1), axis=-1)
+    counts = g.op("ReduceSum", onehot, g.i64(0), keepdims=0)  # [E] int64
     pieces = g.op("Split", rows, counts, axis=0, n_out=n_exp)
     outs = []
     for e in range(n_exp):

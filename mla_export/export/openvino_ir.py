@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from xml.sax.saxutils import unescape
 
 __all__ = ["convert_to_ir", "IR_XML", "IR_BIN"]
 
@@ -87,10 +88,6 @@ def _external_initializers(onnx_path: Path, data_name: str) -> dict[str, tuple[i
     return found
 
 
-def _unescape(name: str) -> str:
-    return name.replace("&quot;", '"').replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
-
-
 def convert_to_ir(onnx_path: Path, out_dir: Path, data_path: Path, keep_data_file: bool):
     """Write openvino_model.xml/.bin into out_dir; returns the ov.Model that was converted.
 
@@ -114,7 +111,7 @@ def convert_to_ir(onnx_path: Path, out_dir: Path, data_path: Path, keep_data_fil
         end = data.seek(0, os.SEEK_END)
 
         def place(match: re.Match) -> str:
-            head, name, size = match.group(1), _unescape(match.group(2)), int(match.group(4))
+            head, name, size = match.group(1), unescape(match.group(2), {"&quot;": '"'}), int(match.group(4))
             ext = external.get(name)
             if ext is not None and ext[1] == size:
                 return f'{head}offset="{ext[0]}" size="{size}"'

@@ -127,8 +127,8 @@ class CheckpointReader:
         return self._open[path]
 
     def num_params(self) -> int:
-        """Values in every tensor of the checkpoint (all shards)."""
-        return sum(int(np.prod(self._file(name).shape(name), dtype=np.int64)) for name in self._where)
+        """Values in every tensor of the checkpoint (all shards; from the headers only)."""
+        return sum(int(np.prod(shape, dtype=np.int64)) for shape, _ in self._headers())
 
     def has(self, name: str) -> bool:
         return name in self._where
@@ -163,9 +163,11 @@ class CheckpointReader:
     def nbytes(self, prefix: str = "") -> int:
         """Stored bytes of the tensors whose names start with `prefix` (from the headers only;
         the export's progress display weighs its phases with them)."""
-        total = 0
+        return sum(size for _, size in self._headers(prefix))
+
+    def _headers(self, prefix: str = ""):
+        """(shape, stored bytes) of every tensor whose name starts with `prefix`."""
         for name in self._where:
             if name.startswith(prefix):
-                _, _, begin, end = self._file(name).entries[name]
-                total += end - begin
-        return total
+                _, shape, begin, end = self._file(name).entries[name]
+                yield shape, end - begin

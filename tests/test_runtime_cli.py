@@ -60,7 +60,7 @@ def test_bf16_cache_is_written_in_place_and_generates(tmp_path_factory):
     llm = LLM(bf16_dir, precision="bf16", num_blocks=16)
     outs = llm.generate([[5, 6, 7, 8, 9, 10], [11, 12]], max_tokens=6, ignore_eos=True)
     assert [len(o.token_ids) for o in outs] == [6, 6]
-    assert llm.engine.kv_cache.kv_caches[0].dtype.name == "bfloat16"
+    assert llm.engine.backend.kv_caches[0].dtype.name == "bfloat16"
     assert llm.engine.stats()["kv_blocks_used"] == 0
 
 

@@ -113,7 +113,7 @@ def test_cache_formats_through_chunking_preemption_and_prefix_caching(tmp_path_f
     ckpt, out_dir = exported_model(tmp_path_factory, "deepseek_v3", kv_dtype, BLOCK_SIZE)
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)
     engine = LLMEngine(out_dir, precision="f32", num_blocks=16, max_num_batched_tokens=16, block_order_seed=3)
-    assert engine.kv_cache.kv_caches[0].dtype == (np.float16 if kv_dtype == "f16" else np.uint8)
+    assert engine.backend.kv_caches[0].dtype == (np.float16 if kv_dtype == "f16" else np.uint8)
     prompts = _prompts([5, 13, 22, 37], engine.facts.vocab_size, seed=1)
     prompts.append(prompts[2][:20] + [5, 6])  # shares 5 full blocks with r2: a prefix-cache hit
     arrivals: dict = {}

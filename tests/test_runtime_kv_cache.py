@@ -1,24 +1,33 @@
-"""The block pool and KVCacheManager: ref counts, prefix caching, copy-on-write, no leaks."""
+"""The block pool and KVCacheManager: ref counts, prefix caching, copy-on-write, no leaks.
+
+The manager is bookkeeping only; these tests keep the cache memory themselves (like the
+backend does) and apply the manager's block copies to it with the backend's copy_blocks."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from mla_export.runtime.backend import copy_blocks
+from mla_export.runtime.cache_layout import CacheLayout
 from mla_export.runtime.kv_cache import KVCacheManager, block_hash
 
 
 def _manager(num_blocks=8, bs=4, prefix=True, seed=None, layers=2):
-    return KVCacheManager(layers, num_blocks, bs, row_width=6, dtype="f32", enable_prefix_caching=prefix, block_order_seed=seed)
+    kv = KVCacheManager(num_blocks, bs, enable_prefix_caching=prefix, block_order_seed=seed)
+    kv.test_caches = CacheLayout(layers, bs, 6, "f32").allocate(num_blocks)  # the memory, held by the test
+    return kv
 
 
 def _run(kv, rid, tokens, num_new=None, computed=0, blocks=()):
-    """Allocate and 'compute' tokens: fill their rows with the token id, then register blocks."""
+    """Allocate and 'compute' tokens: apply the block copies, fill the rows with the token id,
+    then register blocks (the order of an engine step)."""
     num_new = len(tokens) - computed if num_new is None else num_new
     assert kv.allocate_slots(rid, computed, num_new, blocks)
+    copy_blocks(kv.test_caches, kv.take_block_copies())
     table = kv.block_table(rid)
     for pos in range(computed, computed + num_new):
-        for cache in kv.kv_caches:
+        for cache in kv.test_caches:
             cache[table[pos // kv.block_size], pos % kv.block_size] = tokens[pos]
     kv.cache_full_blocks(rid, tokens, computed + num_new)
 
@@ -94,7 +103,10 @@ def test_fully_cached_prompt_recomputes_its_last_token_in_a_private_copy():
     table_b = kv.block_table("b")
     assert table_b[0] == kv.block_table("a")[0] and table_b[1] != shared_last
     assert kv.num_copied_blocks == 1
-    for cache in kv.kv_caches:  # the copy carries the 3 rows b does not recompute
+    assert kv.take_block_copies() == [(shared_last, table_b[1])]  # handed out once, in order
+    assert kv.take_block_copies() == []
+    copy_blocks(kv.test_caches, [(shared_last, table_b[1])])
+    for cache in kv.test_caches:  # the copy carries the 3 rows b does not recompute
         np.testing.assert_array_equal(cache[table_b[1], :3], cache[shared_last, :3])
     assert kv.pool.ref_count(shared_last) == 1  # only a holds it again
     kv.free("a")
@@ -110,11 +122,13 @@ def test_without_prefix_caching_nothing_is_shared():
 
 def test_budget_to_blocks():
     # 2 layers * 4 rows * 6 wide * 2 bytes (bf16) = 96 bytes a block
-    assert KVCacheManager.blocks_for_memory(1000, 2, 4, 6, "bf16") == 10
-    assert KVCacheManager.blocks_for_memory(1000, 2, 4, 6, "f16") == 10
+    assert CacheLayout(2, 4, 6, "bf16").blocks_for_memory(1000) == 10
+    assert CacheLayout(2, 4, 6, "f16").blocks_for_memory(1000) == 10
     # int8 rows of r = 4, dr = 2: 4 codes + 4 scale bytes + 2 bf16 = 12 bytes, 96 a block
-    assert KVCacheManager.blocks_for_memory(1000, 2, 4, 6, "int8", kv_lora_rank=4) == 10
+    layout = CacheLayout(2, 4, 6, "int8", kv_lora_rank=4)
+    assert layout.blocks_for_memory(1000) == 10
+    assert [a.shape for a in layout.allocate(3)] == [(3, 4, 12)] * 2 and layout.allocate(1)[0].dtype == np.uint8
     with pytest.raises(ValueError, match="needs kv_lora_rank"):
-        KVCacheManager.blocks_for_memory(1000, 2, 4, 6, "fp8")
+        CacheLayout(2, 4, 6, "fp8")
     with pytest.raises(ValueError, match="unsupported cache dtype"):
-        KVCacheManager.blocks_for_memory(1000, 2, 4, 6, "int4")
+        CacheLayout(2, 4, 6, "int4")

@@ -12,7 +12,7 @@ from mla_export.runtime.scheduler import Scheduler
 
 
 def _setup(num_blocks=32, bs=4, max_seqs=8, budget=16, prefix=True):
-    kv = KVCacheManager(1, num_blocks, bs, row_width=4, dtype="f32", enable_prefix_caching=prefix, block_order_seed=0)
+    kv = KVCacheManager(num_blocks, bs, enable_prefix_caching=prefix, block_order_seed=0)
     return kv, Scheduler(kv, max_seqs, budget)
 
 

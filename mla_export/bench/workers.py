@@ -66,7 +66,7 @@ def worker_ours(spec: dict) -> dict:
            "e2e_s": steps[-1][0] - t_start, "tokens": tokens,
            "inference_precision": hint, "threads": int(threads) if threads else None,
            "kv_cache_dtype": facts_cfg["cache"]["dtype"],
-           "kv_cache_bytes_allocated": int(sum(c.nbytes for c in engine.kv_cache.kv_caches)),
+           "kv_cache_bytes_allocated": int(sum(c.nbytes for c in engine.backend.kv_caches)),
            "weight_bytes": sum(f.stat().st_size for f in Path(spec["export_dir"]).glob("*.bin")),
            "max_num_batched_tokens": engine.scheduler.max_num_batched_tokens,
            "describe": ex.describe()}

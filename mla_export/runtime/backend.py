@@ -1,12 +1,19 @@
-"""`OpenVINOMLABackend`: the attention backend class a model server sees.
+"""`MLABackend`: the one object the engine talks to about the cache and the graph.
 
-Shaped like vLLM's attention backends (`vllm/attention/backends/abstract.py`): static facts
-about the cache layout, block moves across the per-layer caches, and the classes that do the
-work: the metadata builder (`MLAMetadataBuilder`: per-sequence facts -> graph inputs) and the
-implementation (`OpenVINOMLAExecutor`: the compiled graph that writes and reads the cache).
+Shaped like vLLM's attention backend plus its model runner's cache ownership:
+  - cache layout: `CacheLayout` (cache_layout.py) sizes and allocates one array per layer; the
+    backend owns those arrays (the memory), the KVCacheManager only hands out block ids;
+  - metadata -> graph inputs: `MLAMetadataBuilder` (metadata.py);
+  - execute: one executor per runtime behind it (executor_openvino.py, executor_onnxruntime.py),
+    constructed on the backend's arrays and writing them in place;
+  - block operations: the copies the KVCacheManager decided in `Scheduler.schedule()`
+    (SchedulerOutput.blocks_to_copy), applied here before the step's graph runs.
 
-The cache is the MLA latent cache: one [num_blocks, block_size, W] array per layer, one shared
-"KV head" whose row is [kv_c (r) | k_pe (dr)], W = r + dr (576 for DeepSeek).
+Why block operations rather than vLLM's "a full prompt hit recomputes its last block": that rule
+would recompute up to block_size tokens where copy-on-write copies one block and computes one
+token; it changes the prefill work (and the bf16 numerics of those rows) of every fully cached
+prompt. Returning the copies keeps the scheduler's decisions and every result exactly as they
+were, and still leaves the manager pure bookkeeping.
 """
 
 from __future__ import annotations
@@ -16,14 +23,15 @@ from typing import Sequence
 
 import numpy as np
 
+from ..contract import Contract
+from .cache_layout import CacheLayout, get_kv_cache_shape
 from .metadata import MLAMetadata, MLAMetadataBuilder
 
-__all__ = ["OpenVINOMLABackend", "RUNTIMES"]
-
-DEEPSEEK_ROW_WIDTH = 576  # kv_lora_rank 512 + qk_rope_head_dim 64
+__all__ = ["MLABackend", "RUNTIMES", "executor_class", "copy_blocks", "get_kv_cache_shape"]
 
 # runtime -> (module, executor class); every executor takes (contract, kv_caches, *, precision,
-# num_threads), writes the caches in place (or says why not) and has execute(metadata) -> logits.
+# num_threads), writes the caches in place (or says why not) and has execute(metadata) -> logits
+# and describe().
 _IMPLS = {
     "openvino": ("executor_openvino", "OpenVINOMLAExecutor"),
     "onnxruntime": ("executor_onnxruntime", "OnnxRuntimeMLAExecutor"),
@@ -31,66 +39,53 @@ _IMPLS = {
 RUNTIMES = tuple(_IMPLS)
 
 
-class OpenVINOMLABackend:
-    @staticmethod
-    def get_name() -> str:
-        return "OPENVINO_MLA"
+def executor_class(runtime: str):
+    """The executor class of a runtime, imported on demand so only the chosen runtime loads."""
+    if runtime not in _IMPLS:
+        raise ValueError(f"runtime must be one of {RUNTIMES}, got {runtime!r}")
+    module, name = _IMPLS[runtime]
+    return getattr(importlib.import_module(f"{__package__}.{module}"), name)
 
-    @staticmethod
-    def get_supported_head_sizes(row_width: int | None = None) -> list[int]:
-        """The cache row width the graph was exported for: 576 for DeepSeek, or the contract's
-        `cache.row_width` for other dims (the kernels take any r and dr)."""
-        return [DEEPSEEK_ROW_WIDTH if row_width is None else int(row_width)]
 
-    @staticmethod
-    def get_kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_size: int) -> tuple[int, int, int]:
-        # MLA caches one latent row per token shared by every head: there is no head axis.
-        if num_kv_heads != 1:
-            raise ValueError(f"the MLA latent cache has exactly one KV head, got num_kv_heads={num_kv_heads}")
-        if min(num_blocks, block_size, head_size) < 1:
-            raise ValueError("num_blocks, block_size and head_size must be positive")
-        return (int(num_blocks), int(block_size), int(head_size))
+class MLABackend:
+    """The caches of an exported model, its metadata builder and the executor of one runtime."""
 
-    @staticmethod
-    def get_metadata_cls() -> type[MLAMetadata]:
-        return MLAMetadata
+    def __init__(self, contract: Contract, num_blocks: int, *, runtime: str = "openvino", precision: str = "bf16",
+                 num_threads: int | None = None):
+        model, cache = contract.model, contract.cache
+        self.layout = CacheLayout(model["num_layers"], cache["block_size"], cache["row_width"], cache["dtype"],
+                                  model["kv_lora_rank"])
+        impl = executor_class(runtime)  # the runtime name is checked before any memory is taken
+        self.kv_caches = self.layout.allocate(num_blocks)
+        self.builder = MLAMetadataBuilder(cache["block_size"], num_blocks, model["max_position_embeddings"],
+                                          model["vocab_size"])
+        self.executor = impl(contract, self.kv_caches, precision=precision, num_threads=num_threads)
 
-    @staticmethod
-    def get_builder_cls() -> type[MLAMetadataBuilder]:
-        return MLAMetadataBuilder
+    def execute(self, seq_lens: Sequence[int], query_lens: Sequence[int], block_tables: Sequence[Sequence[int]],
+                new_token_ids) -> np.ndarray:
+        """One step: per-sequence facts -> graph inputs -> logits [B, vocab] f32."""
+        return self.executor.execute(self.build(seq_lens, query_lens, block_tables, new_token_ids))
 
-    @staticmethod
-    def get_impl_cls(runtime: str = "openvino"):
-        """The executor class running the exported graph: OpenVINO (the IR, or the ONNX graph
-        with the MLA ops) or onnxruntime. Imported on demand, so only the chosen runtime loads."""
-        if runtime not in _IMPLS:
-            raise ValueError(f"runtime must be one of {RUNTIMES}, got {runtime!r}")
-        module, name = _IMPLS[runtime]
-        return getattr(importlib.import_module(f"{__package__}.{module}"), name)
+    def build(self, seq_lens, query_lens, block_tables, new_token_ids) -> MLAMetadata:
+        return self.builder.build(seq_lens, query_lens, block_tables, new_token_ids)
 
-    @staticmethod
-    def swap_blocks(src_cache: np.ndarray, dst_cache: np.ndarray, src_to_dst) -> None:
-        """dst_cache[d] = src_cache[s] for each row (s, d) of the [N, 2] mapping (one layer;
-        the two caches may have different block counts, e.g. a device cache and a swap space)."""
-        pairs = _block_pairs(src_to_dst)
-        if src_cache.shape[1:] != dst_cache.shape[1:] or src_cache.dtype != dst_cache.dtype:
-            raise ValueError(
-                f"swap_blocks needs caches of the same block shape and dtype, got "
-                f"{src_cache.shape}/{src_cache.dtype} and {dst_cache.shape}/{dst_cache.dtype}"
-            )
-        _check_ids(pairs[:, 0], src_cache.shape[0], "source")
-        _check_ids(pairs[:, 1], dst_cache.shape[0], "destination")
-        dst_cache[pairs[:, 1]] = src_cache[pairs[:, 0]]
+    def apply_block_copies(self, src_to_dst) -> None:
+        """The scheduler's block copies, in the order the cache manager decided them."""
+        copy_blocks(self.kv_caches, src_to_dst)
 
-    @staticmethod
-    def copy_blocks(kv_caches: Sequence[np.ndarray], src_to_dsts) -> None:
-        """Within each layer's cache, copy block s onto block d for each row (s, d) of the [N, 2]
-        mapping. All sources are read before any destination is written (numpy evaluates the
-        right-hand gather first), so a block can be both a source and a destination."""
-        pairs = _block_pairs(src_to_dsts)
+    def describe(self) -> str:
+        return self.executor.describe()
+
+
+def copy_blocks(kv_caches: Sequence[np.ndarray], src_to_dst) -> None:
+    """Within each layer's cache, copy block s onto block d for each row (s, d) of the [N, 2]
+    mapping, one row after the other (a block written by one row may be read by a later one)."""
+    pairs = _block_pairs(src_to_dst)
+    for cache in kv_caches:
+        _check_ids(pairs, cache.shape[0], "block")
+    for src, dst in pairs.tolist():
         for cache in kv_caches:
-            _check_ids(pairs, cache.shape[0], "block")
-            cache[pairs[:, 1]] = cache[pairs[:, 0]]
+            cache[dst] = cache[src]
 
 
 def _block_pairs(mapping) -> np.ndarray:

@@ -1,9 +1,9 @@
 """`LLMEngine`: requests in, tokens out, one scheduler step at a time.
 
 A step: the scheduler picks requests and token counts (`scheduler.py`), the cache manager has
-already given them blocks (`kv_cache.py`), the metadata builder turns that into the graph's
-inputs (`metadata.py`), the executor runs the graph on the shared caches
-(`executor_openvino.py`), and the sampler draws the next token of every request whose known
+already given them blocks (`kv_cache.py`, bookkeeping only), the backend (`backend.py`) applies
+the step's block copies to the cache memory it owns, turns the step into the graph's inputs and
+runs the graph of the chosen runtime on the caches, and the sampler draws the next token of every request whose known
 tokens are all in the cache now (a prefill chunk that does not finish its prompt yields none).
 """
 
@@ -16,7 +16,8 @@ from typing import Sequence
 
 import numpy as np
 
-from .backend import RUNTIMES, OpenVINOMLABackend
+from .backend import RUNTIMES, MLABackend
+from .cache_layout import CacheLayout
 from .detokenizer import IncrementalDetokenizer
 from .kv_cache import KVCacheManager
 from .model_dir import ModelFacts, load_model_dir
@@ -95,22 +96,25 @@ class LLMEngine:
                              f"{facts.block_size} = {capacity} tokens): lower max_model_len or give the cache more room")
         self.max_model_len = min(wanted, capacity)
 
-        self.kv_cache = KVCacheManager(
-            facts.num_layers, num_blocks, facts.block_size, facts.row_width, facts.cache_dtype,
-            enable_prefix_caching=enable_prefix_caching, block_order_seed=block_order_seed,
-            kv_lora_rank=facts.kv_lora_rank,
-        )
-        self.builder = OpenVINOMLABackend.get_builder_cls()(
-            facts.block_size, num_blocks, facts.max_model_len, facts.vocab_size
-        )
-        self.executor = OpenVINOMLABackend.get_impl_cls(runtime)(
-            self.contract, self.kv_cache.kv_caches, precision=precision, num_threads=num_threads
-        )
+        self.kv_cache = KVCacheManager(num_blocks, facts.block_size, enable_prefix_caching=enable_prefix_caching,
+                                       block_order_seed=block_order_seed)
+        self.backend = MLABackend(self.contract, num_blocks, runtime=runtime, precision=precision,
+                                  num_threads=num_threads)
         self.scheduler = Scheduler(self.kv_cache, max_num_seqs, max_num_batched_tokens)
         self.sampler = Sampler()
         self._requests: dict[str, Request] = {}
         self._generated_tokens = 0
         self._num_steps = 0
+
+    @property
+    def builder(self):
+        """The backend's metadata builder (tools and tests time or wrap it)."""
+        return self.backend.builder
+
+    @property
+    def executor(self):
+        """The backend's executor of the chosen runtime (`describe()`, timing tools)."""
+        return self.backend.executor
 
     @staticmethod
     def _num_blocks(facts: ModelFacts, num_blocks, kv_cache_memory, max_num_seqs: int, max_model_len: int) -> int:
@@ -120,16 +124,16 @@ class LLMEngine:
             if not isinstance(num_blocks, int) or num_blocks < 1:
                 raise ValueError(f"num_blocks must be a positive integer, got {num_blocks!r}")
             return num_blocks
-        per_block = KVCacheManager.blocks_for_memory
-        args = (facts.num_layers, facts.block_size, facts.row_width, facts.cache_dtype, facts.kv_lora_rank)
+        layout = CacheLayout(facts.num_layers, facts.block_size, facts.row_width, facts.cache_dtype,
+                             facts.kv_lora_rank)
         if kv_cache_memory is not None:
-            blocks = per_block(kv_cache_memory, *args)
+            blocks = layout.blocks_for_memory(kv_cache_memory)
             if blocks < 1:
                 raise ValueError(f"kv_cache_memory={kv_cache_memory} bytes does not hold one cache block")
             return blocks
         # Default: every sequence of a full batch at full context, within a cap.
         full = max_num_seqs * -(-max_model_len // facts.block_size)
-        return max(1, min(full, per_block(_DEFAULT_CACHE_CAP, *args)))
+        return max(1, min(full, layout.blocks_for_memory(_DEFAULT_CACHE_CAP)))
 
     # -- requests -----------------------------------------------------------------------------
 
@@ -174,6 +178,7 @@ class LLMEngine:
         changes no cache byte, so the requests of a failed batch are retried one by one to find
         the one at fault."""
         sched = self.scheduler.schedule()
+        self.backend.apply_block_copies(sched.blocks_to_copy)  # before any row of the step is written
         if not sched.scheduled:
             if self.scheduler.has_unfinished() and not sched.preempted:
                 return self._fail_unschedulable()
@@ -218,13 +223,12 @@ class LLMEngine:
         return outputs
 
     def _run_graph(self, reqs, starts, counts) -> np.ndarray:
-        metadata = self.builder.build(
+        return self.backend.execute(
             seq_lens=[s + n for s, n in zip(starts, counts)],
             query_lens=counts,
             block_tables=[self.kv_cache.block_table(r.request_id) for r in reqs],
             new_token_ids=[r.all_token_ids[s : s + n] for r, s, n in zip(reqs, starts, counts)],
         )
-        return self.executor.execute(metadata)
 
     def _execute(self, reqs, starts, counts) -> tuple[np.ndarray, list]:
         """(logits of the requests that ran, [(request, error message)] of those that could not)."""

@@ -1,5 +1,5 @@
-"""What every executor shares: its options, and the start-up check that the graph writes the
-caller's cache arrays in place.
+"""What every executor shares: its options, the check of the cache arrays it binds against the
+contract, and the start-up check that the graph writes the caller's cache arrays in place.
 
 Both runtimes make a private copy of a bound cache silently when the array does not match what
 the op consumes (element type, layout); generation would then read a stale cache. One sentinel
@@ -12,9 +12,11 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from ..contract import Contract
+from ..kv_formats import BF16
 from .metadata import MLAMetadata, MLAMetadataBuilder
 
-__all__ = ["PRECISIONS", "CacheNotInPlaceError", "check_options", "check_cache_written_in_place"]
+__all__ = ["PRECISIONS", "CacheNotInPlaceError", "check_options", "check_cache_bindings", "check_cache_written_in_place"]
 
 PRECISIONS = ("f32", "bf16")
 _SENTINEL = -1234.0  # exactly representable in bf16 and f16; no real cache row is all this value
@@ -30,6 +32,31 @@ def check_options(precision: str, num_threads: int | None) -> None:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     if num_threads is not None and (not isinstance(num_threads, int) or num_threads < 1):
         raise ValueError(f"num_threads must be a positive integer, got {num_threads!r}")
+
+
+_NUMPY_DTYPES = {"u8": np.dtype(np.uint8), "f32": np.dtype(np.float32), "bf16": BF16, "f16": np.dtype(np.float16)}
+
+
+def check_cache_bindings(contract: Contract, bound_caches: Sequence[np.ndarray], variant: str = "custom") -> None:
+    """Each array bound to a graph's `kv_cache.<i>` input must be what the contract declares for
+    that variant (element type, rank, static dims), C-contiguous and writable: any mismatch would
+    make the runtime convert a private copy (writes lost) or write memory numpy thinks read-only.
+    The graph itself is checked against the same contract when it is loaded."""
+    num_layers = contract.model["num_layers"]
+    if len(bound_caches) != num_layers:
+        raise ValueError(f"got {len(bound_caches)} cache arrays for {num_layers} layers")
+    specs = {s.name: s for s in contract.inputs(variant)}
+    for i, arr in enumerate(bound_caches):
+        name = f"kv_cache.{i}"
+        if not isinstance(arr, np.ndarray) or not arr.flags.c_contiguous:
+            raise ValueError(f"the cache bound to {name} must be a C-contiguous numpy array")
+        if not arr.flags.writeable:
+            raise ValueError(f"the cache bound to {name} is read-only (numpy writeable=False); it is written in place")
+        spec = specs[name]
+        if arr.dtype != _NUMPY_DTYPES.get(spec.dtype) or arr.ndim != len(spec.shape) or any(
+                isinstance(s, int) and s != d for s, d in zip(spec.shape, arr.shape)):
+            raise ValueError(f"graph input {name} is {spec.dtype} {list(spec.shape)}; "
+                             f"the cache binds {arr.dtype} {list(arr.shape)}")
 
 
 def check_cache_written_in_place(execute: Callable[[MLAMetadata], np.ndarray], kv_caches: Sequence[np.ndarray],

@@ -30,8 +30,9 @@ from typing import Sequence
 import numpy as np
 
 from .. import ort_kernels, ort_ops_path
+from ..cache_binding import cache_binding
 from ..contract import Contract, ContractError
-from .executor_common import CacheNotInPlaceError, check_cache_written_in_place, check_options
+from .executor_common import CacheNotInPlaceError, check_cache_bindings, check_cache_written_in_place, check_options
 from .metadata import METADATA_INPUTS, MLAMetadata
 
 __all__ = ["OnnxRuntimeMLAExecutor", "CacheNotInPlaceError", "VARIANTS"]
@@ -95,12 +96,9 @@ class OnnxRuntimeMLAExecutor:
         self.precision = precision
         self.num_threads = num_threads
         self._kv_caches = list(kv_caches)
-        if len(self._kv_caches) != contract.model["num_layers"]:
-            raise ValueError(f"got {len(self._kv_caches)} cache arrays for {contract.model['num_layers']} layers")
-        for i, c in enumerate(self._kv_caches):
-            if not (isinstance(c, np.ndarray) and c.flags.c_contiguous):
-                raise ValueError(f"cache of layer {i} must be a C-contiguous numpy array")
-            ort_kernels.check_writable_cache(c, f"kv_cache.{i}")
+        # The arrays the graph sees: the custom graph takes all but f32 caches as u8 bytes.
+        self._bound = [cache_binding(c) if self.variant == "custom" else c for c in self._kv_caches]
+        check_cache_bindings(contract, self._bound, self.variant)
 
         if self.variant == "custom":
             so = ort_kernels.session_options(num_threads)
@@ -117,17 +115,6 @@ class OnnxRuntimeMLAExecutor:
         io_variant = "custom" if self.variant == "custom" else "portable"
         contract.validate_model_io([(i.name, i.shape, i.type) for i in self.session.get_inputs()],
                                    [(o.name, o.shape, o.type) for o in self.session.get_outputs()], io_variant)
-        specs = {s.name: s for s in contract.inputs(io_variant)}
-
-        # The arrays the graph sees: the custom graph takes all but f32 caches as u8 bytes.
-        self._bound = [ort_kernels.cache_bytes(c) if self.variant == "custom" else c for c in self._kv_caches]
-        for i, arr in enumerate(self._bound):
-            spec = specs[f"kv_cache.{i}"]
-            want = {"u8": np.uint8, "f32": np.float32, "bf16": ort_kernels.BF16, "f16": np.float16}[spec.dtype]
-            if arr.dtype != want or arr.ndim != len(spec.shape) or any(
-                    isinstance(s, int) and s != d for s, d in zip(spec.shape, arr.shape)):
-                raise ValueError(f"graph input kv_cache.{i} is {spec.dtype} {list(spec.shape)}; "
-                                 f"the cache binds {arr.dtype} {list(arr.shape)}")
         self._cache_values = [ort_kernels.ortvalue(a) for a in self._bound]  # over the arrays' memory
         self._io = self.session.io_binding()
         for i, v in enumerate(self._cache_values):

@@ -9,7 +9,7 @@ int32 metadata values are copied into the executor's own input tensors.
 That only holds when the plugin hands the op the caller's buffer. It silently makes a copy
 when the bound array's type differs from what the op consumes (a Convert is inserted: e.g. a
 bf16 input on a CPU without native bf16). So bf16 caches are bound as their raw bytes (see
-`ov_tensors.cache_binding`), and at start-up a sentinel step checks that a written row really
+`mla_export/cache_binding.py`), and at start-up a sentinel step checks that a written row really
 appears in every layer's numpy array, and stops with a clear error if not.
 """
 
@@ -22,9 +22,10 @@ import openvino as ov
 
 from .. import ov_core
 from ..ov_op_errors import checked_infer, step_check
-from ..ov_tensors import cache_binding, ov_type, shared_tensor
+from ..cache_binding import cache_binding
+from ..ov_tensors import shared_tensor
 from ..contract import Contract
-from .executor_common import CacheNotInPlaceError, check_cache_written_in_place, check_options
+from .executor_common import CacheNotInPlaceError, check_cache_bindings, check_cache_written_in_place, check_options
 from .memory_plan import check_fits
 from .metadata import METADATA_INPUTS, MLAMetadata
 from .model_dir import graph_path
@@ -53,7 +54,7 @@ class OpenVINOMLAExecutor:
         # The arrays the graph sees: f32 caches as they are, the others as their bytes.
         self._kv_caches = list(kv_caches)
         self._bound = [cache_binding(c) for c in self._kv_caches]
-        _check_cache_bindings(model, self._bound)
+        check_cache_bindings(contract, self._bound)
         weights = path.with_suffix(".bin") if path.suffix == ".xml" else path.parent / f"{path.name}.data"
         check_fits(contract.raw["export"], precision, weights)  # a clear error instead of the OOM killer
         config = {"INFERENCE_PRECISION_HINT": precision, "PERFORMANCE_HINT": "LATENCY"}
@@ -119,19 +120,3 @@ class OpenVINOMLAExecutor:
             lambda i: f"the bound array must be C-contiguous with exactly the graph input's element type (f32, "
                       f"or any other format bound as u8 bytes); got {self._bound[i].dtype} {self._bound[i].shape}")
 
-
-def _check_cache_bindings(model: ov.Model, bound_caches: Sequence[np.ndarray]) -> None:
-    """Each cache input must take its array as it is (element type, static dims): any mismatch
-    would make the plugin convert a copy instead of writing the caller's memory."""
-    inputs = {p.get_any_name(): p for p in model.inputs}
-    for i, arr in enumerate(bound_caches):
-        port = inputs.get(f"kv_cache.{i}")
-        if port is None:
-            raise ValueError(f"the graph has no input kv_cache.{i} for the cache of layer {i}")
-        shape = port.get_partial_shape()
-        if port.get_element_type() != ov_type(arr.dtype) or shape.rank.get_length() != arr.ndim or any(
-            shape[d].is_static and shape[d].get_length() != arr.shape[d] for d in range(arr.ndim)
-        ):
-            raise ValueError(
-                f"graph input kv_cache.{i} is {port.get_element_type()} {shape}; the cache binds {arr.dtype} {arr.shape}"
-            )

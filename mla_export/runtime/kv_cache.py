@@ -1,9 +1,10 @@
-"""The paged latent cache: per-layer arrays, a ref-counted block pool, prefix caching, copy-on-write.
+"""The paged latent cache's bookkeeping: a ref-counted block pool, prefix caching, copy-on-write.
 
-Memory: one C-contiguous array per layer in the contract's cache format (mla_export/kv_formats.py):
-[num_blocks, block_size, W] of f32, bf16 or f16, or u8 [num_blocks, block_size, row bytes] for
-int8/fp8. The executor binds these very arrays to the graph (all but f32 as their bytes), so
-they must never be replaced, only written.
+Pure bookkeeping (vLLM's kv_cache_manager / block_pool split): block ids, reference counts and
+prefix hashes, no cache memory. The cache arrays belong to the backend (backend.py,
+cache_layout.py); when a block must be copied the manager only records (source, destination),
+`Scheduler.schedule()` hands the copies out in `SchedulerOutput.blocks_to_copy`, and the
+backend applies them before the step's graph runs (nothing writes the cache in between).
 
 Blocks (vLLM v1's design, simplified to one KV cache group):
 - a block is referenced by every request whose block table holds it (ref count);
@@ -13,7 +14,8 @@ Blocks (vLLM v1's design, simplified to one KV cache group):
   contents and registration until it is handed out again (least recently freed first). A later
   request with the same prefix takes it back from the free queue and skips that prefill;
 - a block that is shared (count > 1) or registered is immutable: a request that must write into
-  it (a fully cached prompt recomputes its last token for the logits) gets a private copy first.
+  it (a fully cached prompt recomputes its last token for the logits) gets a private copy first
+  (see backend.py for why copy-on-write stays rather than recomputing the last block).
 """
 
 from __future__ import annotations
@@ -24,24 +26,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .. import kv_formats
-from .backend import OpenVINOMLABackend
-
-__all__ = ["BlockPool", "KVCacheManager", "cache_dtype", "block_hash"]
-
-def cache_dtype(name: str) -> np.dtype:
-    """numpy dtype of the cache arrays of a contract cache dtype name (u8 for int8/fp8)."""
-    if name not in kv_formats.KV_DTYPES:
-        raise ValueError(f"unsupported cache dtype {name!r}: the cache must be one of {list(kv_formats.KV_DTYPES)}")
-    return kv_formats.storage_dtype(name)
-
-
-def _row_bytes(dtype: str, row_width: int, kv_lora_rank: int | None) -> int:
-    if dtype in kv_formats.QUANTISED:
-        if not kv_lora_rank or not 0 < kv_lora_rank < row_width:
-            raise ValueError(f"an {dtype} cache needs kv_lora_rank in [1, {row_width - 1}], got {kv_lora_rank!r}")
-        return kv_formats.row_bytes(dtype, kv_lora_rank, row_width - kv_lora_rank)
-    return row_width * cache_dtype(dtype).itemsize
+__all__ = ["BlockPool", "KVCacheManager", "block_hash"]
 
 
 def block_hash(parent: bytes, token_ids: Sequence[int]) -> bytes:
@@ -121,27 +106,17 @@ class BlockPool:
 
 
 class KVCacheManager:
-    """Owns the per-layer cache arrays and every request's block table."""
+    """Every request's block table over a pool of `num_blocks` block ids."""
 
     def __init__(
         self,
-        num_layers: int,
         num_blocks: int,
         block_size: int,
-        row_width: int,
-        dtype: str = "bf16",
         enable_prefix_caching: bool = True,
         block_order_seed: int | None = None,
-        kv_lora_rank: int | None = None,  # needed for int8/fp8 rows
     ):
-        if num_layers < 1 or num_blocks < 1:
-            raise ValueError("the cache needs at least one layer and one block")
-        self.dtype = cache_dtype(dtype)
-        self.row_bytes = _row_bytes(dtype, row_width, kv_lora_rank)
-        # int8/fp8 arrays are u8 rows of bytes: the last axis counts bytes, not values.
-        width = row_width if dtype not in kv_formats.QUANTISED else self.row_bytes
-        shape = OpenVINOMLABackend.get_kv_cache_shape(num_blocks, block_size, 1, width)
-        self.kv_caches = [np.zeros(shape, dtype=self.dtype) for _ in range(num_layers)]
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError("the cache needs at least one block of at least one row")
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.enable_prefix_caching = enable_prefix_caching
@@ -150,12 +125,13 @@ class KVCacheManager:
         self._hashes: dict[str, list[bytes]] = {}  # chained hashes of a request's full token blocks
         self._num_registered: dict[str, int] = {}  # how many leading blocks are in the prefix cache
         self.num_copied_blocks = 0  # copy-on-write count
+        self._block_copies: list[tuple[int, int]] = []  # (source, destination) not yet handed out
 
-    @staticmethod
-    def blocks_for_memory(budget_bytes: int, num_layers: int, block_size: int, row_width: int, dtype: str,
-                          kv_lora_rank: int | None = None) -> int:
-        block_bytes = num_layers * block_size * _row_bytes(dtype, row_width, kv_lora_rank)
-        return int(budget_bytes) // block_bytes
+    def take_block_copies(self) -> list[tuple[int, int]]:
+        """The block copies decided since the last call, in order; the caller applies them to
+        the cache memory before any row of the step is written."""
+        copies, self._block_copies = self._block_copies, []
+        return copies
 
     @property
     def num_free_blocks(self) -> int:
@@ -251,7 +227,7 @@ class KVCacheManager:
     def _copy_on_write(self, table: list[int], index: int) -> None:
         old = table[index]
         (new,) = self.pool.allocate(1)
-        OpenVINOMLABackend.copy_blocks(self.kv_caches, [[old, new]])
+        self._block_copies.append((old, new))  # `old` keeps its rows until the copy is applied
         table[index] = new
         self.pool.release([old])
         self.num_copied_blocks += 1

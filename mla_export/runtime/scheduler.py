@@ -31,6 +31,9 @@ __all__ = ["Scheduler", "SchedulerOutput"]
 class SchedulerOutput:
     scheduled: list[tuple[Request, int]] = field(default_factory=list)  # (request, number of new tokens)
     preempted: list[Request] = field(default_factory=list)
+    # (source, destination) block copies to apply to the cache memory before the step runs
+    # (copy-on-write of shared or prefix-cached blocks; see kv_cache.py).
+    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -91,6 +94,7 @@ class Scheduler:
             self.running.append(req)
             out.scheduled.append((req, num_new))
             budget -= num_new
+        out.blocks_to_copy = self.kv.take_block_copies()
         return out
 
     def update_after_step(self, out: SchedulerOutput) -> None:

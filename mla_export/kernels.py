@@ -1,158 +1,64 @@
-"""numpy front of the three MLA ops, each run as a one-op OpenVINO model on the CPU.
+"""The numpy front of the three MLA ops, on either runtime: `runtime="openvino"` (one-op models
+on OpenVINO's CPU plugin, kernels_openvino.py) or `runtime="onnxruntime"` (one-node sessions
+with the mla-export custom-op library, kernels_onnxruntime.py). The same C++ kernels run
+underneath; tests and benchmarks call these to compare them with mla_export/reference.py.
 
-A model is built and compiled once per signature (op, attributes, input dtypes) with every
-dimension dynamic, then reused. Inputs are numpy arrays (bf16 as ml_dtypes.bfloat16) of any
-alignment and strides: read-only inputs are made C-contiguous, and the cache of `cache_write`
-is updated in place (through shared memory when it is C-contiguous, else through a contiguous
-copy that is written back; bf16/f16 caches are bound as their raw bytes, see
-ov_tensors.cache_binding). kv_dtype (every op): the cache's row format (mla_export/kv_formats.py),
-by the array's dtype when None; required for int8/fp8 caches (u8 arrays). No torch needed.
+Inputs are numpy arrays (bf16 as ml_dtypes.bfloat16); the cache of `cache_write` is updated in
+place. kv_dtype (every op): the cache's row format (mla_export/kv_formats.py), by the array's
+dtype when None; required for int8/fp8 caches (u8 arrays). kv_lora_rank (r) is always the
+caller's: nothing here assumes DeepSeek's dimensions. No torch needed.
 """
 
 from __future__ import annotations
 
-import threading
-from xml.sax.saxutils import quoteattr
+import importlib
 
 import numpy as np
-import openvino as ov
 
-from . import ov_core
-from .kv_formats import QUANTISED, kv_dtype_of
-from .ov_op_errors import checked_infer
-from .ov_tensors import BF16, cache_binding, ov_type, shared_tensor, to_numpy
+__all__ = ["RUNTIMES", "available", "cache_write", "paged_decode", "paged_attention"]
 
-__all__ = ["cache_write", "paged_decode", "paged_attention"]
-
-_PRECISION = {ov.Type.f32: "FP32", ov.Type.f16: "FP16", ov.Type.bf16: "BF16", ov.Type.i32: "I32", ov.Type.u8: "U8", ov.Type.i8: "I8",
-              ov.Type.i64: "I64"}
-_compiled: dict = {}
-_lock = threading.Lock()
+RUNTIMES = ("openvino", "onnxruntime")
+FORMS = ("auto", "absorbed", "expanded")
 
 
-def _ports(rank: int) -> str:
-    return "".join("<dim>-1</dim>" for _ in range(rank))
+def _runner(runtime: str):
+    if runtime not in RUNTIMES:
+        raise ValueError(f"runtime must be one of {RUNTIMES}, got {runtime!r}")
+    return importlib.import_module(f"{__package__}.kernels_{runtime}")
 
 
-def _single_op_ir(op: str, inputs: list[tuple[str, ov.Type, int]], attrs: dict,
-                  out_type: ov.Type, out_rank: int) -> str:
-    """OpenVINO IR (v11) text of Parameters -> op -> Result, all dims dynamic."""
-    layers, edges = [], []
-    for i, (name, typ, rank) in enumerate(inputs):
-        layers.append(
-            f'<layer id="{i}" name="{name}" type="Parameter" version="opset1">'
-            f'<data shape="{",".join(["?"] * rank)}" element_type="{typ.get_type_name()}"/>'
-            f'<output><port id="0" precision="{_PRECISION[typ]}" names="{name}">{_ports(rank)}</port></output></layer>')
-        edges.append(f'<edge from-layer="{i}" from-port="0" to-layer="{len(inputs)}" to-port="{i}"/>')
-    n = len(inputs)
-    data = " ".join(f"{k}={quoteattr(str(v))}" for k, v in attrs.items())
-    in_ports = "".join(f'<port id="{i}">{_ports(rank)}</port>' for i, (_, _, rank) in enumerate(inputs))
-    layers.append(
-        f'<layer id="{n}" name="{op}" type="{op}" version="mla_export"><data {data}/>'
-        f'<input>{in_ports}</input>'
-        f'<output><port id="{n}" precision="{_PRECISION[out_type]}" names="output">{_ports(out_rank)}</port></output></layer>')
-    layers.append(f'<layer id="{n + 1}" name="result" type="Result" version="opset1">'
-                  f'<input><port id="0">{_ports(out_rank)}</port></input></layer>')
-    edges.append(f'<edge from-layer="{n}" from-port="{n}" to-layer="{n + 1}" to-port="0"/>')
-    return (f'<?xml version="1.0"?><net name="{op}" version="11"><layers>{"".join(layers)}</layers>'
-            f'<edges>{"".join(edges)}</edges></net>')
-
-
-def _request(op: str, arrays: list[tuple[str, np.ndarray]], attrs: dict, out_type: ov.Type, out_rank: int):
-    sig = (op, tuple((n, a.dtype.str, a.ndim) for n, a in arrays), tuple(sorted(attrs.items())))
-    with _lock:
-        if sig not in _compiled:
-            xml = _single_op_ir(op, [(n, ov_type(a.dtype), a.ndim) for n, a in arrays], attrs, out_type, out_rank)
-            core = ov_core()
-            model = core.read_model(model=xml, weights=ov.Tensor(ov.Type.u8, [0]))
-            compiled = core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
-            _compiled[sig] = compiled
-        return _compiled[sig].create_infer_request()
-
-
-def _run(op: str, arrays: list[tuple[str, np.ndarray]], attrs: dict, out_type: ov.Type, out_rank: int):
-    req = _request(op, arrays, attrs, out_type, out_rank)
-    tensors = [shared_tensor(a) for _, a in arrays]  # `arrays` keeps every buffer alive meanwhile
-    for i, t in enumerate(tensors):
-        req.set_input_tensor(i, t)
-    checked_infer(req)
-    return req.get_output_tensor(0)
-
-
-def _float(name: str, x) -> np.ndarray:
-    a = np.asarray(x)
-    if a.dtype not in (np.float32, np.float16, BF16):
-        raise TypeError(f"input '{name}' must be float32, float16 or bfloat16, got {a.dtype}")
-    return np.ascontiguousarray(a)
-
-
-def _index(name: str, x) -> np.ndarray:
-    a = np.asarray(x)
-    if a.dtype not in (np.int32, np.int64):
-        raise TypeError(f"input '{name}' must be int32 or int64, got {a.dtype}")
-    # The CPU plugin converts i64 inputs of a custom op to i32 anyway; range-check first so a
-    # large value is reported instead of wrapped.
-    if a.dtype == np.int64 and a.size and (a.max() > np.iinfo(np.int32).max or a.min() < np.iinfo(np.int32).min):
-        raise ValueError(f"input '{name}' holds a value outside the int32 range")
-    return np.ascontiguousarray(a)
-
-
-def _cache(kv_cache, kv_dtype: str | None) -> tuple[np.ndarray, str]:
-    """The cache array (C-contiguous) and its format."""
-    a = np.asarray(kv_cache)
+def available(runtime: str) -> bool:
+    """Whether the ops can run on `runtime` here (onnxruntime needs the custom-op library)."""
+    if runtime == "openvino":
+        return True
     try:
-        fmt = kv_dtype_of(a, kv_dtype)
-    except (TypeError, ValueError) as e:
-        raise TypeError(f"input 'kv_cache': {e}") from None
-    return np.ascontiguousarray(a), fmt
+        return _runner(runtime).available()
+    except ImportError:  # onnxruntime or onnx not installed
+        return False
 
 
-def cache_write(kv_c, k_pe, kv_cache: np.ndarray, slot_mapping, kv_dtype: str | None = None) -> np.ndarray:
+def cache_write(kv_c, k_pe, kv_cache: np.ndarray, slot_mapping, kv_dtype: str | None = None, *,
+                runtime: str = "openvino") -> np.ndarray:
     """Write [kv_c[t] | k_pe[t]] into kv_cache at slot_mapping[t] (skipping slots < 0), in place.
-
     kv_cache [NB, BS, r + dr] float32, bfloat16 or float16, or u8 [NB, BS, row bytes] for
     kv_dtype int8/fp8; returns kv_cache."""
-    if not isinstance(kv_cache, np.ndarray):
-        raise TypeError("input 'kv_cache' must be a numpy array (updated in place)")
-    _, fmt = _cache(kv_cache, kv_dtype)
-    target = kv_cache if kv_cache.flags.c_contiguous else np.ascontiguousarray(kv_cache)
-    arrays = [("kv_c", _float("kv_c", kv_c)), ("k_pe", _float("k_pe", k_pe)), ("kv_cache", cache_binding(target)),
-              ("slot_mapping", _index("slot_mapping", slot_mapping))]
-    _run("MlaCacheWrite", arrays, {"kv_dtype": fmt}, ov.Type.i32, 1)
-    if target is not kv_cache:
-        kv_cache[...] = target
-    return kv_cache
+    return _runner(runtime).cache_write(kv_c, k_pe, kv_cache, slot_mapping, kv_dtype)
 
 
-def paged_decode(q, kv_cache, block_tables, seq_lens, scale: float, kv_lora_rank: int | None = None,
-                 kv_dtype: str | None = None) -> np.ndarray:
-    """Absorbed MQA decode: q [B, H, r + dr] -> [B, H, r] (vLLM mla_decode_kvcache semantics).
-
-    kv_lora_rank defaults to the cache row width minus 64 (DeepSeek's rope dim; float caches only)."""
-    cache, fmt = _cache(kv_cache, kv_dtype)
-    if kv_lora_rank is None and fmt in QUANTISED:
-        raise ValueError(f"kv_lora_rank is required for an {fmt} cache (its row width in bytes does not give r)")
-    r = int(kv_lora_rank) if kv_lora_rank is not None else cache.shape[-1] - 64
-    arrays = [("q", _float("q", q)), ("kv_cache", cache_binding(cache)), ("block_tables", _index("block_tables", block_tables)),
-              ("seq_lens", _index("seq_lens", seq_lens))]
-    out = _run("MlaPagedDecode", arrays, {"scale": repr(float(scale)), "kv_lora_rank": r, "kv_dtype": fmt},
-               ov_type(arrays[0][1].dtype), 3)
-    return to_numpy(out)
+def paged_decode(q, kv_cache, block_tables, seq_lens, scale: float, kv_lora_rank: int,
+                 kv_dtype: str | None = None, *, runtime: str = "openvino") -> np.ndarray:
+    """Absorbed MQA decode: q [B, H, r + dr] -> [B, H, r] (vLLM mla_decode_kvcache semantics)."""
+    if kv_lora_rank is None:
+        raise ValueError("kv_lora_rank is required (the model's r: the cache row width does not give it)")
+    return _runner(runtime).paged_decode(q, kv_cache, block_tables, seq_lens, scale, kv_lora_rank, kv_dtype)
 
 
 def paged_attention(q_nope, q_pe, kv_cache, w_uk, w_uv, query_start_loc, seq_lens, block_tables,
-                    scale: float, form: str = "auto", kv_dtype: str | None = None) -> np.ndarray:
+                    scale: float, form: str = "auto", kv_dtype: str | None = None, *,
+                    runtime: str = "openvino") -> np.ndarray:
     """Causal paged MLA over packed new tokens: -> [T, H, dv].
-
     form: "auto" (per sequence by cost), "absorbed" or "expanded"."""
-    forms = {"auto": 0, "absorbed": 1, "expanded": 2}
-    if form not in forms:
-        raise ValueError(f"form must be one of {sorted(forms)}, got {form!r}")
-    cache, fmt = _cache(kv_cache, kv_dtype)
-    arrays = [("q_nope", _float("q_nope", q_nope)), ("q_pe", _float("q_pe", q_pe)),
-              ("kv_cache", cache_binding(cache)), ("w_uk", _float("w_uk", w_uk)),
-              ("w_uv", _float("w_uv", w_uv)), ("query_start_loc", _index("query_start_loc", query_start_loc)),
-              ("seq_lens", _index("seq_lens", seq_lens)), ("block_tables", _index("block_tables", block_tables))]
-    out = _run("MlaPagedAttention", arrays, {"scale": repr(float(scale)), "form": forms[form], "kv_dtype": fmt},
-               ov_type(arrays[0][1].dtype), 3)
-    return to_numpy(out)
+    if form not in FORMS:
+        raise ValueError(f"form must be one of {list(FORMS)}, got {form!r}")
+    return _runner(runtime).paged_attention(q_nope, q_pe, kv_cache, w_uk, w_uv, query_start_loc, seq_lens,
+                                            block_tables, scale, form, kv_dtype)

@@ -12,6 +12,8 @@ import ml_dtypes
 import numpy as np
 import openvino as ov
 
+from .cache_binding import cache_binding  # noqa: F401 (the one rule; re-exported for older callers)
+
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
 _OV_TYPES = {
@@ -22,19 +24,6 @@ _OV_TYPES = {
     np.dtype(np.int64): ov.Type.i64,
     np.dtype(np.uint8): ov.Type.u8,
 }
-
-
-def cache_binding(cache: np.ndarray) -> np.ndarray:
-    """The array to bind for a latent cache input: f32 as it is, bf16/f16 as their raw bytes
-    (int8/fp8 caches are u8 bytes already).
-
-    OpenVINO's CPU plugin converts a bf16 or f16 input of a custom op into an f32 copy on CPUs
-    without native bf16 (so writes would be lost), but passes u8 through untouched; the MLA ops
-    read a u8 cache [NB, BS, row bytes] in the format of their kv_dtype attribute (absent: bf16).
-    The result shares cache's memory."""
-    if cache.dtype in (BF16, np.dtype(np.float16)):
-        return cache.view(np.uint8)
-    return cache
 
 
 def ov_type(dtype) -> ov.Type:

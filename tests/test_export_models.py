@@ -65,7 +65,7 @@ def _prompts(seed: int, vocab: int) -> dict:
 
 def openvino_runner(path, num_layers: int, width: int, dtype=np.float32):
     from mla_export import ov_core
-    from mla_export.ov_tensors import cache_binding
+    from mla_export.cache_binding import cache_binding
 
     core = ov_core()
     # f32 everywhere: no bf16 compute, and no dynamic int8 quantization of the activations that the

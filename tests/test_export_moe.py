@@ -149,7 +149,7 @@ def test_expert_row_counts_stay_exact_at_bf16_precision(tmp_path, rng):
     bf16 on CPUs with AVX512-BF16/AMX) a float count above 256 rounds to an even number, and the
     Split then misses the row count. Two experts, both chosen by every token: each gets all 501 rows."""
     from mla_export import ov_core
-    from mla_export.ov_tensors import cache_binding
+    from mla_export.cache_binding import cache_binding
 
     ckpt = make_checkpoint(tmp_path / "ckpt", "deepseek_v3", seed=4, n_routed_experts=2, num_experts_per_tok=2,
                            n_group=1, topk_group=1)

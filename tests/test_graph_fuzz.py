@@ -172,7 +172,7 @@ def _executors(out, rng):
 
 
 def test_random_bad_steps_are_rejected_whole(tmp_path_factory, rng):
-    from mla_export import ort_kernels
+    from mla_export import kernels_onnxruntime as ort_kernels
 
     if not ort_kernels.available():
         pytest.skip("the onnxruntime custom-op library is not built")

@@ -18,7 +18,7 @@ pytest.importorskip("onnxruntime")
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    from mla_export import ort_kernels
+    from mla_export import kernels_onnxruntime as ort_kernels
     from mla_export.runtime.executor_onnxruntime import OnnxRuntimeMLAExecutor
     from mla_export.runtime.executor_openvino import OpenVINOMLAExecutor
 
@@ -86,7 +86,7 @@ def test_bad_step_is_named_and_changes_nothing(setup, kind, case):
 
 
 def test_read_only_caches_are_refused(tmp_path):
-    from mla_export import ort_kernels
+    from mla_export import kernels_onnxruntime as ort_kernels
 
     if not ort_kernels.available():
         pytest.skip("the onnxruntime custom-op library is not built")

@@ -8,7 +8,7 @@ reference."""
 import numpy as np
 import pytest
 
-from mla_export import kernels
+from op_fronts import available_fronts
 from mla_export import reference as ref
 from paged_problems import make_problem, randn, rel_err
 
@@ -16,12 +16,7 @@ SMALL = dict(h=3, dn=24, dr=16, r=32, dv=20)
 
 
 def _fronts():
-    fronts = [("openvino", kernels)]
-    from mla_export import ort_kernels
-
-    if ort_kernels.available():
-        fronts.append(("onnxruntime", ort_kernels))
-    return fronts
+    return available_fronts()
 
 
 @pytest.mark.parametrize("front", [name for name, _ in _fronts()])

@@ -17,7 +17,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from mla_export import kernels as ov_ops
+from op_fronts import available_fronts, front
 from mla_export import kv_formats as kf
 from mla_export import reference as ref
 from paged_problems import make_problem, randn, rel_err
@@ -26,19 +26,11 @@ NEW = ["f16", "int8", "fp8"]
 TOL = 2e-5  # f32 accumulation against float64 on identical stored values
 
 
+ov_ops = front("openvino")
+
+
 def _runtimes():
-    mods = [pytest.param(ov_ops, id="openvino")]
-    try:
-        import onnx  # noqa: F401
-        import onnxruntime  # noqa: F401
-
-        from mla_export import ort_kernels
-
-        if ort_kernels.available():
-            mods.append(pytest.param(ort_kernels, id="onnxruntime"))
-    except ImportError:
-        pass
-    return mods
+    return [pytest.param(ops, id=name) for name, ops in available_fronts()]
 
 
 RUNTIMES = _runtimes()

@@ -11,7 +11,8 @@ import pytest
 ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
 
-from mla_export import ort_kernels as ok  # noqa: E402
+from mla_export import kernels_onnxruntime as ok  # noqa: E402
+from mla_export.cache_binding import cache_binding  # noqa: E402
 from mla_export import reference as ref  # noqa: E402
 from paged_problems import BF16, make_problem, randn, rel_err  # noqa: E402
 
@@ -52,7 +53,7 @@ def test_cache_write_bit_exact_padding_skipped(rng, cache_dtype, src_dtype, inde
     kv_c, k_pe = randn(rng, (8, r), src_dtype), randn(rng, (8, dr), src_dtype)
     slots = rng.choice(nb * bs, size=8, replace=False).astype(index_dtype)
     slots[-1] = -1
-    bound = ok.cache_bytes(cache) if cache_dtype.endswith("bytes") else cache
+    bound = cache_binding(cache) if cache_dtype.endswith("bytes") else cache
     out = ok.cache_write(kv_c, k_pe, bound, slots)
     assert out is bound
     expected = ref.cache_write(kv_c, k_pe, before.copy(), slots)
@@ -151,7 +152,7 @@ def test_bf16_cache_written_in_place_and_read_by_attention_after_write(rng, layo
         q_nope, q_pe = randn(rng, (t, h, dn)), randn(rng, (t, h, dr))
         w_uk, w_uv = randn(rng, (h, dn, r), scale=dn ** -0.5), randn(rng, (h, r, dv), scale=r ** -0.5)
         expected_cache = ref.cache_write(kv_c, k_pe, cache.copy(), slots)
-        bound = ok.cache_bytes(cache) if layout == "bytes" else cache
+        bound = cache_binding(cache) if layout == "bytes" else cache
         out, written = ok.cache_write_then_attention(kv_c, k_pe, slots, q_nope, q_pe, bound, w_uk, w_uv,
                                                      p.query_start_loc, p.seq_lens, p.block_tables, 0.125)
         assert written == t
@@ -168,7 +169,7 @@ def run_decode(rng, seq_lens, h, r, dr, bs, q_dtype="f32", cache_dtype="f32", sc
     p = make_problem(rng, seq_lens, np.ones(len(seq_lens), int), r + dr, bs, cache_dtype.split("-")[0])
     q = randn(rng, (len(seq_lens), h, r + dr), q_dtype)
     scale = (r + dr) ** -0.5 if scale is None else scale
-    bound = ok.cache_bytes(p.kv_cache) if cache_dtype.endswith("bytes") else p.kv_cache
+    bound = cache_binding(p.kv_cache) if cache_dtype.endswith("bytes") else p.kv_cache
     out = ok.paged_decode(q, bound, p.block_tables, p.seq_lens, scale, kv_lora_rank=r)
     expected = ref.paged_decode(q, p.kv_cache, p.block_tables, p.seq_lens, scale, kv_lora_rank=r)
     assert out.shape == (len(seq_lens), h, r) and out.dtype == q.dtype
@@ -213,7 +214,7 @@ def run_attention(rng, seq_lens, qlens, dims, bs=16, form="auto", act="f32", cac
     w_uv = randn(rng, (h, r, dv), act, scale=r ** -0.5)
     scale = (dn + dr) ** -0.5
     args = (q_nope, q_pe, p.kv_cache, w_uk, w_uv, p.query_start_loc, p.seq_lens, p.block_tables, scale)
-    bound = ok.cache_bytes(p.kv_cache) if cache_dtype.endswith("bytes") else p.kv_cache
+    bound = cache_binding(p.kv_cache) if cache_dtype.endswith("bytes") else p.kv_cache
     out = ok.paged_attention(q_nope, q_pe, bound, *args[3:], form=form)
     expected = ref.paged_attention_expanded(*args)
     assert out.shape == (t, h, dv) and out.dtype == q_nope.dtype

@@ -136,7 +136,7 @@ def _ours_model(op: str, inputs: list[tuple[str, np.ndarray]], attrs: dict):
     import openvino as ov
 
     from mla_export import ov_core
-    from mla_export.kernels import _single_op_ir
+    from mla_export.kernels_openvino import _single_op_ir
     from mla_export.ov_tensors import ov_type
 
     xml = _single_op_ir(op, [(n, ov_type(a.dtype), a.ndim) for n, a in inputs], attrs,
@@ -147,8 +147,8 @@ def _ours_model(op: str, inputs: list[tuple[str, np.ndarray]], attrs: dict):
 def _as_graph_binds(inp: dict, names: list[str]) -> list[tuple[str, np.ndarray]]:
     """The inputs as the exported graphs bind them: a bf16 cache as its raw bytes (the CPU
     plugin would convert a bf16 cache input into an f32 copy on every call on CPUs without
-    native bf16; see mla_export.ov_tensors.cache_binding)."""
-    from mla_export.ov_tensors import cache_binding
+    native bf16; see mla_export/cache_binding.py)."""
+    from mla_export.cache_binding import cache_binding
     return [(n, cache_binding(inp[n]) if n == "kv_cache" else inp[n]) for n in names]
 
 
@@ -337,7 +337,7 @@ def torch_prefill(inp: dict, scale: float, chunk_bytes: float = 2.5e8) -> Impl:
 def ort_impl(op: str, inp: dict, names: list[str], attrs: dict, threads: int) -> Impl:
     import onnxruntime as ort
 
-    from mla_export import ort_kernels as ok
+    from mla_export import kernels_onnxruntime as ok
     if not ok.available():
         raise Skip("libmla_export_ort.so not built")
     arrays = [(n, np.ascontiguousarray(inp[n])) for n in names]

@@ -34,7 +34,7 @@ def _portable_session(inp: dict, scale: float, threads: int):
     import onnxruntime as ort
 
     from mla_export import onnx_ops
-    from mla_export import ort_kernels as ok
+    from mla_export import kernels_onnxruntime as ok
 
     names = bi.PREFILL_INPUTS
     model = ok.single_op_model([], [(n, inp[n].dtype, inp[n].ndim) for n in names],
@@ -49,7 +49,7 @@ def _portable_session(inp: dict, scale: float, threads: int):
 
 
 def _impl(inp: dict, scale: float, threads: int) -> bi.Impl:
-    from mla_export import ort_kernels as ok
+    from mla_export import kernels_onnxruntime as ok
 
     t = inp["q_nope"].shape[0]
     h = inp["q_nope"].shape[1]

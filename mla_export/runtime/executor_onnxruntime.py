@@ -29,7 +29,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .. import ort_kernels, ort_ops_path
+from .. import ort_ops_path, ort_tensors
 from ..cache_binding import cache_binding
 from ..contract import Contract, ContractError
 from .executor_common import CacheNotInPlaceError, check_cache_bindings, check_cache_written_in_place, check_options
@@ -101,7 +101,7 @@ class OnnxRuntimeMLAExecutor:
         check_cache_bindings(contract, self._bound, self.variant)
 
         if self.variant == "custom":
-            so = ort_kernels.session_options(num_threads)
+            so = ort_tensors.session_options(num_threads)
             path = contract.graph_path("onnx")
         else:
             so = ort.SessionOptions()
@@ -115,7 +115,7 @@ class OnnxRuntimeMLAExecutor:
         io_variant = "custom" if self.variant == "custom" else "portable"
         contract.validate_model_io([(i.name, i.shape, i.type) for i in self.session.get_inputs()],
                                    [(o.name, o.shape, o.type) for o in self.session.get_outputs()], io_variant)
-        self._cache_values = [ort_kernels.ortvalue(a) for a in self._bound]  # over the arrays' memory
+        self._cache_values = [ort_tensors.ortvalue(a) for a in self._bound]  # over the arrays' memory
         self._io = self.session.io_binding()
         for i, v in enumerate(self._cache_values):
             self._io.bind_ortvalue_input(f"kv_cache.{i}", v)
@@ -131,7 +131,7 @@ class OnnxRuntimeMLAExecutor:
         feeds = metadata.feeds()
         keep = []  # the OrtValues wrap the metadata arrays (no copy); `feeds` keeps those alive
         for name in METADATA_INPUTS:
-            value = ort_kernels.ortvalue(np.ascontiguousarray(feeds[name], dtype=np.int32))
+            value = ort_tensors.ortvalue(np.ascontiguousarray(feeds[name], dtype=np.int32))
             keep.append(value)
             self._io.bind_ortvalue_input(name, value)
         # Outputs unallocated every step: onnxruntime allocates them at this step's shapes (a

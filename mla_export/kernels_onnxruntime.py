@@ -1,4 +1,6 @@
-"""numpy front of the three MLA ops through onnxruntime and the mla-export custom-op library.
+"""The three MLA ops run through onnxruntime and the mla-export custom-op library (the
+onnxruntime side of the numpy op front, mla_export/kernels.py; the op tests and the kernel
+benchmark use it directly for what only onnxruntime has).
 
 Each call runs a one-node ONNX model (built once per signature with every dimension dynamic,
 then cached) in an onnxruntime session that has `libmla_export_ort.so` registered. Inputs are
@@ -8,40 +10,29 @@ cache of `cache_write` is updated in place: a C-contiguous cache is bound withou
 op writes into the caller's array); another layout goes through a contiguous copy that is
 written back.
 
-Used by the onnxruntime op tests, the kernel benchmark and (`ortvalue`, `to_numpy`,
-`session_options`) the onnxruntime executor; building models needs onnx, running them only
-onnxruntime; never torch or openvino.
+Building models needs onnx, running them only onnxruntime; never torch or openvino. Not
+imported by the runtime (the executor uses ort_tensors.py).
 """
 
 from __future__ import annotations
 
-import ctypes
 import threading
 
-import ml_dtypes
 import numpy as np
 
-from . import ort_ops_path
+from .cache_binding import cache_binding
+from .ort_tensors import (BF16, ONNX_BFLOAT16, THREADS_CONFIG_KEY, available, ortvalue,  # noqa: F401 (re-exported)
+                          session_options, to_numpy)
 
-BF16 = np.dtype(ml_dtypes.bfloat16)
-ONNX_BFLOAT16 = 16  # onnx.TensorProto.BFLOAT16
-
-__all__ = ["BF16", "cache_bytes", "available", "session_options", "ortvalue", "to_numpy", "single_op_model", "cache_write",
-           "check_writable_cache",
+__all__ = ["BF16", "available", "session_options", "ortvalue", "to_numpy", "single_op_model", "cache_write",
+           "check_writable_cache", "THREADS_CONFIG_KEY",
            "paged_decode", "paged_attention", "cache_write_then_attention", "FORMS"]
 
 FORMS = {"auto": 0, "absorbed": 1, "expanded": 2}
 DOMAIN = "mla_export"
-THREADS_CONFIG_KEY = "mla_export.num_threads"
 
 _sessions: dict = {}
 _lock = threading.Lock()
-
-
-def cache_bytes(cache: np.ndarray) -> np.ndarray:
-    """A bf16 or f16 cache [NB, BS, W] as the u8 [NB, BS, 2 * W] view over the same memory, the
-    way the exported graphs declare 16-bit caches (other dtypes are returned as they are)."""
-    return cache.view(np.uint8) if cache.dtype in (BF16, np.dtype(np.float16)) else cache
 
 
 def _kv_attrs(cache: np.ndarray, kv_dtype: str | None) -> dict:
@@ -55,36 +46,9 @@ def _kv_attrs(cache: np.ndarray, kv_dtype: str | None) -> dict:
 
 
 def _bind_cache(cache: np.ndarray, attrs: dict) -> np.ndarray:
-    return cache_bytes(cache) if attrs else cache
-
-
-def available() -> bool:
-    """True when the onnxruntime custom-op library was built and installed."""
-    return ort_ops_path() is not None
-
-
-def _library() -> str:
-    path = ort_ops_path()
-    if path is None:
-        raise FileNotFoundError(
-            "the mla-export onnxruntime custom-op library (libmla_export_ort.so) is not installed: "
-            "run tools/fetch_ort_headers.sh (or pass -DMLA_ORT_INCLUDE_DIR) and reinstall the package")
-    return path
-
-
-def session_options(num_threads: int | None = None):
-    """SessionOptions with the custom-op library registered. num_threads (default: onnxruntime's
-    own default) sizes the intra-op pool the kernels run on, and the kernels' work split."""
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    if num_threads is not None:
-        if int(num_threads) < 1:
-            raise ValueError(f"num_threads must be >= 1, got {num_threads}")
-        so.intra_op_num_threads = int(num_threads)
-        so.add_session_config_entry(THREADS_CONFIG_KEY, str(int(num_threads)))
-    so.register_custom_ops_library(_library())
-    return so
+    """With a kv_dtype attribute the op reads bytes (cache_binding's rule); without it the op goes
+    by the element type, so bf16/f16 arrays are passed typed."""
+    return cache_binding(cache) if attrs else cache
 
 
 def _onnx_type(dtype: np.dtype) -> int:
@@ -93,29 +57,6 @@ def _onnx_type(dtype: np.dtype) -> int:
     from onnx import helper
 
     return helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
-
-
-def ortvalue(arr: np.ndarray):
-    """An OrtValue over arr's own memory (arr must be C-contiguous; bf16 included)."""
-    import onnxruntime as ort
-
-    if not arr.flags.c_contiguous:
-        raise ValueError("only a C-contiguous array can be bound to onnxruntime without a copy")
-    if arr.dtype == BF16:
-        return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(arr.view(np.uint16), _onnx_type(BF16))
-    return ort.OrtValue.ortvalue_from_numpy(arr)
-
-
-def to_numpy(value) -> np.ndarray:
-    """An OrtValue's data as numpy (bf16 outputs as ml_dtypes.bfloat16)."""
-    if value.data_type() == "tensor(bfloat16)":
-        # onnxruntime's numpy() does not know bf16: copy the raw 16-bit words out of its buffer.
-        shape = tuple(value.shape())
-        out = np.empty(shape, dtype=BF16)
-        if out.size:
-            ctypes.memmove(out.ctypes.data, value.data_ptr(), out.nbytes)
-        return out
-    return value.numpy()
 
 
 def single_op_model(nodes: list[tuple[str, list[tuple[str, np.dtype, int]], dict, list[str]]],

@@ -166,10 +166,6 @@ class MLAModelConfig:
     def is_moe_layer(self, layer: int) -> bool:
         return layer >= self.moe.first_k_dense_replace
 
-    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
-        """Latent cache bytes per token over all layers."""
-        return self.num_layers * self.row_width * dtype_bytes
-
     def expanded_kv_bytes_per_token(self, dtype_bytes: int) -> int:
         """What a per-head expanded K/V cache (K = dn + dr, V = dv per head) would need."""
         return self.num_layers * self.num_heads * (self.qk_head_dim + self.v_head_dim) * dtype_bytes

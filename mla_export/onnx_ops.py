@@ -73,7 +73,7 @@ def _schemas():
         outputs=[P("out", "T", "[B, H, r]")],
         type_constraints=[("T", _FLOATS, ""), ("C", _CACHES, ""), ("I", _INDICES, ""), ("X", _ANY, "")],
         attributes=[A("scale", S.AttrType.FLOAT, "softmax scale", required=True),
-                    A("kv_lora_rank", helper.make_attribute("kv_lora_rank", 512), "r"), kv_dtype])
+                    A("kv_lora_rank", S.AttrType.INT, "r, the model's kv_lora_rank", required=True), kv_dtype])
     attention = S(
         "MlaPagedAttention", DOMAIN, OPSET_VERSION,
         "Causal paged MLA over packed new tokens: token j of sequence b sits at position "

@@ -83,7 +83,7 @@ def _causal_mask(qlen: int, seq_len: int) -> np.ndarray:
     return np.arange(seq_len)[None, :] <= pos[:, None]
 
 
-def paged_decode(q, kv_cache, block_tables, seq_lens, scale: float, kv_lora_rank: int = 512,
+def paged_decode(q, kv_cache, block_tables, seq_lens, scale: float, kv_lora_rank: int,
                  kv_dtype: str | None = None) -> np.ndarray:
     """Absorbed MQA decode, vLLM mla_decode_kvcache semantics.
 

@@ -35,10 +35,6 @@ class SchedulerOutput:
     # (copy-on-write of shared or prefix-cached blocks; see kv_cache.py).
     blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
 
-    @property
-    def num_tokens(self) -> int:
-        return sum(n for _, n in self.scheduled)
-
 
 class Scheduler:
     def __init__(self, kv_cache: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int):

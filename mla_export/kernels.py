@@ -6,7 +6,9 @@ underneath; tests and benchmarks call these to compare them with mla_export/refe
 Inputs are numpy arrays (bf16 as ml_dtypes.bfloat16); the cache of `cache_write` is updated in
 place. kv_dtype (every op): the cache's row format (mla_export/kv_formats.py), by the array's
 dtype when None; required for int8/fp8 caches (u8 arrays). kv_lora_rank (r) is always the
-caller's: nothing here assumes DeepSeek's dimensions. No torch needed.
+caller's: nothing here assumes DeepSeek's dimensions. num_threads (every op): the threads the
+kernels split their work by (OpenVINO's INFERENCE_NUM_THREADS, onnxruntime's intra-op pool);
+None: the runtime's default. No torch needed.
 """
 
 from __future__ import annotations
@@ -38,27 +40,28 @@ def available(runtime: str) -> bool:
 
 
 def cache_write(kv_c, k_pe, kv_cache: np.ndarray, slot_mapping, kv_dtype: str | None = None, *,
-                runtime: str = "openvino") -> np.ndarray:
+                runtime: str = "openvino", num_threads: int | None = None) -> np.ndarray:
     """Write [kv_c[t] | k_pe[t]] into kv_cache at slot_mapping[t] (skipping slots < 0), in place.
     kv_cache [NB, BS, r + dr] float32, bfloat16 or float16, or u8 [NB, BS, row bytes] for
     kv_dtype int8/fp8; returns kv_cache."""
-    return _runner(runtime).cache_write(kv_c, k_pe, kv_cache, slot_mapping, kv_dtype)
+    return _runner(runtime).cache_write(kv_c, k_pe, kv_cache, slot_mapping, kv_dtype, num_threads=num_threads)
 
 
 def paged_decode(q, kv_cache, block_tables, seq_lens, scale: float, kv_lora_rank: int,
-                 kv_dtype: str | None = None, *, runtime: str = "openvino") -> np.ndarray:
+                 kv_dtype: str | None = None, *, runtime: str = "openvino", num_threads: int | None = None) -> np.ndarray:
     """Absorbed MQA decode: q [B, H, r + dr] -> [B, H, r] (vLLM mla_decode_kvcache semantics)."""
     if kv_lora_rank is None:
         raise ValueError("kv_lora_rank is required (the model's r: the cache row width does not give it)")
-    return _runner(runtime).paged_decode(q, kv_cache, block_tables, seq_lens, scale, kv_lora_rank, kv_dtype)
+    return _runner(runtime).paged_decode(q, kv_cache, block_tables, seq_lens, scale, kv_lora_rank, kv_dtype,
+                                         num_threads=num_threads)
 
 
 def paged_attention(q_nope, q_pe, kv_cache, w_uk, w_uv, query_start_loc, seq_lens, block_tables,
                     scale: float, form: str = "auto", kv_dtype: str | None = None, *,
-                    runtime: str = "openvino") -> np.ndarray:
+                    runtime: str = "openvino", num_threads: int | None = None) -> np.ndarray:
     """Causal paged MLA over packed new tokens: -> [T, H, dv].
     form: "auto" (per sequence by cost), "absorbed" or "expanded"."""
     if form not in FORMS:
         raise ValueError(f"form must be one of {list(FORMS)}, got {form!r}")
     return _runner(runtime).paged_attention(q_nope, q_pe, kv_cache, w_uk, w_uv, query_start_loc, seq_lens,
-                                            block_tables, scale, form, kv_dtype)
+                                            block_tables, scale, form, kv_dtype, num_threads=num_threads)

@@ -78,23 +78,24 @@ def single_op_model(nodes: list[tuple[str, list[tuple[str, np.dtype, int]], dict
     return model
 
 
-def _session(key, build):
+def _session(key, build, num_threads: int | None = None):
     import onnxruntime as ort
 
     with _lock:
         sess = _sessions.get(key)
         if sess is None:
-            sess = ort.InferenceSession(build().SerializeToString(), sess_options=session_options(),
+            sess = ort.InferenceSession(build().SerializeToString(), sess_options=session_options(num_threads),
                                         providers=["CPUExecutionProvider"])
             _sessions[key] = sess
         return sess
 
 
-def _run(op: str, arrays: list[tuple[str, np.ndarray]], attrs: dict, out_dtype, out_rank: int):
-    key = (op, tuple((n, a.dtype.str, a.ndim) for n, a in arrays), tuple(sorted(attrs.items())))
+def _run(op: str, arrays: list[tuple[str, np.ndarray]], attrs: dict, out_dtype, out_rank: int,
+         num_threads: int | None = None):
+    key = (op, tuple((n, a.dtype.str, a.ndim) for n, a in arrays), tuple(sorted(attrs.items())), num_threads)
     sess = _session(key, lambda: single_op_model(
         [(op, [n for n, _ in arrays], attrs, ["output"])],
-        [(n, a.dtype, a.ndim) for n, a in arrays], [("output", out_dtype, out_rank)]))
+        [(n, a.dtype, a.ndim) for n, a in arrays], [("output", out_dtype, out_rank)]), num_threads)
     feeds = {n: ortvalue(a) for n, a in arrays}  # `arrays` keeps every buffer alive meanwhile
     return to_numpy(sess.run_with_ort_values(["output"], feeds)[0])
 
@@ -118,7 +119,8 @@ def check_writable_cache(kv_cache, name: str = "kv_cache") -> None:
                          "the cache is written in place, so it must be writable")
 
 
-def cache_write(kv_c, k_pe, kv_cache: np.ndarray, slot_mapping, kv_dtype: str | None = None) -> np.ndarray:
+def cache_write(kv_c, k_pe, kv_cache: np.ndarray, slot_mapping, kv_dtype: str | None = None,
+                num_threads: int | None = None) -> np.ndarray:
     """MlaCacheWrite: [kv_c[t] | k_pe[t]] -> kv_cache at slot_mapping[t] (slots < 0 skipped), in
     place. Returns kv_cache. kv_dtype (every op here): the cache's row format (kv_formats);
     None = by the array's dtype, passed as that type without the attribute."""
@@ -127,14 +129,14 @@ def cache_write(kv_c, k_pe, kv_cache: np.ndarray, slot_mapping, kv_dtype: str | 
     attrs = _kv_attrs(target, kv_dtype)
     arrays = [("kv_c", _contiguous(kv_c)), ("k_pe", _contiguous(k_pe)), ("kv_cache", _bind_cache(target, attrs)),
               ("slot_mapping", _contiguous(slot_mapping))]
-    _run("MlaCacheWrite", arrays, attrs, np.int32, 1)
+    _run("MlaCacheWrite", arrays, attrs, np.int32, 1, num_threads)
     if target is not kv_cache:
         kv_cache[...] = target
     return kv_cache
 
 
 def paged_decode(q, kv_cache, block_tables, seq_lens, scale: float, kv_lora_rank: int | None = None,
-                 kv_dtype: str | None = None) -> np.ndarray:
+                 kv_dtype: str | None = None, num_threads: int | None = None) -> np.ndarray:
     """MlaPagedDecode: q [B, H, r + dr] -> [B, H, r]. kv_lora_rank None: the op's default (512)."""
     q = _contiguous(q)
     cache = _contiguous(kv_cache)
@@ -144,11 +146,12 @@ def paged_decode(q, kv_cache, block_tables, seq_lens, scale: float, kv_lora_rank
     attrs = {"scale": _float_attr(scale), **kv}
     if kv_lora_rank is not None:
         attrs["kv_lora_rank"] = int(kv_lora_rank)
-    return _run("MlaPagedDecode", arrays, attrs, q.dtype, 3)
+    return _run("MlaPagedDecode", arrays, attrs, q.dtype, 3, num_threads)
 
 
 def paged_attention(q_nope, q_pe, kv_cache, w_uk, w_uv, query_start_loc, seq_lens, block_tables,
-                    scale: float, form: str | int = "auto", kv_dtype: str | None = None) -> np.ndarray:
+                    scale: float, form: str | int = "auto", kv_dtype: str | None = None,
+                    num_threads: int | None = None) -> np.ndarray:
     """MlaPagedAttention: causal paged MLA over packed new tokens -> [T, H, dv].
     form: "auto", "absorbed", "expanded" (or the raw int attribute, passed unchecked)."""
     if isinstance(form, str):
@@ -162,7 +165,8 @@ def paged_attention(q_nope, q_pe, kv_cache, w_uk, w_uv, query_start_loc, seq_len
               ("w_uk", _contiguous(w_uk)), ("w_uv", _contiguous(w_uv)),
               ("query_start_loc", _contiguous(query_start_loc)), ("seq_lens", _contiguous(seq_lens)),
               ("block_tables", _contiguous(block_tables))]
-    return _run("MlaPagedAttention", arrays, {"scale": _float_attr(scale), "form": int(form), **kv}, q_nope.dtype, 3)
+    return _run("MlaPagedAttention", arrays, {"scale": _float_attr(scale), "form": int(form), **kv}, q_nope.dtype, 3,
+                num_threads)
 
 
 def cache_write_then_attention(kv_c, k_pe, slot_mapping, q_nope, q_pe, kv_cache: np.ndarray, w_uk, w_uv,

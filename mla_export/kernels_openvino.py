@@ -7,7 +7,9 @@ alignment and strides: read-only inputs are made C-contiguous, and the cache of 
 is updated in place (through shared memory when it is C-contiguous, else through a contiguous
 copy that is written back; bf16/f16 caches are bound as their raw bytes, see
 mla_export/cache_binding.py). kv_dtype (every op): the cache's row format (mla_export/kv_formats.py),
-by the array's dtype when None; required for int8/fp8 caches (u8 arrays). No torch needed.
+by the array's dtype when None; required for int8/fp8 caches (u8 arrays). num_threads (every op):
+the plugin's INFERENCE_NUM_THREADS, which the kernels split their work by (None: its default).
+No torch needed.
 """
 
 from __future__ import annotations
@@ -60,20 +62,31 @@ def _single_op_ir(op: str, inputs: list[tuple[str, ov.Type, int]], attrs: dict,
             f'<edges>{"".join(edges)}</edges></net>')
 
 
-def _request(op: str, arrays: list[tuple[str, np.ndarray]], attrs: dict, out_type: ov.Type, out_rank: int):
-    sig = (op, tuple((n, a.dtype.str, a.ndim) for n, a in arrays), tuple(sorted(attrs.items())))
+def _request(op: str, arrays: list[tuple[str, np.ndarray]], attrs: dict, out_type: ov.Type, out_rank: int,
+             num_threads: int | None):
+    sig = (op, tuple((n, a.dtype.str, a.ndim) for n, a in arrays), tuple(sorted(attrs.items())), num_threads)
     with _lock:
         if sig not in _compiled:
             xml = _single_op_ir(op, [(n, ov_type(a.dtype), a.ndim) for n, a in arrays], attrs, out_type, out_rank)
             core = ov_core()
             model = core.read_model(model=xml, weights=ov.Tensor(ov.Type.u8, [0]))
-            compiled = core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+            config = {"INFERENCE_PRECISION_HINT": "f32"}
+            if num_threads is not None:  # the kernels split work (and merge splits) by the plugin's threads
+                config["INFERENCE_NUM_THREADS"] = _threads(num_threads)
+            compiled = core.compile_model(model, "CPU", config)
             _compiled[sig] = compiled
         return _compiled[sig].create_infer_request()
 
 
-def _run(op: str, arrays: list[tuple[str, np.ndarray]], attrs: dict, out_type: ov.Type, out_rank: int):
-    req = _request(op, arrays, attrs, out_type, out_rank)
+def _threads(num_threads) -> int:
+    if isinstance(num_threads, bool) or not isinstance(num_threads, (int, np.integer)) or num_threads < 1:
+        raise ValueError(f"num_threads must be a positive integer, got {num_threads!r}")
+    return int(num_threads)
+
+
+def _run(op: str, arrays: list[tuple[str, np.ndarray]], attrs: dict, out_type: ov.Type, out_rank: int,
+         num_threads: int | None = None):
+    req = _request(op, arrays, attrs, out_type, out_rank, num_threads)
     tensors = [shared_tensor(a) for _, a in arrays]  # `arrays` keeps every buffer alive meanwhile
     for i, t in enumerate(tensors):
         req.set_input_tensor(i, t)
@@ -109,7 +122,8 @@ def _cache(kv_cache, kv_dtype: str | None) -> tuple[np.ndarray, str]:
     return np.ascontiguousarray(a), fmt
 
 
-def cache_write(kv_c, k_pe, kv_cache: np.ndarray, slot_mapping, kv_dtype: str | None = None) -> np.ndarray:
+def cache_write(kv_c, k_pe, kv_cache: np.ndarray, slot_mapping, kv_dtype: str | None = None,
+                num_threads: int | None = None) -> np.ndarray:
     """Write [kv_c[t] | k_pe[t]] into kv_cache at slot_mapping[t] (skipping slots < 0), in place.
 
     kv_cache [NB, BS, r + dr] float32, bfloat16 or float16, or u8 [NB, BS, row bytes] for
@@ -120,14 +134,14 @@ def cache_write(kv_c, k_pe, kv_cache: np.ndarray, slot_mapping, kv_dtype: str | 
     target = kv_cache if kv_cache.flags.c_contiguous else np.ascontiguousarray(kv_cache)
     arrays = [("kv_c", _float("kv_c", kv_c)), ("k_pe", _float("k_pe", k_pe)), ("kv_cache", cache_binding(target)),
               ("slot_mapping", _index("slot_mapping", slot_mapping))]
-    _run("MlaCacheWrite", arrays, {"kv_dtype": fmt}, ov.Type.i32, 1)
+    _run("MlaCacheWrite", arrays, {"kv_dtype": fmt}, ov.Type.i32, 1, num_threads)
     if target is not kv_cache:
         kv_cache[...] = target
     return kv_cache
 
 
 def paged_decode(q, kv_cache, block_tables, seq_lens, scale: float, kv_lora_rank: int,
-                 kv_dtype: str | None = None) -> np.ndarray:
+                 kv_dtype: str | None = None, num_threads: int | None = None) -> np.ndarray:
     """Absorbed MQA decode: q [B, H, r + dr] -> [B, H, r] (vLLM mla_decode_kvcache semantics).
     kv_lora_rank (r) comes from the caller (the model's config or the contract)."""
     cache, fmt = _cache(kv_cache, kv_dtype)
@@ -135,12 +149,13 @@ def paged_decode(q, kv_cache, block_tables, seq_lens, scale: float, kv_lora_rank
     arrays = [("q", _float("q", q)), ("kv_cache", cache_binding(cache)), ("block_tables", _index("block_tables", block_tables)),
               ("seq_lens", _index("seq_lens", seq_lens))]
     out = _run("MlaPagedDecode", arrays, {"scale": repr(float(scale)), "kv_lora_rank": r, "kv_dtype": fmt},
-               ov_type(arrays[0][1].dtype), 3)
+               ov_type(arrays[0][1].dtype), 3, num_threads)
     return to_numpy(out)
 
 
 def paged_attention(q_nope, q_pe, kv_cache, w_uk, w_uv, query_start_loc, seq_lens, block_tables,
-                    scale: float, form: str = "auto", kv_dtype: str | None = None) -> np.ndarray:
+                    scale: float, form: str = "auto", kv_dtype: str | None = None,
+                    num_threads: int | None = None) -> np.ndarray:
     """Causal paged MLA over packed new tokens: -> [T, H, dv].
 
     form: "auto" (per sequence by cost), "absorbed" or "expanded"."""
@@ -153,5 +168,5 @@ def paged_attention(q_nope, q_pe, kv_cache, w_uk, w_uv, query_start_loc, seq_len
               ("w_uv", _float("w_uv", w_uv)), ("query_start_loc", _index("query_start_loc", query_start_loc)),
               ("seq_lens", _index("seq_lens", seq_lens)), ("block_tables", _index("block_tables", block_tables))]
     out = _run("MlaPagedAttention", arrays, {"scale": repr(float(scale)), "form": forms[form], "kv_dtype": fmt},
-               ov_type(arrays[0][1].dtype), 3)
+               ov_type(arrays[0][1].dtype), 3, num_threads)
     return to_numpy(out)

@@ -17,17 +17,6 @@ REPO = Path(__file__).resolve().parent.parent
 READY_DEADLINE_S = 300.0  # a wait for start-up, not a performance threshold
 
 
-def tiny_export(tmp_path_factory) -> Path:
-    """`mla-export export --preset tiny -o DIR`, once per session (the result is reused)."""
-    out = tmp_path_factory.getbasetemp() / "tiny-export"
-    if not (out / "mla_graph.json").is_file():
-        proc = subprocess.run([sys.executable, "-m", "mla_export.cli", "export", "--preset", "tiny", "-o", str(out)],
-                              cwd=REPO, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(f"tiny export failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
-    return out
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -149,7 +149,5 @@ def test_missing_optional_package_is_one_line_naming_the_extra(tmp_path, tiny_mo
 
 
 @pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    from server_helpers import tiny_export
-
-    return tiny_export(tmp_path_factory)
+def tiny_model(exports):
+    return exports.tiny()

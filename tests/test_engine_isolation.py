@@ -8,14 +8,13 @@ import numpy as np
 import pytest
 
 from mla_export.runtime import LLM, LLMEngine, SamplingParams
-from runtime_models import exported_model
 
 BS = 4
 
 
 @pytest.fixture(scope="module")
-def out_dir(tmp_path_factory):
-    return exported_model(tmp_path_factory, "deepseek_v3", "f32", BS)[1]
+def out_dir(exports):
+    return exports.model("deepseek_v3", "f32", BS)[1]
 
 
 def _run(engine, prompts: dict, params) -> dict:

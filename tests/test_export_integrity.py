@@ -13,12 +13,11 @@ import pytest
 from mla_export.contract import ContractError, load_contract
 from mla_export.runtime import LLMEngine
 from mla_export.server.chat import load_chat_template
-from runtime_models import exported_model
 
 
 @pytest.fixture(scope="module")
-def out_dir(tmp_path_factory):
-    return exported_model(tmp_path_factory, "deepseek_v3", "f32", 4)[1]
+def out_dir(exports):
+    return exports.model("deepseek_v3", "f32", 4)[1]
 
 
 @pytest.fixture

@@ -8,12 +8,11 @@ import io
 import pytest
 
 from mla_export.cli import main
-from server_helpers import tiny_export
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return tiny_export(tmp_path_factory)
+def model_dir(exports):
+    return exports.tiny()
 
 
 @pytest.fixture(scope="module")

@@ -35,24 +35,6 @@ NUM_BLOCKS = 40
 STEPS = int(os.environ.get("MLA_FUZZ_STEPS", "1500"))
 VALID_EVERY = 25
 
-_EXPORT: dict = {}
-
-
-def _export(tmp_path_factory):
-    if "out" not in _EXPORT:
-        from mla_export.cli import main
-        from mla_export.presets import make_checkpoint
-
-        root = tmp_path_factory.mktemp("fuzz")
-        ckpt = make_checkpoint(root / "ckpt", "deepseek_v3", seed=5)
-        out = root / "export"
-        code = main(["export", str(ckpt), "-o", str(out), "--format", "both", "--block-size", str(BLOCK_SIZE),
-                     "--kv-dtype", "f32", "-q"])
-        assert code == 0
-        _EXPORT["out"] = out
-    return _EXPORT["out"]
-
-
 # ------------------------------------------------------------------------------ the rule (oracle)
 def step_is_valid(f: dict, num_blocks: int, vocab: int, max_pos: int, bs: int = BLOCK_SIZE) -> bool:
     """The step rule in plain Python, written from the contract (docs/ARCHITECTURE.md), not from
@@ -171,12 +153,12 @@ def _executors(out, rng):
     }
 
 
-def test_random_bad_steps_are_rejected_whole(tmp_path_factory, rng):
+def test_random_bad_steps_are_rejected_whole(exports, rng):
     from mla_export import kernels_onnxruntime as ort_kernels
 
     if not ort_kernels.available():
         pytest.skip("the onnxruntime custom-op library is not built")
-    out = _export(tmp_path_factory)
+    out = exports.model("deepseek_v3", "f32", BLOCK_SIZE, "both")[1]
     contract, runtimes = _executors(out, rng)
     vocab, max_pos = contract.model["vocab_size"], contract.model["max_position_embeddings"]
     builder = MLAMetadataBuilder(BLOCK_SIZE, NUM_BLOCKS, max_pos, vocab)

@@ -11,20 +11,20 @@ import pytest
 
 from mla_export.runtime.metadata import MLAMetadata, MLAMetadataBuilder
 from mla_export.runtime.model_dir import load_model_dir
-from test_graph_fuzz import BLOCK_SIZE, NUM_BLOCKS, _caches, _export
+from test_graph_fuzz import BLOCK_SIZE, NUM_BLOCKS, _caches
 
 pytest.importorskip("onnxruntime")
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
+def setup(exports):
     from mla_export import kernels_onnxruntime as ort_kernels
     from mla_export.runtime.executor_onnxruntime import OnnxRuntimeMLAExecutor
     from mla_export.runtime.executor_openvino import OpenVINOMLAExecutor
 
     if not ort_kernels.available():
         pytest.skip("the onnxruntime custom-op library is not built")
-    out = _export(tmp_path_factory)
+    out = exports.model("deepseek_v3", "f32", BLOCK_SIZE, "both")[1]
     contract, _ = load_model_dir(out)
     rng = np.random.default_rng(1)
     runtimes = {}

@@ -10,15 +10,14 @@ import httpx
 import pytest
 
 from mla_export.runtime import LLM, LLMEngine
-from runtime_models import exported_model
 from server_helpers import ServerThread
 
 BS = 4
 
 
 @pytest.fixture(scope="module")
-def out_dir(tmp_path_factory):
-    return exported_model(tmp_path_factory, "deepseek_v3", "f32", BS)[1]
+def out_dir(exports):
+    return exports.model("deepseek_v3", "f32", BS)[1]
 
 
 def test_default_is_what_the_cache_holds(out_dir):

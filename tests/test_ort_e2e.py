@@ -22,29 +22,6 @@ BLOCK_SIZE = 4
 MAX_TOKENS = 8
 CHUNK = 6  # prefill chunk: not a multiple of the block size
 
-_EXPORTS: dict = {}
-_CKPTS: dict = {}
-
-
-def _export(tmp_path_factory, model_type: str, kv_dtype: str):
-    """An export with the IR, model.onnx and model_portable.onnx of a tiny checkpoint."""
-    key = (model_type, kv_dtype)
-    if key not in _EXPORTS:
-        from mla_export.cli import main
-        from mla_export.presets import make_checkpoint
-        from runtime_models import SEEDS
-
-        root = tmp_path_factory.mktemp(f"ort_{model_type}_{kv_dtype}")
-        if model_type not in _CKPTS:
-            _CKPTS[model_type] = make_checkpoint(root / "ckpt", model_type, seed=SEEDS[model_type])
-        out = root / "export"
-        code = main(["export", str(_CKPTS[model_type]), "-o", str(out), "--format", "both", "--portable",
-                     "--block-size", str(BLOCK_SIZE), "--kv-dtype", kv_dtype, "-q"])
-        assert code == 0, f"export of {model_type} failed with exit code {code}"
-        _EXPORTS[key] = out
-    return _CKPTS[model_type], _EXPORTS[key]
-
-
 def _executor(kind: str, contract, caches):
     if kind == "openvino":
         from mla_export.runtime.executor_openvino import OpenVINOMLAExecutor
@@ -98,10 +75,10 @@ needs_library = pytest.mark.skipif(ort_ops_path() is None,
 
 @needs_library
 @pytest.mark.parametrize("model_type", ["deepseek_v3", "deepseek_v2"])
-def test_library_path_equals_transformers(tmp_path_factory, model_type):
+def test_library_path_equals_transformers(exports, model_type):
     from runtime_models import hf_greedy
 
-    ckpt, out = _export(tmp_path_factory, model_type, "f32")
+    ckpt, out = exports.model(model_type, "f32", BLOCK_SIZE, "both", portable=True)
     prompts = _prompts(load_model_dir(out)[1].vocab_size)
     tokens, executor = greedy(out, "custom", prompts)
     assert "custom-op library" in executor.describe() and "in place" in executor.describe()
@@ -112,8 +89,8 @@ def test_library_path_equals_transformers(tmp_path_factory, model_type):
 
 @needs_library
 @pytest.mark.parametrize("kv_dtype", ["bf16", "f32"])
-def test_library_and_portable_paths_equal_openvino(tmp_path_factory, kv_dtype):
-    _, out = _export(tmp_path_factory, "deepseek_v3", kv_dtype)
+def test_library_and_portable_paths_equal_openvino(exports, kv_dtype):
+    _, out = exports.model("deepseek_v3", kv_dtype, BLOCK_SIZE, "both", portable=True)
     prompts = _prompts(load_model_dir(out)[1].vocab_size, lengths=(9, 3), seed=2)
     expected, _ = greedy(out, "openvino", prompts)
     got_custom, ex_custom = greedy(out, "custom", prompts)
@@ -125,16 +102,16 @@ def test_library_and_portable_paths_equal_openvino(tmp_path_factory, kv_dtype):
 
 @needs_library
 @pytest.mark.parametrize("kv_dtype", ["f16", "int8", "fp8"])
-def test_new_cache_formats_equal_openvino(tmp_path_factory, kv_dtype):
+def test_new_cache_formats_equal_openvino(tmp_path_factory, kv_dtype, exports):
     """The f16 / int8 / fp8 caches through the onnxruntime library give OpenVINO's greedy tokens
     (the same kernels on the same stored rows); f16 also through the portable graph, which
     cannot hold int8/fp8 rows (no bit-cast in standard ONNX): the export refuses --portable."""
     if kv_dtype == "f16":
-        _, out = _export(tmp_path_factory, "deepseek_v3", kv_dtype)
+        _, out = exports.model("deepseek_v3", kv_dtype, BLOCK_SIZE, "both", portable=True)
     else:
         from mla_export.cli import main
 
-        ckpt, _ = _export(tmp_path_factory, "deepseek_v3", "f32")
+        ckpt, _ = exports.model("deepseek_v3", "f32", BLOCK_SIZE, "both", portable=True)
         out = tmp_path_factory.mktemp(f"ort_{kv_dtype}") / "export"
         assert main(["export", str(ckpt), "-o", str(out), "--format", "both", "--portable", "--block-size",
                      str(BLOCK_SIZE), "--kv-dtype", kv_dtype, "-q"]) != 0  # refused: nothing written
@@ -149,10 +126,10 @@ def test_new_cache_formats_equal_openvino(tmp_path_factory, kv_dtype):
 
 
 @needs_library
-def test_library_path_writes_the_callers_cache_arrays(tmp_path_factory):
+def test_library_path_writes_the_callers_cache_arrays(exports):
     """After a prefill the prompt's rows are in the caller's numpy arrays (no write-back exists
     on this path: if onnxruntime copied the cache, the rows would stay zero), and only there."""
-    _, out = _export(tmp_path_factory, "deepseek_v3", "bf16")
+    _, out = exports.model("deepseek_v3", "bf16", BLOCK_SIZE, "both", portable=True)
     contract, facts = load_model_dir(out)
     nb = 8
     caches = [np.zeros((nb, BLOCK_SIZE, facts.row_width), cache_dtype("bf16")) for _ in range(facts.num_layers)]
@@ -170,11 +147,11 @@ def test_library_path_writes_the_callers_cache_arrays(tmp_path_factory):
         assert np.all(others == 0), f"layer {layer}: rows outside the sequence's slots were written"
 
 
-def test_portable_fallback_is_chosen_and_said_without_the_library(tmp_path_factory, monkeypatch):
+def test_portable_fallback_is_chosen_and_said_without_the_library(exports, monkeypatch):
     """With the library absent, variant "auto" runs the portable graph and says why."""
     from mla_export.runtime import executor_onnxruntime as eo
 
-    _, out = _export(tmp_path_factory, "deepseek_v3", "f32")
+    _, out = exports.model("deepseek_v3", "f32", BLOCK_SIZE, "both", portable=True)
     contract, _ = load_model_dir(out)
     monkeypatch.setattr(eo, "ort_ops_path", lambda: None)
     assert eo.choose_variant(contract, "auto") == ("portable", "portable ONNX functions (libmla_export_ort.so is not installed)")
@@ -183,10 +160,10 @@ def test_portable_fallback_is_chosen_and_said_without_the_library(tmp_path_facto
 
 
 @needs_library
-def test_llm_runtime_onnxruntime_equals_openvino(tmp_path_factory):
+def test_llm_runtime_onnxruntime_equals_openvino(exports):
     from mla_export.runtime import LLM
 
-    _, out = _export(tmp_path_factory, "deepseek_v3", "bf16")
+    _, out = exports.model("deepseek_v3", "bf16", BLOCK_SIZE, "both", portable=True)
     prompts = _prompts(load_model_dir(out)[1].vocab_size, lengths=(4, 11, 6), seed=5)
     ov = LLM(out, runtime="openvino", precision="f32", num_blocks=32).generate(prompts, max_tokens=MAX_TOKENS)
     ort_llm = LLM(out, runtime="onnxruntime", num_blocks=32)

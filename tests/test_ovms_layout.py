@@ -16,14 +16,13 @@ import sys
 
 import pytest
 
-from server_helpers import tiny_export
 
 from mla_export.commands import ovms
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return tiny_export(tmp_path_factory)
+def model_dir(exports):
+    return exports.tiny()
 
 
 def run_cli(*argv) -> int:

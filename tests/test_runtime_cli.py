@@ -10,12 +10,11 @@ import textwrap
 import pytest
 
 from mla_export.cli import main
-from runtime_models import exported_model
 
 
 @pytest.fixture(scope="module")
-def out_dir(tmp_path_factory):
-    return exported_model(tmp_path_factory, "deepseek_v3", "f32", 4)[1]
+def out_dir(exports):
+    return exports.model("deepseek_v3", "f32", 4)[1]
 
 
 def test_generate_json_matches_llm_generate(out_dir, capsys):
@@ -52,11 +51,11 @@ def test_generate_errors_exit_2(tmp_path, out_dir, capsys):
     assert "temperature" in capsys.readouterr().err
 
 
-def test_bf16_cache_is_written_in_place_and_generates(tmp_path_factory):
+def test_bf16_cache_is_written_in_place_and_generates(exports):
     # The default export: a bf16 cache, bound as bytes; the engine's start-up sentinel check passes.
     from mla_export import LLM
 
-    _, bf16_dir = exported_model(tmp_path_factory, "deepseek_v3", "bf16", 4)
+    _, bf16_dir = exports.model("deepseek_v3", "bf16", 4)
     llm = LLM(bf16_dir, precision="bf16", num_blocks=16)
     outs = llm.generate([[5, 6, 7, 8, 9, 10], [11, 12]], max_tokens=6, ignore_eos=True)
     assert [len(o.token_ids) for o in outs] == [6, 6]

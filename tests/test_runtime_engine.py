@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from mla_export.runtime import LLMEngine, SamplingParams
-from runtime_models import exported_model, hf_greedy
+from runtime_models import hf_greedy
 
 BLOCK_SIZE = 4
 MAX_TOKENS = 10
@@ -34,8 +34,8 @@ def _run(engine, arrivals: dict[int, list[tuple[str, list[int], SamplingParams]]
 
 
 @pytest.mark.parametrize("model_type", ["deepseek_v3", "deepseek_v2"])
-def test_greedy_equals_transformers_with_chunking_and_preemption(tmp_path_factory, model_type):
-    ckpt, out_dir = exported_model(tmp_path_factory, model_type, "f32", BLOCK_SIZE)
+def test_greedy_equals_transformers_with_chunking_and_preemption(exports, model_type):
+    ckpt, out_dir = exports.model(model_type, "f32", BLOCK_SIZE)
     budget, num_blocks = 16, 16
     lengths, arrival_steps = [5, 13, 22, 37], [0, 0, 2, 5]
     assert max(lengths) > budget  # the long prompts must be prefilled in chunks
@@ -61,8 +61,8 @@ def test_greedy_equals_transformers_with_chunking_and_preemption(tmp_path_factor
     assert all(engine.kv_cache.pool.ref_count(b) == 0 for b in range(num_blocks))
 
 
-def test_prefix_caching_computes_only_new_tokens_and_keeps_the_tokens(tmp_path_factory):
-    ckpt, out_dir = exported_model(tmp_path_factory, "deepseek_v3", "f32", BLOCK_SIZE)
+def test_prefix_caching_computes_only_new_tokens_and_keeps_the_tokens(exports):
+    ckpt, out_dir = exports.model("deepseek_v3", "f32", BLOCK_SIZE)
     engine = LLMEngine(out_dir, precision="f32", num_blocks=64, max_num_batched_tokens=64, block_order_seed=3)
     (base,) = _prompts([30], engine.facts.vocab_size, seed=2)
     (tail,) = _prompts([5], engine.facts.vocab_size, seed=3)
@@ -85,8 +85,8 @@ def test_prefix_caching_computes_only_new_tokens_and_keeps_the_tokens(tmp_path_f
     assert stats["kv_blocks_used"] == 0
 
 
-def test_abort_frees_blocks_and_seeded_sampling_repeats(tmp_path_factory):
-    _, out_dir = exported_model(tmp_path_factory, "deepseek_v3", "f32", BLOCK_SIZE)
+def test_abort_frees_blocks_and_seeded_sampling_repeats(exports):
+    _, out_dir = exports.model("deepseek_v3", "f32", BLOCK_SIZE)
     engine = LLMEngine(out_dir, precision="f32", num_blocks=32, block_order_seed=5)
     (prompt,) = _prompts([9], engine.facts.vocab_size, seed=4)
     sampled = SamplingParams(max_tokens=8, temperature=0.9, top_p=0.95, top_k=50, seed=1234, ignore_eos=True)
@@ -105,12 +105,12 @@ def test_abort_frees_blocks_and_seeded_sampling_repeats(tmp_path_factory):
 
 
 @pytest.mark.parametrize("kv_dtype", ["f16", "int8", "fp8"])
-def test_cache_formats_through_chunking_preemption_and_prefix_caching(tmp_path_factory, kv_dtype):
+def test_cache_formats_through_chunking_preemption_and_prefix_caching(exports, kv_dtype):
     """The engine on f16 / int8 / fp8 caches (u8 byte arrays bound in place, copied block by block
     on copy-on-write): f16 gives transformers' greedy tokens like f32 does; int8 and fp8 round
     more, so their oracle is the same export run one request at a time, unchunked, without
     prefix caching or preemption (fixed prompts: the comparison is deterministic)."""
-    ckpt, out_dir = exported_model(tmp_path_factory, "deepseek_v3", kv_dtype, BLOCK_SIZE)
+    ckpt, out_dir = exports.model("deepseek_v3", kv_dtype, BLOCK_SIZE)
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)
     engine = LLMEngine(out_dir, precision="f32", num_blocks=16, max_num_batched_tokens=16, block_order_seed=3)
     assert engine.backend.kv_caches[0].dtype == (np.float16 if kv_dtype == "f16" else np.uint8)

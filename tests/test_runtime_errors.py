@@ -11,12 +11,11 @@ import pytest
 from mla_export.contract import ContractError
 from mla_export.runtime import LLM, LLMEngine, SamplingParams
 from mla_export.runtime import executor_openvino
-from runtime_models import exported_model
 
 
 @pytest.fixture(scope="module")
-def out_dir(tmp_path_factory):
-    return exported_model(tmp_path_factory, "deepseek_v3", "f32", 4)[1]
+def out_dir(exports):
+    return exports.model("deepseek_v3", "f32", 4)[1]
 
 
 @pytest.fixture(scope="module")
@@ -87,8 +86,11 @@ def test_bad_prompts_and_params(engine, out_dir):
     with pytest.raises(ValueError, match="already in use"):
         engine.add_request("dup", [3, 4], SamplingParams(max_tokens=1))
     engine.abort_request("dup")
-    llm = LLM.__new__(LLM)  # an LLM over the shared engine (compiling another costs seconds)
-    llm.engine, llm._ids = engine, iter(range(10**6))
+    llm = LLM(engine=engine)  # over the shared engine (compiling another costs seconds)
+    with pytest.raises(ValueError, match="not both"):
+        LLM("somewhere", engine=engine)
+    with pytest.raises(TypeError, match="must be an LLMEngine"):
+        LLM(engine=object())
     with pytest.raises(ValueError, match="temperature"):
         llm.generate([[1, 2]], temperature=-1.0)
     with pytest.raises(ValueError, match="top_k"):

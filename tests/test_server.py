@@ -14,7 +14,7 @@ import openai
 import pytest
 from tokenizers import Tokenizer
 
-from server_helpers import ServerThread, metrics, start_serve_subprocess, tiny_export, wait_until
+from server_helpers import ServerThread, metrics, start_serve_subprocess, wait_until
 
 PRECISION = "f32"  # the same in the server and the offline engine
 PROMPTS = [
@@ -31,8 +31,8 @@ TINY_TEMPLATE = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% 
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return tiny_export(tmp_path_factory)
+def model_dir(exports):
+    return exports.tiny()
 
 
 @pytest.fixture(scope="module")

@@ -12,12 +12,12 @@ import httpx
 import pytest
 
 from mla_export.runtime import LLMEngine
-from server_helpers import ServerThread, tiny_export
+from server_helpers import ServerThread
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    engine = LLMEngine(tiny_export(tmp_path_factory), precision="f32", max_num_seqs=4, max_num_batched_tokens=64)
+def server(exports):
+    engine = LLMEngine(exports.tiny(), precision="f32", max_num_seqs=4, max_num_batched_tokens=64)
     with ServerThread(engine, model_name="tiny", max_num_seqs=4, max_queue=16) as srv:
         yield srv
 
@@ -96,11 +96,11 @@ def test_long_prompt_is_tokenized_off_the_event_loop(server):
     assert len(lat) >= 10
 
 
-def test_a_request_the_engine_rejects_fails_alone(tmp_path_factory):
+def test_a_request_the_engine_rejects_fails_alone(exports):
     """A request whose step fails (here: the metadata builder refuses its token 7, as a stand-in
     for any per-request failure) gets its own error; /health stays 200 and the next request is
     served (before: the engine loop died, /health and every later request answered 503)."""
-    engine = LLMEngine(tiny_export(tmp_path_factory), precision="f32", max_num_seqs=4, max_num_batched_tokens=64)
+    engine = LLMEngine(exports.tiny(), precision="f32", max_num_seqs=4, max_num_batched_tokens=64)
     build = engine.builder.build
 
     def picky(*a, **k):

@@ -6,14 +6,14 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from server_helpers import ServerThread, metrics, tiny_export
+from server_helpers import ServerThread, metrics
 
 PRECISION = "f32"
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return tiny_export(tmp_path_factory)
+def model_dir(exports):
+    return exports.tiny()
 
 
 @pytest.fixture(scope="module")

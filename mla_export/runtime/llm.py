@@ -25,8 +25,19 @@ class CompletionOutput:
 
 
 class LLM:
-    def __init__(self, out_dir: str | Path, **engine_kwargs):
-        self.engine = LLMEngine(out_dir, **engine_kwargs)
+    def __init__(self, out_dir: str | Path | None = None, *, engine: LLMEngine | None = None, **engine_kwargs):
+        """`LLM(out_dir, **engine_kwargs)` builds its engine; `LLM(engine=engine)` generates over an
+        engine that already exists (one compiled model serving several front ends, or tests)."""
+        if engine is not None:
+            if out_dir is not None or engine_kwargs:
+                raise ValueError("give either an existing engine or out_dir and engine options, not both")
+            if not isinstance(engine, LLMEngine):
+                raise TypeError(f"engine must be an LLMEngine, got {type(engine).__name__}")
+            self.engine = engine
+        elif out_dir is None:
+            raise ValueError("LLM needs out_dir (an `mla-export export` output directory) or engine=")
+        else:
+            self.engine = LLMEngine(out_dir, **engine_kwargs)
         self._ids = itertools.count()
         self._prompter = None  # the chat template, loaded on the first chat()
 

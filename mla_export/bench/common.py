@@ -36,14 +36,19 @@ def current_rss_mb() -> float:
     return float("nan")
 
 
-def mem_available_gb() -> float:
+def _meminfo_gb(key: str, missing: float) -> float:
+    """A /proc/meminfo figure in GiB (`missing` where it cannot be read)."""
     try:
         for line in open("/proc/meminfo"):
-            if line.startswith("MemAvailable:"):
+            if line.startswith(key + ":"):
                 return int(line.split()[1]) / 2**20
     except OSError:
         pass
-    return float("inf")
+    return missing
+
+
+def mem_available_gb() -> float:
+    return _meminfo_gb("MemAvailable", float("inf"))
 
 
 def wait_for_memory(need_gb: float, max_wait_s: float) -> tuple[bool, float]:
@@ -142,15 +147,31 @@ def machine_info() -> dict:
         pass
     return {"cpu": model, "cores": os.cpu_count(), "avx2": " avx2" in flags, "avx512f": " avx512f" in flags,
             "avx512_bf16": "avx512_bf16" in flags, "amx_bf16": "amx_bf16" in flags,
-            "python": platform.python_version(), "mem_total_gb": round(_mem_total_gb(), 1),
+            "python": platform.python_version(), "mem_total_gb": round(_meminfo_gb("MemTotal", float("nan")), 1),
             "note": "shared machine: other jobs may run; compare the ratios within one run (alternated runs, medians)"}
 
 
-def _mem_total_gb() -> float:
-    try:
-        for line in open("/proc/meminfo"):
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1]) / 2**20
-    except OSError:
-        pass
-    return float("nan")
+
+def timed_generate(model, generation_config, ids: list[list[int]], new_tokens: int, **generate_kwargs):
+    """transformers' greedy `generate` on a batch of equal-length prompts, with a logits
+    processor that stamps each step: (start time, step stamps, generate's output). The
+    transformers and optimum-intel peers time decoding this one way. Imports torch and
+    transformers only when called (this module itself needs the standard library only)."""
+    import torch
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    class Stamp(LogitsProcessor):
+        def __init__(self):
+            self.t = []
+
+        def __call__(self, input_ids, scores):
+            self.t.append(time.perf_counter())
+            return scores
+
+    stamp = Stamp()
+    x = torch.tensor(ids, dtype=torch.long)
+    t_start = time.perf_counter()
+    out = model.generate(input_ids=x, attention_mask=torch.ones_like(x), max_new_tokens=new_tokens, do_sample=False,
+                         num_beams=1, generation_config=generation_config,
+                         logits_processor=LogitsProcessorList([stamp]), **generate_kwargs)
+    return t_start, stamp.t, out

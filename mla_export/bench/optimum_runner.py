@@ -18,7 +18,6 @@ HF generate with a logits processor that stamps each step).
 import argparse
 import json
 import os
-import resource
 import statistics
 import sys
 import time
@@ -27,13 +26,22 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 
+def _common():
+    """mla_export/bench/common.py loaded by path (it imports the standard library only), so the
+    RSS helpers have one copy while this script still never imports the mla_export package."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("mla_bench_common", os.path.join(os.path.dirname(__file__), "common.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_COMMON = _common()
+
+
 def rss_mb(peak=True):
-    if peak:
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-    for line in open("/proc/self/status"):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024.0
-    return float("nan")
+    return _COMMON.peak_rss_mb() if peak else _COMMON.current_rss_mb()
 
 
 def run(spec):
@@ -43,7 +51,6 @@ def run(spec):
     import torch
     import transformers
     from optimum.intel import OVModelForCausalLM
-    from transformers import LogitsProcessor, LogitsProcessorList
 
     threads = spec["threads"]
     torch.set_num_threads(threads)
@@ -69,21 +76,8 @@ def run(spec):
     gc.eos_token_id = None  # EOS ignored, as for the other systems
     gc.pad_token_id = 0
 
-    class Stamp(LogitsProcessor):
-        def __init__(self):
-            self.t = []
-
-        def __call__(self, input_ids, scores):
-            self.t.append(time.perf_counter())
-            return scores
-
     def gen(ids):
-        stamp = Stamp()
-        x = torch.tensor(ids, dtype=torch.long)
-        t_start = time.perf_counter()
-        out = model.generate(input_ids=x, attention_mask=torch.ones_like(x), max_new_tokens=new, do_sample=False,
-                             num_beams=1, generation_config=gc, logits_processor=LogitsProcessorList([stamp]))
-        return t_start, stamp.t, out
+        return _COMMON.timed_generate(model, gc, ids, new)
 
     gen([p[:16] for p in prompts])  # warm-up
     t_start, stamps, out = gen(prompts)

@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from .common import current_rss_mb, decode_figures, peak_rss_mb, type_name
+from .common import current_rss_mb, decode_figures, peak_rss_mb, timed_generate, type_name
 
 
 def worker_ours(spec: dict) -> dict:
@@ -75,7 +75,7 @@ def worker_ours(spec: dict) -> dict:
 
 def worker_transformers(spec: dict) -> dict:
     import torch
-    from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList
+    from transformers import AutoModelForCausalLM
     import transformers
 
     torch.set_num_threads(spec["threads"])
@@ -89,23 +89,9 @@ def worker_transformers(spec: dict) -> dict:
     gc.eos_token_id = None  # EOS ignored, as for the other systems (no logits masking)
     gc.pad_token_id = 0
 
-    class Stamp(LogitsProcessor):
-        def __init__(self):
-            self.t = []
-
-        def __call__(self, input_ids, scores):
-            self.t.append(time.perf_counter())
-            return scores
-
     def run(ids):
-        stamp = Stamp()
-        x = torch.tensor(ids, dtype=torch.long)
-        t_start = time.perf_counter()
         with torch.inference_mode():
-            out = model.generate(input_ids=x, attention_mask=torch.ones_like(x), max_new_tokens=new,
-                                 do_sample=False, num_beams=1, generation_config=gc,
-                                 logits_processor=LogitsProcessorList([stamp]), return_dict_in_generate=True)
-        return t_start, stamp.t, out
+            return timed_generate(model, gc, ids, new, return_dict_in_generate=True)
 
     run([p[:16] for p in prompts])
     t_start, stamps, out = run(prompts)

@@ -8,6 +8,7 @@ step at start-up catches that, for OpenVINO and onnxruntime alike.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Callable, Sequence
 
 import numpy as np
@@ -16,7 +17,8 @@ from ..contract import Contract
 from ..kv_formats import BF16
 from .metadata import MLAMetadata, MLAMetadataBuilder
 
-__all__ = ["PRECISIONS", "CacheNotInPlaceError", "check_options", "check_cache_bindings", "check_cache_written_in_place"]
+__all__ = ["PRECISIONS", "MLAExecutor", "CacheNotInPlaceError", "check_options", "check_cache_bindings",
+           "check_cache_written_in_place"]
 
 PRECISIONS = ("f32", "bf16")
 _SENTINEL = -1234.0  # exactly representable in bf16 and f16; no real cache row is all this value
@@ -79,3 +81,33 @@ def check_cache_written_in_place(execute: Callable[[MLAMetadata], np.ndarray], k
             f"private copy of the cache, so generation would read a stale cache ({binding_of(stale[0])}).")
     if not np.isfinite(logits).all():
         raise RuntimeError("the start-up step produced non-finite logits: the exported graph is broken")
+
+
+class MLAExecutor(ABC):
+    """What the backend needs of the executor of one runtime (backend.executor_class picks it):
+    constructed on the caller's per-layer cache arrays, which it binds and writes in place (kept
+    alive while bound), `execute(metadata) -> logits [B, vocab] f32`, `describe()`, and the
+    start-up sentinel step. A new runtime is one subclass plus an entry in backend._IMPLS."""
+
+    who = "the runtime"  # names the runtime in the sentinel step's error
+
+    def __init__(self, contract: Contract, kv_caches: Sequence[np.ndarray], precision: str, num_threads: int | None):
+        check_options(precision, num_threads)
+        self.precision, self.num_threads = precision, num_threads
+        self._kv_caches = list(kv_caches)
+        self._bound: list[np.ndarray] = []  # the arrays the graph sees (set by the subclass)
+
+    @abstractmethod
+    def execute(self, metadata: MLAMetadata) -> np.ndarray:
+        """Run one step; logits [B, vocab] f32."""
+
+    @abstractmethod
+    def describe(self) -> str:
+        """One line: runtime, graph file, precision and threads really in use."""
+
+    def binding_note(self, layer: int) -> str:
+        return f"bound {self._bound[layer].dtype} {list(self._bound[layer].shape)}"
+
+    def check_cache_written_in_place(self) -> None:
+        """The start-up sentinel step (check_cache_written_in_place above)."""
+        check_cache_written_in_place(self.execute, self._kv_caches, self.who, self.binding_note)

@@ -32,7 +32,7 @@ import numpy as np
 from .. import ort_ops_path, ort_tensors
 from ..cache_binding import cache_binding
 from ..contract import Contract, ContractError
-from .executor_common import CacheNotInPlaceError, check_cache_bindings, check_cache_written_in_place, check_options
+from .executor_common import CacheNotInPlaceError, MLAExecutor, check_cache_bindings
 from .metadata import METADATA_INPUTS, MLAMetadata
 
 __all__ = ["OnnxRuntimeMLAExecutor", "CacheNotInPlaceError", "VARIANTS"]
@@ -78,24 +78,16 @@ def choose_variant(contract: Contract, variant: str = "auto") -> tuple[str, str]
     return "portable", "portable ONNX functions (asked for)"
 
 
-class OnnxRuntimeMLAExecutor:
-    """Runs steps of the exported ONNX graph on the caches it was given (kept alive while bound)."""
+class OnnxRuntimeMLAExecutor(MLAExecutor):
+    """The exported ONNX graph (with the MLA ops, or portable) in an onnxruntime CPU session."""
 
-    def __init__(
-        self,
-        contract: Contract,
-        kv_caches: Sequence[np.ndarray],
-        *,
-        precision: str = "bf16",
-        num_threads: int | None = None,
-        variant: str = "auto",
-    ):
-        check_options(precision, num_threads)
+    who = "onnxruntime"
+
+    def __init__(self, contract: Contract, kv_caches: Sequence[np.ndarray], *, precision: str = "bf16",
+                 num_threads: int | None = None, variant: str = "auto"):
+        super().__init__(contract, kv_caches, precision, num_threads)
         ort = _ort()
         self.variant, self._reason = choose_variant(contract, variant)
-        self.precision = precision
-        self.num_threads = num_threads
-        self._kv_caches = list(kv_caches)
         # The arrays the graph sees: the custom graph takes all but f32 caches as u8 bytes.
         self._bound = [cache_binding(c) if self.variant == "custom" else c for c in self._kv_caches]
         check_cache_bindings(contract, self._bound, self.variant)
@@ -146,11 +138,8 @@ class OnnxRuntimeMLAExecutor:
                 _copy_into(cache, value)
         return outputs[0].numpy()
 
-    def check_cache_written_in_place(self) -> None:
-        """The start-up sentinel step (see executor_common)."""
-        check_cache_written_in_place(
-            self.execute, self._kv_caches, "onnxruntime",
-            lambda i: f"bound {self._bound[i].dtype} {self._bound[i].shape}, {self.graph_file}")
+    def binding_note(self, layer: int) -> str:
+        return f"{super().binding_note(layer)}, {self.graph_file}"
 
     # -- facts -----------------------------------------------------------------------------------
 

@@ -25,7 +25,7 @@ from ..ov_op_errors import checked_infer, step_check
 from ..cache_binding import cache_binding
 from ..ov_tensors import shared_tensor
 from ..contract import Contract
-from .executor_common import CacheNotInPlaceError, check_cache_bindings, check_cache_written_in_place, check_options
+from .executor_common import CacheNotInPlaceError, MLAExecutor, check_cache_bindings
 from .memory_plan import check_fits
 from .metadata import METADATA_INPUTS, MLAMetadata
 from .model_dir import graph_path
@@ -33,26 +33,20 @@ from .model_dir import graph_path
 __all__ = ["OpenVINOMLAExecutor", "CacheNotInPlaceError"]
 
 
-class OpenVINOMLAExecutor:
-    """Runs steps of the exported graph on the caches it was given (kept alive while bound)."""
+class OpenVINOMLAExecutor(MLAExecutor):
+    """The exported IR (or ONNX graph with the MLA ops) compiled on an OpenVINO device."""
 
-    def __init__(
-        self,
-        contract: Contract,
-        kv_caches: Sequence[np.ndarray],
-        *,
-        precision: str = "bf16",
-        num_threads: int | None = None,
-        device: str = "CPU",
-    ):
-        check_options(precision, num_threads)
+    who = "the OpenVINO plugin"
+
+    def __init__(self, contract: Contract, kv_caches: Sequence[np.ndarray], *, precision: str = "bf16",
+                 num_threads: int | None = None, device: str = "CPU"):
+        super().__init__(contract, kv_caches, precision, num_threads)
         core = ov_core()
         path = graph_path(contract)
         self.graph_file = path.name
         model = core.read_model(str(path))
         contract.validate_openvino_model(model)
         # The arrays the graph sees: f32 caches as they are, the others as their bytes.
-        self._kv_caches = list(kv_caches)
         self._bound = [cache_binding(c) for c in self._kv_caches]
         check_cache_bindings(contract, self._bound)
         weights = path.with_suffix(".bin") if path.suffix == ".xml" else path.parent / f"{path.name}.data"
@@ -113,10 +107,7 @@ class OpenVINOMLAExecutor:
         return (f"OpenVINO {ov.get_version().split('-')[0]} CPU: {self.graph_file}, inference precision {precision}, "
                 f"threads {threads or 'default'}, caches written in place")
 
-    def check_cache_written_in_place(self) -> None:
-        """The start-up sentinel step (see executor_common)."""
-        check_cache_written_in_place(
-            self.execute, self._kv_caches, "the OpenVINO plugin",
-            lambda i: f"the bound array must be C-contiguous with exactly the graph input's element type (f32, "
-                      f"or any other format bound as u8 bytes); got {self._bound[i].dtype} {self._bound[i].shape}")
+    def binding_note(self, layer: int) -> str:
+        return (f"the bound array must be C-contiguous with exactly the graph input's element type (f32, or any "
+                f"other format bound as u8 bytes); got {self._bound[layer].dtype} {self._bound[layer].shape}")
 

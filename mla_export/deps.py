@@ -21,7 +21,6 @@ EXTRA_OF = {
     "torch": "test",  # the tests' transformers oracle only
     "transformers": "test",
     "onnxruntime": "onnxruntime",
-    "fastapi": "serve",
     "starlette": "serve",
     "uvicorn": "serve",
     "jinja2": "serve",

@@ -5,7 +5,7 @@ written for reading, not speed: one sequence at a time, the cache rows of a sequ
 through its block table, the softmax written out. Inputs of any float dtype (including
 ml_dtypes.bfloat16) are promoted to float64 first.
 
-Conventions (see docs/ARCHITECTURE.md and MLA.md):
+Conventions (see docs/MLA.md and docs/ARCHITECTURE.md):
 - cache row = [kv_c (r) | k_pe (dr)], W = r + dr; V = the first r columns of the same rows.
 - token i of a sequence lives in block block_tables[b, i // BS] at offset i % BS.
 - new token j of sequence b (qlen_b new tokens) sits at position seq_lens[b] - qlen_b + j and

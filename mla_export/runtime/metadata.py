@@ -6,7 +6,7 @@ packs the new tokens of B sequences along one token axis T. For sequence b the c
   - query_lens[b]  how many of them are new in this step (1 for a decode, a chunk for a prefill),
   - block_table[b] the physical blocks holding its tokens, in token order,
   - its new token ids (query_lens[b] of them).
-From these it derives every index the graph needs (see MLA.md, "The paged latent cache"):
+From these it derives every index the graph needs (see docs/MLA.md, "The paged latent cache"):
   query_start_loc = [0, cumsum(query_lens)]
   positions[t]    = seq_lens[b] - query_lens[b] + j       for new token j of sequence b
   slot_mapping[t] = block_table[b][pos // BS] * BS + pos % BS

@@ -71,7 +71,8 @@ class MLABackend:
 
     def apply_block_copies(self, src_to_dst) -> None:
         """The scheduler's block copies, in the order the cache manager decided them."""
-        copy_blocks(self.kv_caches, src_to_dst)
+        if len(src_to_dst):  # most steps copy nothing: no numpy call on the hot path
+            copy_blocks(self.kv_caches, src_to_dst)
 
     def describe(self) -> str:
         return self.executor.describe()

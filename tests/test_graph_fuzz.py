@@ -154,9 +154,9 @@ def _executors(out, rng):
 
 
 def test_random_bad_steps_are_rejected_whole(exports, rng):
-    from mla_export import kernels_onnxruntime as ort_kernels
+    from mla_export import kernels
 
-    if not ort_kernels.available():
+    if not kernels.available("onnxruntime"):
         pytest.skip("the onnxruntime custom-op library is not built")
     out = exports.model("deepseek_v3", "f32", BLOCK_SIZE, "both")[1]
     contract, runtimes = _executors(out, rng)

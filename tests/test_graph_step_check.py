@@ -18,11 +18,11 @@ pytest.importorskip("onnxruntime")
 
 @pytest.fixture(scope="module")
 def setup(exports):
-    from mla_export import kernels_onnxruntime as ort_kernels
+    from mla_export import kernels
     from mla_export.runtime.executor_onnxruntime import OnnxRuntimeMLAExecutor
     from mla_export.runtime.executor_openvino import OpenVINOMLAExecutor
 
-    if not ort_kernels.available():
+    if not kernels.available("onnxruntime"):
         pytest.skip("the onnxruntime custom-op library is not built")
     out = exports.model("deepseek_v3", "f32", BLOCK_SIZE, "both")[1]
     contract, _ = load_model_dir(out)
@@ -86,18 +86,18 @@ def test_bad_step_is_named_and_changes_nothing(setup, kind, case):
 
 
 def test_read_only_caches_are_refused(tmp_path):
-    from mla_export import kernels_onnxruntime as ort_kernels
+    from mla_export import kernels
 
-    if not ort_kernels.available():
+    if not kernels.available("onnxruntime"):
         pytest.skip("the onnxruntime custom-op library is not built")
     cache = np.zeros((2, 4, 8), np.float32)
     cache.flags.writeable = False
     kv_c, k_pe, slots = np.ones((1, 6), np.float32), np.ones((1, 2), np.float32), np.array([1], np.int32)
     with pytest.raises(ValueError, match="read-only"):
-        ort_kernels.cache_write(kv_c, k_pe, cache, slots)
+        kernels.cache_write(kv_c, k_pe, cache, slots, runtime="onnxruntime")
     assert not cache.any()  # not written behind numpy's back
     path = tmp_path / "cache.bin"
     np.zeros((2, 4, 8), np.float32).tofile(path)
     mapped = np.memmap(path, dtype=np.float32, mode="r", shape=(2, 4, 8))
     with pytest.raises(ValueError, match="read-only"):  # was a segmentation fault
-        ort_kernels.cache_write(kv_c, k_pe, mapped, slots)
+        kernels.cache_write(kv_c, k_pe, mapped, slots, runtime="onnxruntime")

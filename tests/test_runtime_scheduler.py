@@ -105,3 +105,19 @@ def test_prefix_cache_hits_are_counted_at_admission():
     b = next(r for r, _ in out.scheduled if r.request_id == "b")
     assert b.num_cached_prompt_tokens == 12 and b.num_computed_prompt_tokens == 2
     assert (sched.prefix_cache_queries, sched.prefix_cache_hits) == (26, 12)
+
+
+def test_a_fully_cached_prompt_gets_its_block_copy_in_the_step_output():
+    # b's 8-token prompt is a's first 8 tokens (2 full blocks): its last token is recomputed
+    # into a private copy of the second block, which the step hands out for the backend to copy.
+    kv, sched = _setup(budget=64)
+    sched.add(_req("a", 10))
+    first = _step(sched)
+    assert first.blocks_to_copy == []
+    sched.add(_req("b", 8))
+    out = _step(sched)
+    assert ("b", 1) in _plan(out)
+    shared = kv.block_table("a")[1]
+    assert out.blocks_to_copy == [(shared, kv.block_table("b")[1])] and kv.block_table("b")[1] != shared
+    assert kv.block_table("b")[0] == kv.block_table("a")[0]
+    assert _step(sched).blocks_to_copy == []  # handed out once

@@ -53,8 +53,7 @@ class MLABackend:
     def __init__(self, contract: Contract, num_blocks: int, *, runtime: str = "openvino", precision: str = "bf16",
                  num_threads: int | None = None):
         model, cache = contract.model, contract.cache
-        self.layout = CacheLayout(model["num_layers"], cache["block_size"], cache["row_width"], cache["dtype"],
-                                  model["kv_lora_rank"])
+        self.layout = CacheLayout.of(contract)
         impl = executor_class(runtime)  # the runtime name is checked before any memory is taken
         self.kv_caches = self.layout.allocate(num_blocks)
         self.builder = MLAMetadataBuilder(cache["block_size"], num_blocks, model["max_position_embeddings"],

@@ -41,6 +41,12 @@ class CacheLayout:
     dtype: str  # kv_formats.KV_DTYPES
     kv_lora_rank: int | None = None  # r: needed for int8/fp8 rows (codes | scale | k_pe)
 
+    @classmethod
+    def of(cls, contract) -> "CacheLayout":
+        """The layout an export's graph contract (`mla_graph.json`) declares."""
+        model, cache = contract.model, contract.cache
+        return cls(model["num_layers"], cache["block_size"], cache["row_width"], cache["dtype"], model["kv_lora_rank"])
+
     def __post_init__(self):
         cache_dtype(self.dtype)  # names the unsupported dtype
         if self.num_layers < 1:

@@ -89,7 +89,7 @@ class LLMEngine:
                 raise ValueError(f"max_model_len {max_model_len} is more than the model's context "
                                  f"(max_position_embeddings {facts.max_model_len})")
         wanted = int(max_model_len) if max_model_len is not None else facts.max_model_len
-        num_blocks = self._num_blocks(facts, num_blocks, kv_cache_memory, max_num_seqs, wanted)
+        num_blocks = self._num_blocks(CacheLayout.of(self.contract), num_blocks, kv_cache_memory, max_num_seqs, wanted)
         capacity = num_blocks * facts.block_size
         if max_model_len is not None and max_model_len > capacity:
             raise ValueError(f"max_model_len {max_model_len} does not fit the KV cache ({num_blocks} blocks of "
@@ -117,22 +117,20 @@ class LLMEngine:
         return self.backend.executor
 
     @staticmethod
-    def _num_blocks(facts: ModelFacts, num_blocks, kv_cache_memory, max_num_seqs: int, max_model_len: int) -> int:
+    def _num_blocks(layout: CacheLayout, num_blocks, kv_cache_memory, max_num_seqs: int, max_model_len: int) -> int:
         if num_blocks is not None and kv_cache_memory is not None:
             raise ValueError("give num_blocks or kv_cache_memory, not both")
         if num_blocks is not None:
             if not isinstance(num_blocks, int) or num_blocks < 1:
                 raise ValueError(f"num_blocks must be a positive integer, got {num_blocks!r}")
             return num_blocks
-        layout = CacheLayout(facts.num_layers, facts.block_size, facts.row_width, facts.cache_dtype,
-                             facts.kv_lora_rank)
         if kv_cache_memory is not None:
             blocks = layout.blocks_for_memory(kv_cache_memory)
             if blocks < 1:
                 raise ValueError(f"kv_cache_memory={kv_cache_memory} bytes does not hold one cache block")
             return blocks
         # Default: every sequence of a full batch at full context, within a cap.
-        full = max_num_seqs * -(-max_model_len // facts.block_size)
+        full = max_num_seqs * -(-max_model_len // layout.block_size)
         return max(1, min(full, layout.blocks_for_memory(_DEFAULT_CACHE_CAP)))
 
     # -- requests -----------------------------------------------------------------------------

@@ -56,6 +56,10 @@ def _schemas():
     kv_dtype = A("kv_dtype", helper.make_attribute("kv_dtype", ""),
                  "cache row format: f32, bf16, f16, int8, fp8 (mla_export/kv_formats.py); empty = by the cache's "
                  "element type, u8 = bf16 rows")
+    # What the two reading ops share: their type constraints, the softmax scale and the ordering input.
+    reader_types = [("T", _FLOATS, ""), ("C", _CACHES, ""), ("I", _INDICES, ""), ("X", _ANY, "")]
+    scale = A("scale", S.AttrType.FLOAT, "softmax scale", required=True)
+    after = P("after", "X", "ordering only, never read", param_option=opt)
     cache_write = S(
         "MlaCacheWrite", DOMAIN, OPSET_VERSION,
         "Writes row [kv_c | k_pe] (in the cache's dtype) at each slot >= 0 of kv_cache [NB, BS, W], in place; "
@@ -65,27 +69,24 @@ def _schemas():
         outputs=[P("written", "tensor(int32)", "[1]")],
         type_constraints=[("T", _FLOATS, "activations"), ("C", _CACHES, "cache"), ("I", _INDICES, "indices")],
         attributes=[kv_dtype])
-    decode = S(
-        "MlaPagedDecode", DOMAIN, OPSET_VERSION,
-        "Absorbed MQA decode over the paged latent cache (vLLM mla_decode_kvcache semantics).",
-        inputs=[P("q", "T", "[B, H, W]"), P("kv_cache", "C", "[NB, BS, W]"), P("block_tables", "I", "[B, M]"),
-                P("seq_lens", "I", "[B]"), P("after", "X", "ordering only, never read", param_option=opt)],
-        outputs=[P("out", "T", "[B, H, r]")],
-        type_constraints=[("T", _FLOATS, ""), ("C", _CACHES, ""), ("I", _INDICES, ""), ("X", _ANY, "")],
-        attributes=[A("scale", S.AttrType.FLOAT, "softmax scale", required=True),
-                    A("kv_lora_rank", S.AttrType.INT, "r, the model's kv_lora_rank", required=True), kv_dtype])
-    attention = S(
-        "MlaPagedAttention", DOMAIN, OPSET_VERSION,
+    def reader(name: str, doc: str, inputs: list, out_shape: str, attribute):
+        """A reading op: its inputs then `after`, output `out`, the shared types and attributes."""
+        return S(name, DOMAIN, OPSET_VERSION, doc, inputs=inputs + [after], outputs=[P("out", "T", out_shape)],
+                 type_constraints=reader_types, attributes=[scale, attribute, kv_dtype])
+
+    decode = reader(
+        "MlaPagedDecode", "Absorbed MQA decode over the paged latent cache (vLLM mla_decode_kvcache semantics).",
+        [P("q", "T", "[B, H, W]"), P("kv_cache", "C", "[NB, BS, W]"), P("block_tables", "I", "[B, M]"),
+         P("seq_lens", "I", "[B]")],
+        "[B, H, r]", A("kv_lora_rank", S.AttrType.INT, "r, the model's kv_lora_rank", required=True))
+    attention = reader(
+        "MlaPagedAttention",
         "Causal paged MLA over packed new tokens: token j of sequence b sits at position "
         "seq_lens[b] - qlen_b + j and attends to positions 0..itself.",
-        inputs=[P("q_nope", "T", "[T, H, dn]"), P("q_pe", "T", "[T, H, dr]"), P("kv_cache", "C", "[NB, BS, W]"),
-                P("w_uk", "T", "[H, dn, r]"), P("w_uv", "T", "[H, r, dv]"), P("query_start_loc", "I", "[B+1]"),
-                P("seq_lens", "I", "[B]"), P("block_tables", "I", "[B, M]"),
-                P("after", "X", "ordering only, never read", param_option=opt)],
-        outputs=[P("out", "T", "[T, H, dv]")],
-        type_constraints=[("T", _FLOATS, ""), ("C", _CACHES, ""), ("I", _INDICES, ""), ("X", _ANY, "")],
-        attributes=[A("scale", S.AttrType.FLOAT, "softmax scale", required=True),
-                    A("form", helper.make_attribute("form", 0), "0 auto, 1 absorbed, 2 expanded"), kv_dtype])
+        [P("q_nope", "T", "[T, H, dn]"), P("q_pe", "T", "[T, H, dr]"), P("kv_cache", "C", "[NB, BS, W]"),
+         P("w_uk", "T", "[H, dn, r]"), P("w_uv", "T", "[H, r, dv]"), P("query_start_loc", "I", "[B+1]"),
+         P("seq_lens", "I", "[B]"), P("block_tables", "I", "[B, M]")],
+        "[T, H, dv]", A("form", helper.make_attribute("form", 0), "0 auto, 1 absorbed, 2 expanded"))
     var = S.FormalParameterOption.Variadic
     step_check = S(
         "MlaStepCheck", DOMAIN, OPSET_VERSION,

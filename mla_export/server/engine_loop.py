@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from .engine_client import OutputQueue
 from .metrics import ServerMetrics
 
 __all__ = ["EngineLoop", "QueueFull", "ShuttingDown", "EngineDead", "SeqRequest", "Aborted"]
@@ -135,6 +136,10 @@ class EngineLoop:
         s["server_capacity"] = self.capacity
         return s
 
+    def replica_stats(self) -> dict[str, dict]:
+        """No replicas: the engine runs in this process (EngineClient interface)."""
+        return {}
+
     # ---- asyncio side ----------------------------------------------------------------------
     async def submit(self, seqs: list[SeqRequest]) -> asyncio.Queue:
         """Add the sequences to the engine (all or none); their outputs (`RequestOutput`, or
@@ -149,7 +154,7 @@ class EngineLoop:
                 raise QueueFull()
             self._in_flight += len(seqs)
         loop = asyncio.get_running_loop()
-        q: asyncio.Queue = asyncio.Queue()
+        q: asyncio.Queue = OutputQueue()
         fut: concurrent.futures.Future = concurrent.futures.Future()
         self._cmds.put(("add", [(s, q, loop) for s in seqs], fut))
         try:

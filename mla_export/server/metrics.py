@@ -41,6 +41,7 @@ class ServerMetrics:
         r, mn = self.registry, ["model_name"]
         self._lock = threading.Lock()
         self._stats: dict = {}
+        self._replicas: dict[str, dict] = {}
         self._model = model_name
         self._healthy = False
         # Our own names (no model label on the histograms, as before).
@@ -134,10 +135,13 @@ class ServerMetrics:
         return total / RATE_WINDOW_S
 
     # ---- exposition -------------------------------------------------------------------------
-    def render(self, stats: dict, *, model: str, healthy: bool) -> str:
-        """The exposition text, with `stats` (the engine's snapshot) as the gauges' values."""
+    def render(self, stats: dict, *, model: str, healthy: bool, replicas: dict[str, dict] | None = None) -> str:
+        """The exposition text, with `stats` (the engine's snapshot) as the gauges' values and,
+        when the engine runs as several replicas, `replicas` (replica id -> its stats) as the
+        `mla_replica_*` families."""
         with self._lock:
             self._stats, self._healthy, self._model = dict(stats), healthy, model
+            self._replicas = {k: dict(v) for k, v in (replicas or {}).items()}
         return generate_latest(self.registry).decode("utf-8")
 
 
@@ -153,7 +157,7 @@ class _SnapshotCollector:
     def collect(self):
         m = self.m
         with m._lock:
-            stats, healthy, model = dict(m._stats), m._healthy, m._model
+            stats, healthy, model, replicas = dict(m._stats), m._healthy, m._model, dict(m._replicas)
             gen, prompt = m.generated_tokens, m.prompt_tokens
             finished, rejected, http = dict(m.finished), dict(m.rejected), dict(m.http_requests)
         g = lambda key: stats.get(key, 0) or 0  # noqa: E731
@@ -208,6 +212,7 @@ class _SnapshotCollector:
         for (endpoint, status), n in sorted(http.items()):
             fam.add_metric([endpoint, str(status)], n)
         yield fam
+        yield from _replica_families(replicas)
         mn, name = ("model_name",), [m.model_name]
         yield gauge("vllm:num_requests_running", "Number of requests in model execution batches.",
                     g("num_running"), mn, name)
@@ -220,6 +225,38 @@ class _SnapshotCollector:
         yield counter("vllm:prefix_cache_hits", "Prefix cache hits (in the engine's unit).", h, mn, name)
         yield counter("vllm:num_preemptions", "Cumulative number of preemptions from the engine.",
                       g("num_preemptions"), mn, name)
+
+
+# (family, help, stats key, counter?) per replica, labelled by replica id: which replica holds
+# which prefixes shows in its hit counts.
+_REPLICA_FAMILIES = (
+    ("mla_replica_up", "1 while the replica is alive (0: it died; Ray Serve replaces it under a new id).", "up", False),
+    ("mla_replica_requests", "Submissions (HTTP generation requests) this replica accepted.", "requests", True),
+    ("mla_replica_prefix_cache_queries", "Prefix-cache lookups on this replica (engine's unit).",
+     "prefix_cache_queries", True),
+    ("mla_replica_prefix_cache_hits", "Prefix-cache hits on this replica (same unit as the queries).",
+     "prefix_cache_hits", True),
+    ("mla_replica_kv_blocks_used", "KV cache blocks referenced by requests on this replica.", "kv_blocks_used", False),
+    ("mla_replica_kv_blocks_total", "KV cache blocks in this replica's pool.", "kv_blocks_total", False),
+    ("mla_replica_num_requests_running", "Sequences being scheduled by this replica's engine.", "num_running", False),
+    ("mla_replica_pid", "The replica's process id (for operators and the fault tests).", "pid", False),
+)
+
+
+def _replica_families(replicas: dict[str, dict]):
+    if not replicas:
+        return
+    for name, doc, key, is_counter in _REPLICA_FAMILIES:
+        fam = (CounterMetricFamily if is_counter else GaugeMetricFamily)(name, doc, labels=["replica"])
+        for rid, s in sorted(replicas.items()):
+            fam.add_metric([rid], float(s.get(key, 0) or 0))
+        yield fam
+    fam = GaugeMetricFamily("mla_replica_prefix_cache_hit_rate", "prefix_cache_hits / prefix_cache_queries per replica.",
+                            labels=["replica"])
+    for rid, s in sorted(replicas.items()):
+        q = s.get("prefix_cache_queries", 0) or 0
+        fam.add_metric([rid], (s.get("prefix_cache_hits", 0) or 0) / q if q else 0.0)
+    yield fam
 
 
 def parse_prometheus_text(text: str) -> dict[str, float]:

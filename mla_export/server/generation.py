@@ -1,0 +1,326 @@
+"""One generation request, from admitted prompt ids to the HTTP response (JSON or SSE).
+
+`respond(st, request, endpoint, prompt_ids, sampling, chat)` submits every choice to the
+state's engine client, turns the engine outputs into text (incremental detokenization, stop
+strings) and answers with one ASGI response that races the work against a client disconnect;
+whatever did not finish is aborted in the engine when the response ends.
+
+Engine failures become errors: a JSON error for a non-streamed request, one SSE `error` event
+before `[DONE]` for a streamed one (the stream has already answered 200).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from . import protocol as P
+from .engine_loop import Aborted, EngineDead, QueueFull, SeqRequest, ShuttingDown
+
+__all__ = ["respond"]
+
+log = logging.getLogger("mla_export.server")
+
+
+# ---- per-request choice state -----------------------------------------------------------------
+
+@dataclass
+class _Choice:
+    index: int
+    request_id: str
+    stop: list[str]
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""  # text emitted so far
+    final_text: str | None = None  # the whole text, once finished
+    finished: bool = False
+    finish_reason: str | None = None
+    last_sent_tokens: int = 0  # token ids already reported (return_token_ids in streams)
+
+
+class _Detok:
+    """Text of a choice's tokens, emitted incrementally: holds back an incomplete UTF-8
+    character (U+FFFD at the end) and any tail that could still become a stop string; cuts the
+    text at the first stop string."""
+
+    def __init__(self, decode: Callable[[list[int]], str] | None):
+        self.decode = decode
+
+    def full_text(self, out) -> str:
+        if out.text is not None:  # the engine's own decode of all generated tokens
+            return out.text
+        if self.decode is not None:
+            return self.decode(list(out.token_ids))
+        return ""
+
+    def advance(self, ch: _Choice, out) -> tuple[str, bool]:
+        """(new text to emit, whether a stop string ended the choice). When the choice ends,
+        `ch.final_text` is its whole text (what a non-streamed response returns)."""
+        full = self.full_text(out)
+        if ch.stop:
+            longest = max(len(s) for s in ch.stop)
+            start = max(0, len(ch.text) - longest + 1)
+            hits = [i for s in ch.stop if (i := full.find(s, start)) >= 0]
+            if hits:
+                ch.final_text = full[:min(hits)]
+                return _suffix_after(ch.final_text, ch.text), True
+        if out.finished:
+            ch.final_text = full
+            return _suffix_after(full, ch.text), False
+        end = len(full)
+        while end > 0 and full[end - 1] == "\ufffd":  # maybe an incomplete UTF-8 sequence so far
+            end -= 1
+        hold = 0
+        for s in ch.stop:  # a tail that may still grow into a stop string stays back
+            for k in range(min(len(s) - 1, end), 0, -1):
+                if full[end - k:end] == s[:k]:
+                    hold = max(hold, k)
+                    break
+        end -= hold
+        if end <= len(ch.text):
+            return "", False
+        return _suffix_after(full[:end], ch.text), False
+
+
+def _text(ch: _Choice) -> str:
+    return ch.final_text if ch.final_text is not None else ch.text
+
+
+def _suffix_after(text: str, emitted: str) -> str:
+    """What is still to be sent of `text` after `emitted` was sent. Emitted text is never taken
+    back; if the decode changed under it (not expected: only trailing U+FFFD are held back,
+    and UTF-8 resynchronises), the rest after the common part is sent."""
+    if text.startswith(emitted):
+        return text[len(emitted):]
+    n = 0
+    for a, b in zip(text, emitted):
+        if a != b:
+            break
+        n += 1
+    return text[max(n, len(emitted)):] if len(text) > len(emitted) else ""
+
+
+
+# ---- admission ------------------------------------------------------------------------------
+
+def engine_params(st, s: P.Sampling, prompt_len: int, choice: int):
+    """The engine's SamplingParams of one choice; a 400 when the request cannot fit the context."""
+    from mla_export.runtime.sampling import SamplingParams
+
+    max_tokens = s.max_tokens
+    if st.max_model_len is not None:
+        room = st.max_model_len - prompt_len
+        if room < 1:
+            raise P.bad_request(
+                f"This model's maximum context length is {st.max_model_len} tokens, however the prompt has "
+                f"{prompt_len} tokens; no room is left to generate.", "prompt", "context_length_exceeded")
+        if max_tokens is None:
+            max_tokens = room
+        elif prompt_len + max_tokens > st.max_model_len:
+            raise P.bad_request(
+                f"This model's maximum context length is {st.max_model_len} tokens. However, you requested "
+                f"{prompt_len + max_tokens} tokens ({prompt_len} in the prompt, {max_tokens} for the "
+                f"completion). Please reduce the prompt or max_tokens.", "max_tokens", "context_length_exceeded")
+    elif max_tokens is None:
+        max_tokens = 16
+    seed = None if s.seed is None else (s.seed + choice) % 2**63
+    try:
+        return SamplingParams(max_tokens=max_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
+                              seed=seed, stop_token_ids=tuple(s.stop_token_ids), ignore_eos=s.ignore_eos)
+    except ValueError as e:
+        raise P.bad_request(str(e)) from None
+
+
+async def start(st, prompt_ids: list[list[int]], s: P.Sampling, prefix: str) -> tuple[asyncio.Queue, list[_Choice], list[int]]:
+    if s.stop and st.tokenizer is None:
+        raise P.bad_request("stop strings need a tokenizer; this model has none (use token ids)", "stop")
+    seqs, choices = [], []
+    for p, ids in enumerate(prompt_ids):
+        for i in range(s.n):
+            idx = p * s.n + i
+            rid = f"{prefix}-{idx}"
+            seqs.append(SeqRequest(rid, ids, engine_params(st, s, len(ids), i)))
+            choices.append(_Choice(index=idx, request_id=rid, stop=list(s.stop)))
+    try:
+        q = await st.client.submit(seqs)
+    except QueueFull:
+        st.metrics.observe_rejected("queue_full")
+        raise P.APIError(429, f"The server is at capacity ({st.client.capacity} sequences running or queued); "
+                              "retry later.", type="rate_limit_error", code="queue_full",
+                         headers={"Retry-After": "1"}) from None
+    except ShuttingDown:
+        raise P.APIError(503, "The server is shutting down.", type="server_error", code="shutting_down") from None
+    except EngineDead as e:
+        raise P.APIError(503, f"The engine failed: {e}", type="server_error", code="engine_error") from None
+    except ValueError as e:  # the engine's own validation (context, cache capacity, ...)
+        raise P.bad_request(str(e)) from None
+    return q, choices, [len(x) for x in prompt_ids]
+
+
+# ---- one ASGI response that races the work against a client disconnect ---------------------
+
+class Generation(Response):
+    def __init__(self, st, produce, choices: list[_Choice], status_code: int = 200):
+        self.st = st
+        self.produce = produce
+        self.choices = choices
+        self.status_code = status_code
+
+    async def __call__(self, scope, receive, send):
+        async def wait_disconnect():
+            while True:
+                msg = await receive()
+                if msg["type"] == "http.disconnect":
+                    return
+
+        work = asyncio.ensure_future(self.produce(send))
+        gone = asyncio.ensure_future(wait_disconnect())
+        try:
+            await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if not work.done():
+                log.info("client disconnected: aborting %s", [c.request_id for c in self.choices if not c.finished])
+                work.cancel()
+        finally:
+            gone.cancel()
+            if not work.done():
+                work.cancel()
+            await asyncio.gather(work, gone, return_exceptions=True)
+            # Whatever did not finish in the engine leaves it now (idempotent).
+            self.st.client.abort([c.request_id for c in self.choices if not c.finished])
+        if work.done() and not work.cancelled() and work.exception() is not None:
+            exc = work.exception()
+            if not isinstance(exc, OSError):
+                log.error("generation failed", exc_info=exc)
+
+
+async def next_events(st, detok: _Detok, q: asyncio.Queue, by_id: dict[str, _Choice]):
+    """Wait for engine outputs; returns (choice, new_text, new_token_ids) per update and raises
+    APIError on a server-side abort."""
+    item = await q.get()
+    items = [item]
+    while not q.empty():
+        items.append(q.get_nowait())
+    events = []
+    for item in items:
+        ch = by_id.get(item.request_id)
+        if ch is None or ch.finished:
+            continue
+        if isinstance(item, Aborted):
+            ch.finished = True
+            ch.finish_reason = "abort"
+            if item.reason == "shutdown":
+                raise P.APIError(503, "The server shut down before the request finished.", type="server_error",
+                                 code="shutting_down")
+            raise P.APIError(500, f"The engine failed: {item.error}", type="server_error", code="engine_error")
+        delta, stopped = detok.advance(ch, item)
+        new_ids = list(item.token_ids[ch.last_sent_tokens:])
+        ch.token_ids = list(item.token_ids)
+        ch.last_sent_tokens = len(ch.token_ids)
+        ch.text += delta
+        if stopped:
+            ch.finished = True
+            ch.finish_reason = "stop"
+            if not item.finished:
+                st.client.abort([ch.request_id], reason="stop")
+        elif item.finished:
+            ch.finished = True
+            ch.finish_reason = item.finish_reason or "stop"
+        events.append((ch, delta, new_ids))
+    return events
+
+
+def completion_choice(ch: _Choice, want_ids: bool) -> dict:
+    d = {"index": ch.index, "text": _text(ch), "logprobs": None, "finish_reason": ch.finish_reason}
+    if want_ids:
+        d["token_ids"] = ch.token_ids
+    return d
+
+
+def chat_choice(ch: _Choice, want_ids: bool) -> dict:
+    d = {"index": ch.index, "message": {"role": "assistant", "content": _text(ch)}, "logprobs": None,
+         "finish_reason": ch.finish_reason}
+    if want_ids:
+        d["token_ids"] = ch.token_ids
+    return d
+
+
+async def respond(st, request: Request, endpoint: str, prompt_ids: list[list[int]], s: P.Sampling,
+                  chat: bool) -> Response:
+    rid = P.new_id("chatcmpl" if chat else "cmpl")
+    created = P.now()
+    q, choices, prompt_lens = await start(st, prompt_ids, s, rid)
+    by_id = {c.request_id: c for c in choices}
+    prompt_tokens = sum(prompt_lens)
+    detok = _Detok(st.decode if st.tokenizer is not None else None)
+    served_by = getattr(q, "served_by", None)
+    replica_header = [(b"x-mla-replica", served_by.encode())] if served_by else []
+
+    def use() -> dict:
+        return P.usage(prompt_tokens, sum(len(c.token_ids) for c in choices))
+
+    if not s.stream:
+        async def produce(send):
+            status, body = 200, None
+            try:
+                while not all(c.finished for c in choices):
+                    await next_events(st, detok, q, by_id)
+                make = chat_choice if chat else completion_choice
+                ordered = sorted(choices, key=lambda c: c.index)
+                body = (P.chat_body if chat else P.completion_body)(
+                    rid, st.model_name, created, [make(c, s.return_token_ids) for c in ordered], use())
+            except P.APIError as e:
+                status, body = e.status, e.body()
+            resp = JSONResponse(body, status_code=status,
+                                headers={"x-mla-replica": served_by} if served_by else None)
+            st.metrics.observe_http(endpoint, status)
+            await resp(request.scope, _no_receive, send)
+
+        return Generation(st, produce, choices)
+
+    async def produce(send):
+        await send({"type": "http.response.start", "status": 200, "headers": [
+            (b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
+            (b"x-accel-buffering", b"no"), *replica_header]})
+        st.metrics.observe_http(endpoint, 200)
+
+        async def emit(obj):
+            await send({"type": "http.response.body", "body": P.sse(obj), "more_body": True})
+
+        try:
+            if chat:
+                for c in sorted(choices, key=lambda c: c.index):
+                    await emit(P.chat_chunk(rid, st.model_name, created, [
+                        {"index": c.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                         "finish_reason": None}]))
+            while not all(c.finished for c in choices):
+                for ch, delta, new_ids in await next_events(st, detok, q, by_id):
+                    if not delta and not ch.finished and not (s.return_token_ids and new_ids):
+                        continue
+                    if chat:
+                        d: dict[str, Any] = {"index": ch.index, "delta": {"content": delta} if delta else {},
+                                             "logprobs": None, "finish_reason": ch.finish_reason}
+                        if s.return_token_ids:
+                            d["token_ids"] = new_ids
+                        await emit(P.chat_chunk(rid, st.model_name, created, [d]))
+                    else:
+                        d = {"index": ch.index, "text": delta, "logprobs": None, "finish_reason": ch.finish_reason}
+                        if s.return_token_ids:
+                            d["token_ids"] = new_ids
+                        await emit(P.completion_body(rid, st.model_name, created, [d], None))
+            if s.include_usage:
+                maker = P.chat_chunk if chat else P.completion_body
+                await emit(maker(rid, st.model_name, created, [], use()))
+        except P.APIError as e:
+            await emit(e.body())
+        await send({"type": "http.response.body", "body": P.SSE_DONE, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    return Generation(st, produce, choices)
+
+
+async def _no_receive():  # a finished JSON response never reads the request again
+    return {"type": "http.disconnect"}

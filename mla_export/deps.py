@@ -25,6 +25,7 @@ EXTRA_OF = {
     "uvicorn": "serve",
     "jinja2": "serve",
     "prometheus_client": "serve",
+    "ray": "ray",
     "matplotlib": "bench",
 }
 

@@ -80,6 +80,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="a Jinja2 chat template file overriding the model directory's")
     p.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="seconds running requests get to finish on shutdown before they are cancelled (default 30)")
+    p.add_argument("--replicas", type=_positive, default=None,
+                   help="serve on Ray Serve with N engine replicas behind one endpoint, prefix-aware routing "
+                        "(needs the [ray] extra; docs/RAY.md). Without it: one engine in this process")
+    p.add_argument("--ray-address", default=None,
+                   help="with --replicas: the Ray cluster to join (e.g. auto, or HEAD:6379 after `ray start --head`); "
+                        "default: start a local one")
+    p.add_argument("--replica-cpus", type=float, default=1.0,
+                   help="with --replicas: Ray CPUs reserved per engine replica (default 1; match --threads)")
     p.add_argument("--log-level", "--uvicorn-log-level", dest="log_level", default="info",
                    choices=("critical", "error", "warning", "info", "debug"))
     _add_vllm_aliases(p)
@@ -162,6 +170,13 @@ def run(args) -> int:
     if args.kv_cache_memory is not None and args.num_blocks is not None:
         print("mla-export serve: give --kv-cache-memory or --num-blocks, not both", file=sys.stderr)
         return 2
+    if args.replicas is None and args.ray_address is not None:
+        print("mla-export serve: --ray-address goes with --replicas N", file=sys.stderr)
+        return 2
+    if args.replicas is not None:
+        from .serve_ray import run_ray
+
+        return run_ray(args, out_dir)
     try:
         engine = LLMEngine(out_dir, precision=args.precision, num_threads=args.threads, num_blocks=args.num_blocks,
                            kv_cache_memory=args.kv_cache_memory, max_num_seqs=args.max_num_seqs,

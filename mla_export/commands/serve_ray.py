@@ -1,0 +1,79 @@
+"""`mla-export serve OUT_DIR --replicas N [--ray-address ADDR]`: the server on Ray Serve.
+
+Joins the Ray cluster at --ray-address (or starts a local one), starts Ray Serve's HTTP proxy
+on --host/--port, deploys the application (mla_export/server/ray_serve) and waits for
+SIGINT/SIGTERM. Shutdown deletes the application: Ray Serve stops sending requests, lets
+running ones finish for up to --shutdown-timeout seconds, then stops the replicas (each one
+stops its engine loop, aborting what is left).
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from pathlib import Path
+
+APP_NAME = "mla-export"
+
+
+def settings_from_args(args, out_dir: Path):
+    from mla_export.server.ray_serve.deployments import RaySettings
+
+    engine_kwargs = {"precision": args.precision, "num_threads": args.threads, "num_blocks": args.num_blocks,
+                     "kv_cache_memory": args.kv_cache_memory, "max_num_batched_tokens": args.max_num_batched_tokens,
+                     "enable_prefix_caching": not args.no_prefix_caching, "max_model_len": args.max_model_len}
+    chat_template = args.chat_template
+    if chat_template is not None and Path(chat_template).is_file():  # the replicas may be on other nodes
+        chat_template = Path(chat_template).read_text(encoding="utf-8")
+    return RaySettings(out_dir=str(out_dir.resolve()), model_name=args.served_model_name or out_dir.resolve().name,
+                       replicas=args.replicas, api_key=args.api_key, chat_template=chat_template,
+                       max_num_seqs=args.max_num_seqs, max_queue=args.max_queue, engine_kwargs=engine_kwargs,
+                       replica_cpus=args.replica_cpus, shutdown_timeout_s=args.shutdown_timeout)
+
+
+def run_ray(args, out_dir: Path) -> int:
+    try:
+        import ray
+        from ray import serve
+
+        from mla_export.server.ray_serve.deployments import build_application
+    except ImportError as e:
+        from mla_export.deps import missing_message
+
+        print(f"mla-export serve: {missing_message(e.name or 'ray', '`mla-export serve --replicas`')}", file=sys.stderr)
+        return 2
+    if args.port == 0:
+        print("mla-export serve: --replicas needs a fixed --port (Ray Serve's proxy does not pick one)", file=sys.stderr)
+        return 2
+    if args.replica_cpus <= 0:
+        print(f"mla-export serve: --replica-cpus must be > 0, got {args.replica_cpus}", file=sys.stderr)
+        return 2
+    if not (out_dir / "mla_graph.json").is_file():
+        print(f"mla-export serve: {out_dir}: not an export directory (no mla_graph.json)", file=sys.stderr)
+        return 2
+    settings = settings_from_args(args, out_dir)
+    try:
+        app = build_application(settings)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"mla-export serve: {e}", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    ray.init(address=args.ray_address, logging_level=args.log_level.upper(), include_dashboard=False)
+    try:
+        serve.start(http_options={"host": args.host, "port": args.port})
+        serve.run(app, name=APP_NAME, route_prefix="/")
+        print(f"mla-export serve: model '{settings.model_name}' from {out_dir} on Ray Serve, {settings.replicas} "
+              f"replicas, http://{args.host}:{args.port}/v1, auth {'on' if args.api_key else 'off'}", file=sys.stderr)
+        while not stop.wait(1.0):
+            pass
+        print("mla-export serve: draining (up to --shutdown-timeout seconds)", file=sys.stderr)
+        serve.delete(APP_NAME)  # graceful: running requests finish first
+        if args.ray_address is None:
+            serve.shutdown()
+    finally:
+        ray.shutdown()
+    print("mla-export serve: stopped", file=sys.stderr)
+    return 0

@@ -1,0 +1,217 @@
+"""`mla-export serve --replicas N` on a local single-node Ray cluster: the Ray Serve application
+(mla_export/server/ray_serve) with 2 engine replicas of the tiny export, f32 (exact against the
+offline engine), through the official `openai` client and Ray Serve's HTTP proxy.
+
+One cluster for the module (start-up is ~20 s); the fault test runs last because it kills a
+replica. Skipped only when ray is not installed (CI installs it with the test extra).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import httpx
+import pytest
+
+ray = pytest.importorskip("ray", reason="ray is not installed (pip install -e '.[ray]'; the test extra has it)")
+openai = pytest.importorskip("openai")
+
+from ray import serve  # noqa: E402
+
+from server_helpers import free_port, metrics, tiny_export  # noqa: E402
+
+PRECISION = "f32"  # replicas and the offline engine alike: greedy outputs must be equal
+WAIT_S = 120.0  # waits for the cluster to converge (restart, stats); not a performance threshold
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return tiny_export(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def offline(model_dir):
+    from mla_export import LLM
+
+    return LLM(model_dir, precision=PRECISION)
+
+
+@pytest.fixture(scope="module")
+def cluster(model_dir):
+    from mla_export.server.ray_serve.deployments import RaySettings, build_application
+
+    port = free_port()
+    ray.init(num_cpus=4, include_dashboard=False, logging_level="ERROR", log_to_driver=False,
+             object_store_memory=100 << 20)
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        settings = RaySettings(out_dir=str(model_dir), model_name="tiny", replicas=2, max_num_seqs=16, max_queue=64,
+                               engine_kwargs={"precision": PRECISION, "num_threads": 1,
+                                              "max_num_batched_tokens": 256},
+                               replica_cpus=1.0, shutdown_timeout_s=10.0)
+        serve.run(build_application(settings), name="mla-test", route_prefix="/")
+        yield f"http://127.0.0.1:{port}"
+        serve.delete("mla-test")
+        serve.shutdown()
+    finally:
+        ray.shutdown()
+
+
+def replicas(base: str) -> dict[str, dict[str, float]]:
+    """{replica id: {"up", "requests", "prefix_cache_hits", "kv_blocks_used", "pid", ...}} from /metrics."""
+    out: dict[str, dict[str, float]] = {}
+    for key, v in metrics(base).items():
+        if key.startswith("mla_replica_") and '{replica="' in key:
+            name, rid = key.split("{replica=\"")
+            out.setdefault(rid.rstrip('"}'), {})[name[len("mla_replica_"):].removesuffix("_total")] = v
+    return out
+
+
+async def _stream(c, prompt, max_tokens, **kw):
+    """(replica, token ids, text, finish reason) of one streamed completion."""
+    raw = await c.completions.with_raw_response.create(model="tiny", prompt=prompt, max_tokens=max_tokens,
+                                                       temperature=0, stream=True,
+                                                       extra_body={"return_token_ids": True, **kw})
+    replica = raw.headers.get("x-mla-replica")
+    ids, text, reason = [], "", None
+    async for chunk in raw.parse():
+        for ch in chunk.choices:
+            ids += ch.token_ids
+            text += ch.text
+            reason = ch.finish_reason or reason
+    return replica, ids, text, reason
+
+
+def aclient(base):
+    return openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+def test_32_streams_on_2_replicas_equal_offline_greedy(cluster, offline):
+    prompts = [f"Stream {i}: the quick brown fox jumps over {i * 7} lazy dogs" for i in range(32)]
+    max_tokens = [6 + (i % 5) * 4 for i in range(32)]
+    want = {}
+    for m in sorted(set(max_tokens)):
+        ps = [p for p, k in zip(prompts, max_tokens) if k == m]
+        for p, w in zip(ps, offline.generate(ps, max_tokens=m, temperature=0.0)):
+            want[p] = w
+
+    async def run():
+        c = aclient(cluster)
+        return await asyncio.gather(*(_stream(c, p, m) for p, m in zip(prompts, max_tokens)))
+
+    before = {r: s.get("requests", 0) for r, s in replicas(cluster).items()}
+    got = asyncio.run(run())
+    for p, (_, ids, text, reason) in zip(prompts, got):
+        w = want[p]
+        assert (ids, text, reason) == (w.token_ids, w.text, w.finish_reason), p
+    served = {r for r, *_ in got}
+    assert len(served) == 2 and None not in served, served  # both replicas took streams
+    after = replicas(cluster)
+    assert sum(after[r]["requests"] - before.get(r, 0) for r in served) == 32
+    assert all(after[r]["kv_blocks_used"] == 0 for r in served)
+
+
+def test_openai_errors_are_the_same(cluster):
+    c = openai.OpenAI(base_url=f"{cluster}/v1", api_key="unused", max_retries=0, timeout=60)
+    with pytest.raises(openai.BadRequestError) as e:
+        c.completions.create(model="tiny", prompt="hi", max_tokens=-1)
+    assert e.value.status_code == 400
+    with pytest.raises(openai.NotFoundError):
+        c.completions.create(model="no-such-model", prompt="hi", max_tokens=2)
+    assert [m.id for m in c.models.list().data] == ["tiny"]
+    assert httpx.get(f"{cluster}/health", timeout=30).json() == {"status": "ok"}
+
+
+def test_shared_prefix_goes_back_to_the_replica_that_holds_it(cluster):
+    prefix = [(7 * i + 3) % 200 + 5 for i in range(96)]  # several whole KV blocks of one "system prompt"
+    c = openai.OpenAI(base_url=f"{cluster}/v1", api_key="unused", max_retries=0, timeout=120)
+
+    def ask(suffix):
+        raw = c.completions.with_raw_response.create(model="tiny", prompt=prefix + suffix, max_tokens=4, temperature=0)
+        raw.parse()
+        return raw.headers["x-mla-replica"]
+
+    first = ask([11, 12])
+    before = replicas(cluster)
+    others = [r for r in before if r != first]
+    assert others, before
+    served = [ask([20 + k, 30 + k]) for k in range(4)]
+    assert served == [first] * 4
+    after = replicas(cluster)
+    assert after[first]["prefix_cache_hits"] > before[first]["prefix_cache_hits"]  # the prefix was reused there
+    for r in others:
+        assert after[r]["prefix_cache_hits"] == before[r]["prefix_cache_hits"]
+
+
+def _wait(cond, what):
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        v = cond()
+        if v:
+            return v
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_killed_replica_fails_only_its_streams_and_is_replaced(cluster):
+    n, max_tokens = 16, 160
+    prompts = [[(31 * i + 17 * k) % 250 + 3 for k in range(8 + i)] for i in range(n)]  # no shared prefix
+
+    async def run():
+        c = aclient(cluster)
+        started: dict[int, str] = {}
+        all_started = asyncio.Event()
+
+        async def one(i):
+            raw = await c.completions.with_raw_response.create(
+                model="tiny", prompt=prompts[i], max_tokens=max_tokens, temperature=0, stream=True,
+                extra_body={"ignore_eos": True, "return_token_ids": True})
+            started[i] = raw.headers["x-mla-replica"]
+            if len(started) == n:
+                all_started.set()
+            ids = []
+            try:
+                async for chunk in raw.parse():
+                    for ch in chunk.choices:
+                        ids += ch.token_ids
+            except openai.APIError as e:  # the SSE error event
+                return started[i], "error", str(e), len(ids)
+            return started[i], "ok", "", len(ids)
+
+        tasks = [asyncio.ensure_future(one(i)) for i in range(n)]
+        await asyncio.wait_for(all_started.wait(), WAIT_S)
+        by_replica = {}
+        for r in started.values():
+            by_replica[r] = by_replica.get(r, 0) + 1
+        victim = max(by_replica, key=by_replica.get)
+        pid = int(replicas(cluster)[victim]["pid"])
+        os.kill(pid, signal.SIGKILL)
+        return victim, await asyncio.gather(*tasks)
+
+    victim, results = asyncio.run(run())
+    on_victim = [r for r in results if r[0] == victim]
+    survivors = [r for r in results if r[0] != victim]
+    assert on_victim and survivors, results
+    for _, status, msg, n_ids in survivors:
+        assert status == "ok" and n_ids == max_tokens
+    failed = [r for r in on_victim if r[1] == "error"]
+    assert failed, on_victim  # 160 tokens each: the kill lands while they run
+    for _, _, msg, n_ids in failed:
+        assert "engine" in msg.lower() and n_ids < max_tokens, msg
+
+    # New requests succeed (on the survivor, or the replacement once it is up).
+    c = openai.OpenAI(base_url=f"{cluster}/v1", api_key="unused", max_retries=0, timeout=120)
+    for k in range(4):
+        r = c.completions.create(model="tiny", prompt=[5, 6, 7, k + 8], max_tokens=4, temperature=0)
+        assert r.choices[0].finish_reason in ("length", "stop")
+    # The survivor leaked no block; Ray Serve replaced the dead replica.
+    survivor_ids = {r[0] for r in survivors}
+    _wait(lambda: all(replicas(cluster).get(s, {}).get("kv_blocks_used", 1) == 0 for s in survivor_ids),
+          "the survivor's blocks to be free")
+    _wait(lambda: sum(1 for s in replicas(cluster).values() if s.get("up")) == 2 and victim not in
+          {r for r, s in replicas(cluster).items() if s.get("up")}, "a replacement replica")
+    mt = metrics(cluster)
+    assert mt["mla_kv_blocks_used"] == 0

@@ -27,7 +27,7 @@ from ..engine_client import OutputQueue
 from ..engine_loop import Aborted, EngineDead, QueueFull, ShuttingDown
 from ..metrics import ServerMetrics
 from .registry import routing_stats_by_replica
-from .wire import EngineCall
+from .wire import Accumulator, EngineCall
 
 __all__ = ["RayEngineClient"]
 
@@ -166,10 +166,12 @@ class RayEngineClient:
         raise EngineDead(f"no engine replica accepted the request after {ACCEPT_ATTEMPTS} attempts")
 
     async def _pump(self, key: int, call: _Call, gen, q: OutputQueue, replica: str) -> None:
+        acc = Accumulator()
         try:
             async for msg in gen:
                 kind, payload = msg[0], msg[1]
                 if kind == "out":
+                    payload = [it if isinstance(it, Aborted) else acc.add(it) for it in payload]
                     self._observe(call, payload)
                     for item in payload:
                         if item.request_id in call.aborted:
@@ -210,7 +212,7 @@ class RayEngineClient:
                 call.last[rid] = now
             if it.finished:
                 self.metrics.observe_end(it.finish_reason or "stop", now - call.arrival, len(it.token_ids),
-                                         len(it.prompt_token_ids or ()))
+                                         it.num_prompt_tokens)
         self.metrics.observe_step(now, new_tokens)
 
     def _finish(self, key: int, call: _Call) -> None:

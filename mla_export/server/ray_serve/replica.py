@@ -19,7 +19,7 @@ import time
 
 from ..engine_loop import Aborted, EngineDead, EngineLoop, QueueFull, ShuttingDown
 from ..metrics import ServerMetrics
-from .wire import EngineCall
+from .wire import EngineCall, delta_of
 
 __all__ = ["EngineReplica"]
 
@@ -80,7 +80,7 @@ class EngineReplica:
                 for it in items:
                     if isinstance(it, Aborted) or it.finished:
                         pending.discard(it.request_id)
-                yield ("out", items)
+                yield ("out", [it if isinstance(it, Aborted) else delta_of(it) for it in items])
             yield ("stats", self.snapshot())
         finally:
             if pending:  # cancelled by the caller: free the engine's blocks

@@ -6,7 +6,7 @@ stream is a series of messages:
 
     ("accepted", replica_id, None)              first, once the sequences are in its engine
     ("rejected", kind, message)                 or instead: kind in REJECT_KINDS
-    ("out", [RequestOutput | Aborted, ...])     the engine's outputs of one or more steps
+    ("out", [Delta | Aborted, ...])             the engine's outputs of one or more steps, as deltas
     ("stats", snapshot)                         last: the replica's stats after the call ended
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["EngineCall", "REJECT_KINDS"]
+__all__ = ["EngineCall", "REJECT_KINDS", "Delta", "delta_of", "Accumulator"]
 
 REJECT_KINDS = ("queue_full", "shutting_down", "engine_dead", "invalid")
 
@@ -28,3 +28,57 @@ class EngineCall:
         """The first sequence's prompt token ids: what the router matches on."""
         p = self.seqs[0].prompt if self.seqs else []
         return list(p) if isinstance(p, (list, tuple)) else []
+
+
+@dataclass
+class Delta:
+    """One engine output as sent over the wire: only what this step added (a `RequestOutput`
+    carries the whole output and prompt every step, which would be pickled every token)."""
+
+    request_id: str
+    new_token_ids: list[int]
+    new_text: str | None
+    finished: bool
+    finish_reason: str | None
+    error: str | None = None
+    text: str | None = None  # the whole text, on the finishing delta only (the engine's final decode)
+    num_prompt_tokens: int = 0  # on the finishing delta only
+
+
+def delta_of(out) -> Delta:
+    fin = bool(out.finished)
+    return Delta(out.request_id, list(out.new_token_ids or ()), out.new_text, fin, out.finish_reason,
+                 out.error, out.text if fin else None, len(out.prompt_token_ids or ()) if fin else 0)
+
+
+@dataclass
+class Output:
+    """A delta accumulated back into what the HTTP layer reads from a `RequestOutput`."""
+
+    request_id: str
+    token_ids: list[int]
+    new_token_ids: list[int]
+    text: str | None
+    finished: bool
+    finish_reason: str | None
+    error: str | None
+    num_prompt_tokens: int = 0  # known on the finishing output
+
+
+class Accumulator:
+    """Per call: token ids and text so far, by sequence."""
+
+    def __init__(self):
+        self._ids: dict[str, list[int]] = {}
+        self._text: dict[str, str | None] = {}
+
+    def add(self, d: Delta) -> Output:
+        ids = self._ids.setdefault(d.request_id, [])
+        ids += d.new_token_ids
+        prev = self._text.get(d.request_id)
+        text = prev if d.new_text is None else (prev or "") + d.new_text  # None: the model has no tokenizer
+        if d.finished and d.text is not None:
+            text = d.text
+        self._text[d.request_id] = text
+        return Output(d.request_id, list(ids), list(d.new_token_ids), text, d.finished, d.finish_reason, d.error,
+                      d.num_prompt_tokens)

@@ -215,3 +215,33 @@ def test_killed_replica_fails_only_its_streams_and_is_replaced(cluster):
           {r for r, s in replicas(cluster).items() if s.get("up")}, "a replacement replica")
     mt = metrics(cluster)
     assert mt["mla_kv_blocks_used"] == 0
+
+
+# ---- pieces without a cluster -------------------------------------------------------------------
+
+def test_block_chain_keys_whole_blocks_by_everything_before():
+    from mla_export.server.ray_serve.router import block_chain
+
+    a = list(range(40))
+    assert len(block_chain(a, 16)) == 2 and block_chain(a[:15], 16) == []  # only whole blocks
+    assert block_chain(a + [99], 16) == block_chain(a, 16)  # a longer prompt extends the chain
+    b = [1000] + a[1:]
+    assert all(x != y for x, y in zip(block_chain(a, 16), block_chain(b, 16)))  # block 2 differs: its prefix did
+
+
+def test_deltas_accumulate_into_the_engines_outputs():
+    from mla_export.runtime.engine import RequestMetrics, RequestOutput
+    from mla_export.server.ray_serve.wire import Accumulator, delta_of
+
+    m = RequestMetrics(0.0, None, None, 0, 0)
+    outs = [RequestOutput("r", [1, 2], [7], [7], "a", False, None, m, new_text="a"),
+            RequestOutput("r", [1, 2], [7, 8], [8], "a", False, None, m, new_text=""),
+            RequestOutput("r", [1, 2], [7, 8, 9], [9], "abc", True, "length", m, new_text="bc")]
+    acc = Accumulator()
+    got = [acc.add(delta_of(o)) for o in outs]
+    for o, g in zip(outs, got):
+        assert (g.token_ids, g.new_token_ids, g.text, g.finished, g.finish_reason) == \
+               (o.token_ids, o.new_token_ids, o.text, o.finished, o.finish_reason)
+    assert got[-1].num_prompt_tokens == 2 and got[0].num_prompt_tokens == 0
+    none = Accumulator().add(delta_of(RequestOutput("s", [1], [5], [5], None, False, None, m)))
+    assert none.text is None  # a model without a tokenizer has no text

@@ -34,6 +34,8 @@ def test_ray_flags_are_checked(model_dir):
 
     r = run("--ray-address", "auto")
     assert r.returncode == 2 and "--ray-address goes with --replicas N" in r.stderr
+    r = run("--stream-interval-ms", "5")
+    assert r.returncode == 2 and "--stream-interval-ms goes with --replicas N" in r.stderr
     r = run("--replicas", "0")
     assert r.returncode == 2 and "must be >= 1" in r.stderr
     r = run("--replicas", "1", "--port", "0")
@@ -45,7 +47,8 @@ def test_sigterm_drains_running_streams(model_dir):
     env = dict(os.environ, RAY_DISABLE_IMPORT_WARNING="1")
     proc = subprocess.Popen([sys.executable, "-m", "mla_export.cli", "serve", str(model_dir), "--replicas", "1",
                              "--port", str(port), "--threads", "1", "--precision", "f32", "--log-level", "warning",
-                             "--served-model-name", "tiny", "--shutdown-timeout", "60"],
+                             "--served-model-name", "tiny", "--shutdown-timeout", "60",
+                             "--stream-interval-ms", "5"],  # coalesced chunks: the count below checks none is lost
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     base = f"http://127.0.0.1:{port}"

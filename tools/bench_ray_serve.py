@@ -78,13 +78,15 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--ttft-requests", type=int, default=30)
     ap.add_argument("--precision", default="bf16")
+    ap.add_argument("--stream-interval-ms", type=float, default=0.0, help="the Ray server's (0: every step)")
     a = ap.parse_args()
     exe = [sys.executable, "-m", "mla_export.cli", "serve", a.out_dir, "--served-model-name", "m",
            "--precision", a.precision, "--log-level", "warning"]
     procs = []
     try:
         procs.append(start(exe + ["--port", "18401", "--threads", "2"], 18401))
-        procs.append(start(exe + ["--port", "18402", "--replicas", "2", "--threads", "1"], 18402))
+        procs.append(start(exe + ["--port", "18402", "--replicas", "2", "--threads", "1",
+                                  "--stream-interval-ms", str(a.stream_interval_ms)], 18402))
         servers = {"single": "http://127.0.0.1:18401", "ray2": "http://127.0.0.1:18402"}
         tps = {k: [] for k in servers}
         tt = {k: [] for k in servers}
@@ -98,7 +100,7 @@ def main():
                    "ttft_p50_ms": round(1000 * statistics.median(tt[k]), 2)} for k in servers}
         out["ratio_tok_s_ray2_over_single"] = round(out["ray2"]["tok_s_median"] / out["single"]["tok_s_median"], 3)
         out["ttft_overhead_p50_ms"] = round(out["ray2"]["ttft_p50_ms"] - out["single"]["ttft_p50_ms"], 2)
-        out.update(streams=a.streams, max_tokens=a.max_tokens, precision=a.precision, cpus=os.cpu_count())
+        out.update(stream_interval_ms=a.stream_interval_ms, streams=a.streams, max_tokens=a.max_tokens, precision=a.precision, cpus=os.cpu_count())
         print(json.dumps(out, indent=1))
     finally:
         for p in procs:

@@ -29,7 +29,8 @@ def settings_from_args(args, out_dir: Path):
     return RaySettings(out_dir=str(out_dir.resolve()), model_name=args.served_model_name or out_dir.resolve().name,
                        replicas=args.replicas, api_key=args.api_key, chat_template=chat_template,
                        max_num_seqs=args.max_num_seqs, max_queue=args.max_queue, engine_kwargs=engine_kwargs,
-                       replica_cpus=args.replica_cpus, shutdown_timeout_s=args.shutdown_timeout)
+                       replica_cpus=args.replica_cpus, shutdown_timeout_s=args.shutdown_timeout,
+                       stream_interval_s=args.stream_interval_ms / 1000.0)
 
 
 def run_ray(args, out_dir: Path) -> int:
@@ -45,6 +46,9 @@ def run_ray(args, out_dir: Path) -> int:
         return 2
     if args.port == 0:
         print("mla-export serve: --replicas needs a fixed --port (Ray Serve's proxy does not pick one)", file=sys.stderr)
+        return 2
+    if args.stream_interval_ms < 0:
+        print(f"mla-export serve: --stream-interval-ms must be >= 0, got {args.stream_interval_ms}", file=sys.stderr)
         return 2
     if args.replica_cpus <= 0:
         print(f"mla-export serve: --replica-cpus must be > 0, got {args.replica_cpus}", file=sys.stderr)

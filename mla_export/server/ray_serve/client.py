@@ -98,7 +98,7 @@ class RayEngineClient:
         for rid, s in live.items():
             if s and (rid not in out or s.get("t", 0) >= out[rid].get("t", 0)):
                 out[rid] = dict(s)
-            out.setdefault(rid, {})["up"] = out.get(rid, {}).get("up", 1)
+            out.setdefault(rid, {}).setdefault("up", 1)  # listed by the routers, not polled yet
         if live:
             for rid, s in out.items():
                 if rid not in live:

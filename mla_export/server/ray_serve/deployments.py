@@ -51,6 +51,7 @@ class RaySettings:
     shutdown_timeout_s: float = 30.0
     imbalanced_threshold: int = 4  # calls: more than this above the least busy replica ends affinity
     routing_stats_period_s: float = 1.0
+    stream_interval_s: float = 0.0  # > 0: a replica sends a stream's later outputs at most this often (coalesced)
 
     @property
     def replica_capacity(self) -> int:
@@ -99,7 +100,8 @@ def build_application(settings: RaySettings):
             request_routing_stats_period_s=settings.routing_stats_period_s),
         **scale,
     ).bind(settings.out_dir, dict(settings.engine_kwargs), max_num_seqs=settings.max_num_seqs,
-           max_queue=settings.max_queue, model_name=settings.model_name)
+           max_queue=settings.max_queue, model_name=settings.model_name,
+           stream_interval_s=settings.stream_interval_s)
     max_replicas = settings.autoscaling.get("max_replicas", settings.replicas) if settings.autoscaling else settings.replicas
     ingress = serve.deployment(OpenAIIngress).options(
         name=INGRESS_DEPLOYMENT, num_replicas=1, ray_actor_options={"num_cpus": 0},
@@ -114,5 +116,7 @@ def app_builder(args: dict):
     for k in ("replicas", "max_num_seqs", "max_queue", "imbalanced_threshold"):
         if k in known:
             known[k] = int(known[k])
+    if "stream_interval_s" in known:
+        known["stream_interval_s"] = float(known["stream_interval_s"])
     known.setdefault("model_name", Path(known["out_dir"]).resolve().name)
     return build_application(RaySettings(**known))

@@ -13,6 +13,7 @@ running calls (graceful_shutdown_timeout_s), then `__del__` stops the engine loo
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
@@ -27,7 +28,8 @@ log = logging.getLogger("mla_export.server")
 
 
 class EngineReplica:
-    def __init__(self, out_dir: str, engine_kwargs: dict, *, max_num_seqs: int, max_queue: int, model_name: str):
+    def __init__(self, out_dir: str, engine_kwargs: dict, *, max_num_seqs: int, max_queue: int, model_name: str,
+                 stream_interval_s: float = 0.0):
         from ray import serve
 
         from mla_export.runtime.engine import LLMEngine
@@ -38,6 +40,7 @@ class EngineReplica:
         self.loop.start()
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         self.requests = 0
+        self.stream_interval_s = float(stream_interval_s)
 
     def describe(self) -> dict:
         """What the ingress needs before it serves: the context length this replica's cache
@@ -73,10 +76,16 @@ class EngineReplica:
         pending = {s.request_id for s in call.seqs}
         try:
             yield ("accepted", self.replica_id, None)
+            sent_any = False
             while pending:
                 items = [await q.get()]
                 while not q.empty():
                     items.append(q.get_nowait())
+                if sent_any and self.stream_interval_s > 0:
+                    # Coalesce steps into one message (the first one goes at once: TTFT):
+                    # each message costs a hop to the ingress and one more to the proxy.
+                    await self._gather_for(q, items)
+                sent_any = True
                 for it in items:
                     if isinstance(it, Aborted) or it.finished:
                         pending.discard(it.request_id)
@@ -85,6 +94,20 @@ class EngineReplica:
         finally:
             if pending:  # cancelled by the caller: free the engine's blocks
                 self.loop.abort(sorted(pending))
+
+    async def _gather_for(self, q, items: list) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.stream_interval_s
+        while not any(isinstance(it, Aborted) or it.finished for it in items):
+            left = deadline - loop.time()
+            if left <= 0:
+                return
+            try:
+                items.append(await asyncio.wait_for(q.get(), left))
+            except asyncio.TimeoutError:
+                return
+            while not q.empty():
+                items.append(q.get_nowait())
 
     def record_routing_stats(self) -> dict:
         return self.snapshot()

@@ -44,12 +44,11 @@ def test_ray_flags_are_checked(model_dir):
 
 def test_sigterm_drains_running_streams(model_dir):
     port = free_port()
-    env = dict(os.environ, RAY_DISABLE_IMPORT_WARNING="1")
     proc = subprocess.Popen([sys.executable, "-m", "mla_export.cli", "serve", str(model_dir), "--replicas", "1",
                              "--port", str(port), "--threads", "1", "--precision", "f32", "--log-level", "warning",
                              "--served-model-name", "tiny", "--shutdown-timeout", "60",
                              "--stream-interval-ms", "5"],  # coalesced chunks: the count below checks none is lost
-                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:

@@ -204,8 +204,14 @@ async def next_events(st, detok: _Detok, q: asyncio.Queue, by_id: dict[str, _Cho
     items = [item]
     while not q.empty():
         items.append(q.get_nowait())
-    events = []
+    # Outputs are cumulative: of several queued for one sequence only the latest matters (one
+    # event, one SSE chunk carrying all their tokens), unless the sequence was aborted.
+    latest: dict[str, Any] = {}
     for item in items:
+        if not isinstance(latest.get(item.request_id), Aborted):
+            latest[item.request_id] = item
+    events = []
+    for item in latest.values():
         ch = by_id.get(item.request_id)
         if ch is None or ch.finished:
             continue

@@ -21,15 +21,15 @@ openai = pytest.importorskip("openai")
 
 from ray import serve  # noqa: E402
 
-from server_helpers import free_port, metrics, tiny_export  # noqa: E402
+from server_helpers import free_port, metrics  # noqa: E402
 
 PRECISION = "f32"  # replicas and the offline engine alike: greedy outputs must be equal
 WAIT_S = 120.0  # waits for the cluster to converge (restart, stats); not a performance threshold
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return tiny_export(tmp_path_factory)
+def model_dir(exports):
+    return exports.tiny()
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import time
 import httpx
 import pytest
 
-from server_helpers import REPO, free_port, tiny_export
+from server_helpers import REPO, free_port
 
 pytest.importorskip("ray", reason="ray is not installed (pip install -e '.[ray]'; the test extra has it)")
 
@@ -23,8 +23,8 @@ START_S = 240.0  # waits for the cluster to come up / go down; not a performance
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return tiny_export(tmp_path_factory)
+def model_dir(exports):
+    return exports.tiny()
 
 
 def test_ray_flags_are_checked(model_dir):

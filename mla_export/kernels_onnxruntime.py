@@ -137,7 +137,8 @@ def cache_write(kv_c, k_pe, kv_cache: np.ndarray, slot_mapping, kv_dtype: str | 
 
 def paged_decode(q, kv_cache, block_tables, seq_lens, scale: float, kv_lora_rank: int | None = None,
                  kv_dtype: str | None = None, num_threads: int | None = None) -> np.ndarray:
-    """MlaPagedDecode: q [B, H, r + dr] -> [B, H, r]. kv_lora_rank None: the op's default (512)."""
+    """MlaPagedDecode: q [B, H, r + dr] -> [B, H, r]. kv_lora_rank None: the attribute is left out (the op then
+    fails naming it: r has no default)."""
     q = _contiguous(q)
     cache = _contiguous(kv_cache)
     kv = _kv_attrs(cache, kv_dtype)

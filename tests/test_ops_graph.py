@@ -161,7 +161,11 @@ def test_generic_isa_path_matches(rng, tmp_path):
         "from test_ops_decode import run_case as dec;"
         "rng = np.random.default_rng(7);"
         "[run_case(rng, [70, 9], [70, 2], SMALL, form=f) for f in ('absorbed', 'expanded')];"
-        "dec(rng, [300, 1], 4, 64, 16, 16)"
+        "dec(rng, [300, 1], 4, 64, 16, 16);"
+        # the table every kernel call above used (the library's choice is made once per process)
+        "import ctypes, mla_export; f = ctypes.CDLL(mla_export.extension_path()).MlaExportIsa;"
+        "f.restype = ctypes.c_char_p; ran = f().decode();"
+        "assert ran == 'generic', f'the kernels ran the {ran} table, not generic'"
     )
     env = dict(__import__("os").environ, MLA_EXPORT_ISA="generic")
     subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=str(__import__("pathlib").Path(__file__).parents[1]))

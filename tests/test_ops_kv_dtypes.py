@@ -156,7 +156,11 @@ def test_generic_isa_path_matches(kv):
         f"rng = np.random.default_rng(11);"
         f"t.test_decode(rng, t.ov_ops, {kv!r}, [300, 17], 64, 16, 4, 16);"
         f"[t.test_attention_mixed_batch(rng, t.ov_ops, {kv!r}, f) for f in ('absorbed', 'expanded')];"
-        "t.test_every_e4m3_code_reads_exactly(t.ov_ops)"
+        "t.test_every_e4m3_code_reads_exactly(t.ov_ops);"
+        # the table every kernel call above used (the library's choice is made once per process)
+        "import ctypes, mla_export; f = ctypes.CDLL(mla_export.extension_path()).MlaExportIsa;"
+        "f.restype = ctypes.c_char_p; ran = f().decode();"
+        "assert ran == 'generic', f'the kernels ran the {ran} table, not generic'"
     )
     env = dict(os.environ, MLA_EXPORT_ISA="generic")
     subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=str(Path(__file__).parents[1]))

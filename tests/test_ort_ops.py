@@ -194,11 +194,12 @@ def test_decode_query_dtypes(rng, q_dtype):
     run_decode(rng, [17, 2, 40], 4, 64, 16, 16, q_dtype=q_dtype, cache_dtype="bf16" if q_dtype == "bf16" else "f32")
 
 
-def test_decode_default_rank_and_long_context_split(rng):
-    # kv_lora_rank left to the op's default (512); one long sequence split across the pool.
+def test_decode_deepseek_rank_and_long_context_split(rng):
+    # DeepSeek's r = 512 (given explicitly: the op has no default rank); one long sequence split
+    # across the pool.
     p = make_problem(rng, [2500, 1], [1, 1], 576, 16)
     q = randn(rng, (2, 2, 576))
-    out = ok.paged_decode(q, p.kv_cache, p.block_tables, p.seq_lens, 0.05)
+    out = ok.paged_decode(q, p.kv_cache, p.block_tables, p.seq_lens, 0.05, kv_lora_rank=512)
     assert rel_err(out, ref.paged_decode(q, p.kv_cache, p.block_tables, p.seq_lens, 0.05, 512)) <= TOL["f32"]
     run_decode(rng, [3000], 5, 20, 6, 32, scale=3.0)
 
@@ -308,7 +309,7 @@ def test_decode_rejects(rng):
                  "'seq_lens'", "holds 0", "outside [1,")
     expect_error(lambda: ok.paged_decode(q[:, :, :-1], p.kv_cache, p.block_tables, p.seq_lens, 0.1, R), "'q'", "row width")
     expect_error(lambda: ok.paged_decode(q, p.kv_cache, p.block_tables, p.seq_lens, 0.1, R + DR), "kv_lora_rank")
-    expect_error(lambda: ok.paged_decode(q, p.kv_cache, p.block_tables, p.seq_lens, 0.1), "kv_lora_rank", "512")
+    expect_error(lambda: ok.paged_decode(q, p.kv_cache, p.block_tables, p.seq_lens, 0.1), "kv_lora_rank", "required")
     bad = p.block_tables.copy()
     bad[1, 2] = -7
     expect_error(lambda: ok.paged_decode(q, p.kv_cache, bad, p.seq_lens, 0.1, R), "'block_tables'", "-7", "[1, 2]")

@@ -42,8 +42,6 @@ int64_t row_bytes(KvDtype t, int64_t r, int64_t dr) {
 
 namespace {
 
-bool quantised(KvDtype t) { return t == KvDtype::int8 || t == KvDtype::fp8; }
-
 DType elem_of(KvDtype t) {
     switch (t) {
         case KvDtype::f32: return DType::f32;
@@ -91,6 +89,7 @@ CacheRows cache_rows(const char* op, const TensorView& c, KvDtype kind, int64_t 
         out.width = w;
         out.rank = w;
         out.row_bytes = w * dtype_size(out.elem);
+        out.format = RowFormat{kind, w, w, 1};
         check_cache(op, out.logical, writable);
         return out;
     }
@@ -107,19 +106,8 @@ CacheRows cache_rows(const char* op, const TensorView& c, KvDtype kind, int64_t 
     out.rank = rank;
     out.row_bytes = c.dim(2);
     out.logical.shape[2] = out.width;
+    out.format = RowFormat{kind, out.width, rank, 1};
     return out;
-}
-
-void load_row(const IsaKernels& K, const CacheRows& c, const void* row, float* dst) {
-    const auto* p = static_cast<const char*>(row);
-    if (!quantised(c.kind)) return K.load_f32(row, c.elem, dst, c.width);
-    float scale;
-    std::memcpy(&scale, p + c.rank, 4);
-    if (c.kind == KvDtype::int8)
-        K.dequant_i8(reinterpret_cast<const int8_t*>(p), scale, dst, c.rank);
-    else
-        K.dequant_e4m3(reinterpret_cast<const uint8_t*>(p), scale, dst, c.rank);
-    K.load_f32(p + c.rank + 4, DType::bf16, dst + c.rank, c.width - c.rank);
 }
 
 void store_row(const CacheRows& c, const float* src, void* row) {

@@ -21,12 +21,10 @@
 #include <cstdint>
 #include <string>
 
-#include "isa.hpp"
 #include "mla_tensor.hpp"
+#include "row_format.hpp"
 
 namespace mla {
-
-enum class KvDtype { automatic, f32, bf16, f16, int8, fp8 };
 
 // "" or "auto" -> automatic; "f32", "bf16", "f16", "int8", "fp8"; anything else throws naming op.
 KvDtype kv_dtype_from_name(const char* op, const std::string& name);
@@ -44,6 +42,7 @@ struct CacheRows {
     int64_t rank;        // r: the quantised columns (int8/fp8); W otherwise
     int64_t row_bytes;
     char* base;
+    RowFormat format;    // what the ISA tables' load_rows reads (kind, width, rank, groups)
 
     const char* row(int64_t block, int64_t offset) const {
         return base + (block * logical.dim(1) + offset) * row_bytes;
@@ -54,9 +53,6 @@ struct CacheRows {
 // int8/fp8 rows, whose width in bytes does not give r; pass the op's r, or -1 where unknown
 // for the float formats). Throws mla::Error naming the input on any mismatch.
 CacheRows cache_rows(const char* op, const TensorView& kv_cache, KvDtype kind, int64_t rank, bool writable);
-
-// dst[0 .. W) = the row's values as f32 (dequantised in registers for int8/fp8).
-void load_row(const IsaKernels& K, const CacheRows& c, const void* row, float* dst);
 
 // Writes src[0 .. W) as one row (rounding / quantising as described above).
 void store_row(const CacheRows& c, const float* src, void* row);

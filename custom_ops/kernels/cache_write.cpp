@@ -10,7 +10,7 @@ namespace mla {
 static const char* kOp = "MlaCacheWrite";
 
 int64_t cache_write(const TensorView& kv_c, const TensorView& k_pe, const TensorView& cache_in,
-                    const TensorView& slots, const Threading& threading, KvDtype kv_dtype) {
+                    const TensorView& slots, const Threading& threading, KvDtype kv_dtype, Workspace& ws) {
     check_rank(kOp, kv_c, 2);
     check_rank(kOp, k_pe, 2);
     check_float(kOp, kv_c);
@@ -27,21 +27,34 @@ int64_t cache_write(const TensorView& kv_c, const TensorView& k_pe, const Tensor
                              std::to_string(r) + " + k_pe width " + std::to_string(dr));
     const int64_t capacity = cache.dim(0) * cache.dim(1);
     // Every slot in range, none twice (two writers of one row would race and the survivor
-    // would depend on thread timing).
-    std::vector<bool> seen(static_cast<size_t>(capacity), false);
+    // would depend on thread timing). The marks live in the op's workspace and are cleared
+    // again before returning or throwing, so a call costs O(T), not O(cache slots).
+    std::vector<uint8_t>& taken = ws.slot_taken;
+    if (static_cast<int64_t>(taken.size()) < capacity) taken.resize(static_cast<size_t>(capacity), 0);
     int64_t written = 0;
+    auto clear_marks = [&](int64_t upto) {
+        for (int64_t t = 0; t < upto; ++t) {
+            const int64_t s = index_at(slots, t);
+            if (s >= 0 && s < capacity) taken[static_cast<size_t>(s)] = 0;
+        }
+    };
     for (int64_t t = 0; t < t_count; ++t) {
         const int64_t s = index_at(slots, t);
         if (s < 0) continue;
-        if (s >= capacity)
+        if (s >= capacity) {
+            clear_marks(t);
             fail(kOp, slots, "holds slot " + std::to_string(s) + " at [" + std::to_string(t) +
                                  "], outside [0, " + std::to_string(capacity) +
                                  ") (num_blocks x block_size of kv_cache)");
-        if (seen[static_cast<size_t>(s)])
+        }
+        if (taken[static_cast<size_t>(s)]) {
+            clear_marks(t);
             fail(kOp, slots, "holds slot " + std::to_string(s) + " twice (again at [" + std::to_string(t) + "])");
-        seen[static_cast<size_t>(s)] = true;
+        }
+        taken[static_cast<size_t>(s)] = 1;
         ++written;
     }
+    clear_marks(t_count);
 
     auto write_token = [&](int64_t t) {
         const int64_t s = index_at(slots, t);

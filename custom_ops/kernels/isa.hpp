@@ -1,11 +1,15 @@
 // The few compute primitives whose speed depends on the instruction set. Each is compiled once
-// per target (isa_avx2.cpp with -mavx2 -mfma -mf16c, isa_generic.cpp with the baseline) from the
-// same source (isa_impl.hpp), and one table is picked at run time for the CPU at hand.
+// per target from the same source (isa_impl.hpp): isa_avx512.cpp (-mavx512f/bw/vl/dq, 16 lanes),
+// isa_avx2.cpp (-mavx2 -mfma -mf16c, 8 lanes) and isa_generic.cpp (the baseline), and one table
+// is picked at run time for the CPU at hand (isa_dispatch.cpp). A new instruction set is one
+// isa_<name>.cpp that sets the lane width and tile shapes and includes isa_impl.hpp, plus its
+// line in isa_dispatch.cpp and CMakeLists.txt.
 #pragma once
 
 #include <cstdint>
 
 #include "mla_tensor.hpp"
+#include "row_format.hpp"
 
 namespace mla {
 
@@ -47,19 +51,16 @@ struct PrefetchStream {
     inline void tile() { issue(per_tile); }
 };
 
-// Register tile shapes of row_dot (query rows x cache rows) and row_axpy (output rows x
-// columns), shared with the callers that spread a PrefetchStream over the tiles.
-constexpr int64_t kDotTileRows = 4, kDotTileKeys = 3, kAxpyTileRows = 4, kAxpyTileCols = 24;
-
-// Register tiles that row_dot(m, n, ...) then row_axpy(m, ..., width, ...) run (full tiles only:
-// the edge tiles do not advance the prefetch stream).
-inline int64_t dot_axpy_tiles(int64_t m, int64_t n, int64_t width) {
-    return (m + kDotTileRows - 1) / kDotTileRows * (n / kDotTileKeys) +
-           (m + kAxpyTileRows - 1) / kAxpyTileRows * (width / kAxpyTileCols);
-}
+// Register tile shapes of one table's row_dot (query rows x cache rows) and row_axpy (output
+// rows x columns); the callers read them to spread a PrefetchStream over the tiles.
+struct TileShape {
+    int64_t dot_rows, dot_keys, axpy_rows, axpy_cols;
+};
 
 struct IsaKernels {
     const char* name;
+    int lanes;        // f32 values per vector register
+    TileShape tiles;  // of row_dot / row_axpy
     // C[m, n] (+)= A[m, k] . B[k, n]; all f32, row-major with leading dimensions lda/ldb/ldc.
     void (*gemm)(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
                  int64_t ldb, float* c, int64_t ldc, bool accumulate);
@@ -83,14 +84,23 @@ struct IsaKernels {
     // Weighted sum of the rows: o[i * ldo + 0 .. width) += sum_j p[i * ldp + j] * rows[j][0 .. width).
     void (*row_axpy)(int64_t m, int64_t n, int64_t width, const float* p, int64_t ldp, const float* const* rows,
                      float* o, int64_t ldo, PrefetchStream* pf);
-    // dst[i] = src[i] * scale for the int8 codes of a quantised cache row.
-    void (*dequant_i8)(const int8_t* src, float scale, float* dst, int64_t n);
-    // dst[i] = e4m3fn(src[i]) * scale for the fp8 codes of a quantised cache row.
-    void (*dequant_e4m3)(const uint8_t* src, float scale, float* dst, int64_t n);
+    // The chunk-level entry: n cache rows in their stored format (f32, bf16, f16, or int8/fp8
+    // codes with their group scales and bf16 k_pe; row_format.hpp) widened or dequantised in
+    // registers into f32 dst[j * ldd + 0 .. W).
+    void (*load_rows)(const RowFormat& fmt, const void* const* rows, int64_t n, float* dst, int64_t ldd);
 };
 
-const IsaKernels& isa();            // the best table for this CPU
+// Register tiles that row_dot(m, n, ...) then row_axpy(m, ..., width, ...) run with table K
+// (full tiles only: the edge tiles do not advance the prefetch stream).
+inline int64_t dot_axpy_tiles(const IsaKernels& K, int64_t m, int64_t n, int64_t width) {
+    const TileShape& t = K.tiles;
+    return (m + t.dot_rows - 1) / t.dot_rows * (n / t.dot_keys) +
+           (m + t.axpy_rows - 1) / t.axpy_rows * (width / t.axpy_cols);
+}
+
+const IsaKernels& isa();            // the table every kernel call uses (chosen once per process)
 const IsaKernels& isa_generic();    // always available
 const IsaKernels* isa_avx2();       // nullptr when not compiled in
+const IsaKernels* isa_avx512();     // nullptr when not compiled in
 
 }  // namespace mla

@@ -27,7 +27,7 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // One sequence's rows of the paged cache.
 struct SeqCache {
-    const CacheRows* rows;  // the format: f32 rows are read in place, others widened by load_row
+    const CacheRows* rows;  // the format: f32 rows are read in place, others widened by load_rows
     int64_t bs, width;
     const TensorView* block_tables;
     int64_t table_offset;  // b * M
@@ -53,10 +53,12 @@ struct Scratch {
 };
 thread_local Scratch tls;
 
-// Gathers positions [c0, c0 + n) as contiguous f32 rows kr [n, W] (widening / dequantising).
+// Gathers positions [c0, c0 + n) (n <= kChunk) as contiguous f32 rows kr [n, W] (widening /
+// dequantising in the ISA table's chunk-level entry).
 void gather_chunk(const IsaKernels& K, const SeqCache& sc, int64_t c0, int64_t n, float* kr) {
-    const int64_t w = sc.width;
-    for (int64_t j = 0; j < n; ++j) load_row(K, *sc.rows, sc.row(c0 + j), kr + j * w);
+    const void* src[kChunk];
+    for (int64_t j = 0; j < n; ++j) src[j] = sc.row(c0 + j);
+    K.load_rows(sc.rows->format, src, n, kr, sc.width);
 }
 
 // Packs B[p, j] = src[p * sp + j * sj] (p < k, j < n) into 16-column panels of k rows for
@@ -135,19 +137,17 @@ void absorbed_task(const IsaKernels& K, const AbsorbedSeq& s, const Partial& p, 
         // f32 rows are read where they live (prefetched by the previous chunk's tiles); other
         // formats are widened (dequantised) once into f32 scratch shared by every head and both
         // products (widening in every tile that reads a row was slower).
-        for (int64_t j = 0; j < n; ++j) {
-            if (s.cache.in_place()) {
-                chunk_rows[j] = static_cast<const float*>(s.cache.row(c0 + j));
-            } else {
-                load_row(K, *s.cache.rows, s.cache.row(c0 + j), kr + j * w);
-                chunk_rows[j] = kr + j * w;
-            }
+        if (s.cache.in_place()) {
+            for (int64_t j = 0; j < n; ++j) chunk_rows[j] = static_cast<const float*>(s.cache.row(c0 + j));
+        } else {
+            gather_chunk(K, s.cache, c0, n, kr);
+            for (int64_t j = 0; j < n; ++j) chunk_rows[j] = kr + j * w;
         }
         // The next chunk's rows are pulled toward the core by the tiles of this one.
         PrefetchStream pf;
         const int64_t next = std::min(kChunk, p.c_end - c0 - kChunk);
         for (int64_t j = 0; j < next; ++j) pf.add(s.cache.row(c0 + kChunk + j), row_bytes);
-        const int64_t m = rows - i0, tiles = std::max<int64_t>(1, dot_axpy_tiles(m, n, r));
+        const int64_t m = rows - i0, tiles = std::max<int64_t>(1, dot_axpy_tiles(K, m, n, r));
         pf.per_tile = static_cast<int>((pf.lines() + tiles - 1) / tiles);
         K.row_dot(m, n, w, s.q + i0 * w, w, chunk_rows, sbuf, kChunk, &pf);
         auto visible = [&](int64_t i) { return std::clamp<int64_t>(row_limit(s, i0 + i) - c0, 0, n); };
@@ -174,9 +174,9 @@ void absorbed_task(const IsaKernels& K, const AbsorbedSeq& s, const Partial& p, 
 // total, so batch 1 uses every core and uneven lengths balance under dynamic scheduling, while
 // each part keeps at least 4 chunks (its merge costs one output row per query row) and a
 // sequence never has more parts than 2 * threads (each holds a [rows, r] partial output).
-std::vector<int64_t> plan_splits(const std::vector<AbsorbedSeq>& seqs, int num_threads) {
-    std::vector<int64_t> splits(seqs.size(), 1);
-    if (num_threads <= 1) return splits;
+void plan_splits(const std::vector<AbsorbedSeq>& seqs, int num_threads, std::vector<int64_t>& splits) {
+    splits.assign(seqs.size(), 1);
+    if (num_threads <= 1) return;
     auto chunks = [](const AbsorbedSeq& s) { return (s.seq_len + kChunk - 1) / kChunk; };
     double total = 0;
     for (const auto& s : seqs) total += double(s.qlen * s.heads) * chunks(s);
@@ -186,17 +186,32 @@ std::vector<int64_t> plan_splits(const std::vector<AbsorbedSeq>& seqs, int num_t
         const int64_t want = static_cast<int64_t>(std::ceil(cost / target - 1e-9));
         splits[i] = std::max<int64_t>(1, std::min({want, chunks(seqs[i]) / 4, int64_t(2) * num_threads}));
     }
-    return splits;
+}
+
+// The buffers of the absorbed and expanded forms that outlive a call (Workspace::Attention).
+struct AbsorbedRef { int64_t b, start, qlen, offset; };  // offset: first row in the packed buffers
+struct AbsorbedBuffers {
+    std::vector<int64_t> splits, order, first;
+    std::vector<Partial> parts;
+    std::vector<float> state;  // every part's [mx | l | o]; each task initialises its own
+};
+
+// Grows v to at least n elements (never shrinks: the workspace keeps its largest size).
+template <typename T>
+T* grow(std::vector<T>& v, int64_t n) {
+    if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
+    return v.data();
 }
 
 void run_absorbed(const IsaKernels& K, const std::vector<AbsorbedSeq>& seqs, int64_t r, float scale,
-                  const Threading& th) {
-    const std::vector<int64_t> splits = plan_splits(seqs, th.num_threads);
-    std::vector<Partial> parts;
+                  const Threading& th, AbsorbedBuffers& buf) {
+    std::vector<int64_t>& splits = buf.splits;
+    plan_splits(seqs, th.num_threads, splits);
+    std::vector<Partial>& parts = buf.parts;
+    parts.clear();
     int64_t floats = 0;
     for (size_t i = 0; i < seqs.size(); ++i) floats += splits[i] * seqs[i].qlen * seqs[i].heads * (r + 2);
-    std::vector<float> state(static_cast<size_t>(floats));
-    float* cursor = state.data();
+    float* cursor = grow(buf.state, floats);
     for (size_t i = 0; i < seqs.size(); ++i) {
         const int64_t rows = seqs[i].qlen * seqs[i].heads;
         const int64_t chunks = (seqs[i].seq_len + kChunk - 1) / kChunk;
@@ -208,7 +223,8 @@ void run_absorbed(const IsaKernels& K, const std::vector<AbsorbedSeq>& seqs, int
         }
     }
     // Largest parts first, so the last ones to be picked are the small ones.
-    std::vector<int64_t> order(parts.size());
+    std::vector<int64_t>& order = buf.order;
+    order.resize(parts.size());
     for (size_t k = 0; k < parts.size(); ++k) order[k] = static_cast<int64_t>(k);
     auto cost = [&](int64_t k) { return (parts[k].c_end - parts[k].c_begin) * seqs[parts[k].seq].qlen; };
     std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return cost(a) > cost(b); });
@@ -217,7 +233,8 @@ void run_absorbed(const IsaKernels& K, const std::vector<AbsorbedSeq>& seqs, int
         absorbed_task(K, seqs[p.seq], p, r, scale);
     });
     // Merge each sequence's splits: out = sum_k e^(m_k - M) o_k / sum_k e^(m_k - M) l_k.
-    std::vector<int64_t> first(seqs.size() + 1, 0);
+    std::vector<int64_t>& first = buf.first;
+    first.assign(seqs.size() + 1, 0);
     for (size_t i = 0; i < seqs.size(); ++i) first[i + 1] = first[i] + splits[i];
     dynamic_for(th, static_cast<int64_t>(seqs.size()), [&](int64_t i) {
         const AbsorbedSeq& s = seqs[i];
@@ -332,45 +349,58 @@ void expanded_task(const IsaKernels& K, const ExpandedSeq& s, int64_t h, int64_t
 // f32 view of a float tensor: the tensor itself when f32, else a converted copy kept in `keep`.
 const float* as_f32(const TensorView& t, std::vector<float>& keep) {
     if (t.dtype == DType::f32) return t.ptr<const float>();
-    keep.resize(static_cast<size_t>(t.numel()));
-    to_f32(t.data, t.dtype, keep.data(), t.numel());
+    to_f32(t.data, t.dtype, grow(keep, t.numel()), t.numel());
     return keep.data();
 }
 
 }  // namespace
 
+// The buffers one op reuses across calls (the largest call's size).
+struct Workspace::Attention {
+    AbsorbedBuffers absorbed;
+    std::vector<AbsorbedSeq> seqs;
+    std::vector<AbsorbedRef> refs;
+    std::vector<ExpandedSeq> expanded;
+    std::vector<float> q576, lat, out_f32, q_f32[2], w_f32[2];
+};
+
+Workspace::Workspace() = default;
+Workspace::~Workspace() = default;
+
+static Workspace::Attention& attention_buffers(Workspace& ws) {
+    if (!ws.attention) ws.attention = std::make_unique<Workspace::Attention>();
+    return *ws.attention;
+}
+
 // ---------------------------------------------------------------- MlaPagedDecode
 
 static const char* kDecode = "MlaPagedDecode";
 
-DecodeShapes paged_decode_shapes(const TensorView& q, const TensorView& cache_in, const TensorView& bt,
-                                 const TensorView& seq_lens, int64_t r, KvDtype kv_dtype) {
+DecodePlan plan_decode(const TensorView& q, const TensorView& cache_in, const TensorView& bt,
+                       const TensorView& seq_lens, float scale, int64_t r, KvDtype kv_dtype) {
     check_rank(kDecode, q, 3);
     check_float(kDecode, q);
-    const TensorView cache = cache_rows(kDecode, cache_in, kv_dtype, r, /*writable=*/false).logical;
-    const int64_t w = cache.dim(2);
+    const CacheRows rows = cache_rows(kDecode, cache_in, kv_dtype, r, /*writable=*/false);
+    const int64_t w = rows.logical.dim(2);
     check_dim(kDecode, q, 2, w, "the cache row width r + dr");
     if (r <= 0 || r >= w)
         throw Error(std::string(kDecode) + ": attribute 'kv_lora_rank' must be in [1, " + std::to_string(w - 1) +
                     "] (below the cache row width), got " + std::to_string(r));
-    check_block_tables(kDecode, bt, seq_lens, cache, q.dim(0), /*min_len=*/1);
-    return DecodeShapes{q.dim(0), q.dim(1), r};
+    check_block_tables(kDecode, bt, seq_lens, rows.logical, q.dim(0), /*min_len=*/1);
+    return DecodePlan{DecodeShapes{q.dim(0), q.dim(1), r}, rows, &q, &bt, &seq_lens, scale};
 }
 
-void paged_decode(const TensorView& q, const TensorView& cache_in, const TensorView& bt, const TensorView& seq_lens,
-                  float scale, int64_t r, const TensorView& out, const Threading& th, KvDtype kv_dtype) {
-    const DecodeShapes shp = paged_decode_shapes(q, cache_in, bt, seq_lens, r, kv_dtype);
-    const CacheRows cache = cache_rows(kDecode, cache_in, kv_dtype, r, /*writable=*/false);
-    const int64_t w = cache.width;
-    std::vector<float> q_keep, out_f32;
-    const float* qf = as_f32(q, q_keep);
-    float* of = out.dtype == DType::f32 ? out.ptr<float>()
-                                        : (out_f32.resize(static_cast<size_t>(shp.batch * shp.heads * r)), out_f32.data());
-    std::vector<AbsorbedSeq> seqs;
+void run_decode(const DecodePlan& plan, const TensorView& out, const Threading& th, Workspace& ws_all) {
+    Workspace::Attention& ws = attention_buffers(ws_all);
+    const DecodeShapes& shp = plan.shapes;
+    const int64_t w = plan.cache.width, r = shp.rank;
+    const float* qf = as_f32(*plan.q, ws.q_f32[0]);
+    float* of = out.dtype == DType::f32 ? out.ptr<float>() : grow(ws.out_f32, shp.batch * shp.heads * r);
+    ws.seqs.clear();
     for (int64_t b = 0; b < shp.batch; ++b)
-        seqs.push_back(AbsorbedSeq{seq_cache(cache, bt, b), qf + b * shp.heads * w, 1, shp.heads,
-                                   index_at(seq_lens, b), of + b * shp.heads * r});
-    run_absorbed(isa(), seqs, r, scale, th);
+        ws.seqs.push_back(AbsorbedSeq{seq_cache(plan.cache, *plan.block_tables, b), qf + b * shp.heads * w, 1,
+                                      shp.heads, index_at(*plan.seq_lens, b), of + b * shp.heads * r});
+    run_absorbed(isa(), ws.seqs, r, plan.scale, th, ws.absorbed);
     if (out.dtype != DType::f32) from_f32(of, out.dtype, out.data, shp.batch * shp.heads * r);
 }
 
@@ -378,14 +408,19 @@ void paged_decode(const TensorView& q, const TensorView& cache_in, const TensorV
 
 static const char* kAttn = "MlaPagedAttention";
 
-AttentionShapes paged_attention_shapes(const TensorView& q_nope, const TensorView& q_pe, const TensorView& cache_in,
-                                       const TensorView& w_uk, const TensorView& w_uv, const TensorView& qsl,
-                                       const TensorView& seq_lens, const TensorView& bt, KvDtype kv_dtype) {
+AttentionPlan plan_attention(const TensorView& q_nope, const TensorView& q_pe, const TensorView& cache_in,
+                             const TensorView& w_uk, const TensorView& w_uv, const TensorView& qsl,
+                             const TensorView& seq_lens, const TensorView& bt, float scale, Form form,
+                             KvDtype kv_dtype) {
     for (const TensorView* t : {&q_nope, &q_pe, &w_uk, &w_uv}) {
         check_rank(kAttn, *t, 3);
         check_float(kAttn, *t);
     }
-    const TensorView cache = cache_rows(kAttn, cache_in, kv_dtype, w_uk.dim(2), /*writable=*/false).logical;
+    if (form != Form::automatic && form != Form::absorbed && form != Form::expanded)
+        throw Error(std::string(kAttn) + ": attribute 'form' must be 0 (auto), 1 (absorbed) or 2 (expanded), got " +
+                    std::to_string(static_cast<int64_t>(form)));
+    const CacheRows rows = cache_rows(kAttn, cache_in, kv_dtype, w_uk.dim(2), /*writable=*/false);
+    const TensorView& cache = rows.logical;
     const int64_t t_count = q_nope.dim(0), heads = q_nope.dim(1), dn = q_nope.dim(2);
     const int64_t r = w_uk.dim(2), w = cache.dim(2);
     check_dim(kAttn, q_pe, 0, t_count, "the number of tokens T of q_nope");
@@ -415,7 +450,8 @@ AttentionShapes paged_attention_shapes(const TensorView& q_nope, const TensorVie
     if (index_at(qsl, batch) != t_count)
         fail(kAttn, qsl, "must end at T = " + std::to_string(t_count) + " (tokens of q_nope), got " +
                              std::to_string(index_at(qsl, batch)));
-    return AttentionShapes{t_count, heads, w_uv.dim(2)};
+    return AttentionPlan{AttentionShapes{t_count, heads, w_uv.dim(2)}, rows, &q_nope, &q_pe, &w_uk, &w_uv, &qsl,
+                         &seq_lens, &bt, scale, form};
 }
 
 Form choose_form(int64_t qlen, int64_t seq_len, int64_t heads, int64_t r, int64_t dr, int64_t dn, int64_t dv) {
@@ -425,31 +461,30 @@ Form choose_form(int64_t qlen, int64_t seq_len, int64_t heads, int64_t r, int64_
     return expanded < absorbed ? Form::expanded : Form::absorbed;
 }
 
-void paged_attention(const TensorView& q_nope, const TensorView& q_pe, const TensorView& cache_in,
-                     const TensorView& w_uk, const TensorView& w_uv, const TensorView& qsl,
-                     const TensorView& seq_lens, const TensorView& bt, float scale, Form form,
-                     const TensorView& out, const Threading& th, KvDtype kv_dtype) {
-    const AttentionShapes shp = paged_attention_shapes(q_nope, q_pe, cache_in, w_uk, w_uv, qsl, seq_lens, bt, kv_dtype);
-    const CacheRows cache = cache_rows(kAttn, cache_in, kv_dtype, w_uk.dim(2), /*writable=*/false);
-    const int64_t heads = shp.heads, dn = q_nope.dim(2), dr = q_pe.dim(2), r = w_uk.dim(2), dv = shp.v_dim;
-    const int64_t w = cache.width, batch = qsl.dim(0) - 1;
-    std::vector<float> k1, k2, k3, k4, out_keep;
-    const float* qn = as_f32(q_nope, k1);
-    const float* qp = as_f32(q_pe, k2);
-    const float* wuk = as_f32(w_uk, k3);
-    const float* wuv = as_f32(w_uv, k4);
-    float* of = out.dtype == DType::f32 ? out.ptr<float>()
-                                        : (out_keep.resize(static_cast<size_t>(shp.tokens * heads * dv)), out_keep.data());
+void run_attention(const AttentionPlan& plan, const TensorView& out, const Threading& th, Workspace& ws_all) {
+    Workspace::Attention& ws = attention_buffers(ws_all);
+    const AttentionShapes& shp = plan.shapes;
+    const TensorView &qsl = *plan.query_start_loc, &seq_lens = *plan.seq_lens, &bt = *plan.block_tables;
+    const CacheRows& cache = plan.cache;
+    const int64_t heads = shp.heads, dn = plan.q_nope->dim(2), dr = plan.q_pe->dim(2), r = plan.w_uk->dim(2);
+    const int64_t dv = shp.v_dim, w = cache.width, batch = qsl.dim(0) - 1;
+    const float scale = plan.scale;
+    const float* qn = as_f32(*plan.q_nope, ws.q_f32[0]);
+    const float* qp = as_f32(*plan.q_pe, ws.q_f32[1]);
+    const float* wuk = as_f32(*plan.w_uk, ws.w_f32[0]);
+    const float* wuv = as_f32(*plan.w_uv, ws.w_f32[1]);
+    float* of = out.dtype == DType::f32 ? out.ptr<float>() : grow(ws.out_f32, shp.tokens * heads * dv);
     const IsaKernels& K = isa();
 
-    std::vector<ExpandedSeq> expanded;
-    struct AbsorbedRef { int64_t b, start, qlen, offset; };  // offset: first row in the packed buffers
-    std::vector<AbsorbedRef> absorbed;
+    std::vector<ExpandedSeq>& expanded = ws.expanded;
+    std::vector<AbsorbedRef>& absorbed = ws.refs;
+    expanded.clear();
+    absorbed.clear();
     int64_t absorbed_rows = 0;
     for (int64_t b = 0; b < batch; ++b) {
         const int64_t start = index_at(qsl, b), qlen = index_at(qsl, b + 1) - start, len = index_at(seq_lens, b);
         if (qlen == 0) continue;
-        const Form f = form == Form::automatic ? choose_form(qlen, len, heads, r, dr, dn, dv) : form;
+        const Form f = plan.form == Form::automatic ? choose_form(qlen, len, heads, r, dr, dn, dv) : plan.form;
         if (f == Form::expanded) {
             expanded.push_back(ExpandedSeq{seq_cache(cache, bt, b), start, qlen, len});
         } else {
@@ -460,26 +495,27 @@ void paged_attention(const TensorView& q_nope, const TensorView& q_pe, const Ten
 
     if (!absorbed.empty()) {
         // q576 = [q_nope @ W_UK | q_pe] for every (token, head) of the absorbed sequences.
-        std::vector<float> q576(static_cast<size_t>(absorbed_rows * w)), lat(static_cast<size_t>(absorbed_rows * r));
+        float* q576 = grow(ws.q576, absorbed_rows * w);
+        float* lat = grow(ws.lat, absorbed_rows * r);
         const int64_t n_abs = static_cast<int64_t>(absorbed.size());
         th.parallel_for(n_abs * heads, [&](int64_t k) {
             const AbsorbedRef& a = absorbed[k / heads];
             const int64_t h = k % heads;
-            float* dst = q576.data() + (a.offset + h) * w;
+            float* dst = q576 + (a.offset + h) * w;
             K.gemm(a.qlen, r, dn, qn + (a.start * heads + h) * dn, heads * dn, wuk + h * dn * r, r, dst, heads * w, false);
             for (int64_t t = 0; t < a.qlen; ++t)
                 std::copy_n(qp + ((a.start + t) * heads + h) * dr, dr, dst + t * heads * w + r);
         });
-        std::vector<AbsorbedSeq> seqs;
+        ws.seqs.clear();
         for (const AbsorbedRef& a : absorbed)
-            seqs.push_back(AbsorbedSeq{seq_cache(cache, bt, a.b), q576.data() + a.offset * w, a.qlen, heads,
-                                       index_at(seq_lens, a.b), lat.data() + a.offset * r});
-        run_absorbed(K, seqs, r, scale, th);
+            ws.seqs.push_back(AbsorbedSeq{seq_cache(cache, bt, a.b), q576 + a.offset * w, a.qlen, heads,
+                                          index_at(seq_lens, a.b), lat + a.offset * r});
+        run_absorbed(K, ws.seqs, r, scale, th, ws.absorbed);
         // o = o_lat @ W_UV per head.
         th.parallel_for(n_abs * heads, [&](int64_t k) {
             const AbsorbedRef& a = absorbed[k / heads];
             const int64_t h = k % heads;
-            K.gemm(a.qlen, dv, r, lat.data() + (a.offset + h) * r, heads * r, wuv + h * r * dv, dv,
+            K.gemm(a.qlen, dv, r, lat + (a.offset + h) * r, heads * r, wuv + h * r * dv, dv,
                    of + (a.start * heads + h) * dv, heads * dv, false);
         });
     }

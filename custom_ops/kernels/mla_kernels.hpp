@@ -1,15 +1,49 @@
-// The three MLA kernels on raw pointers. Each entry point validates every input first (see
-// validate.cpp) and throws mla::Error naming the input and the bad value; nothing is read or
-// written before validation passes.
+// The three MLA kernels on raw pointers, each as validate -> plan -> run (FlashInfer's plan/run
+// split, inside the op): plan_* validates every input once (validate.cpp; throws mla::Error
+// naming the input and the bad value, before anything is read or written) and returns the
+// output shape and what the run needs; run_* computes into buffers of a Workspace that the op
+// owns and reuses across calls (no per-layer, per-step allocation once it has grown).
 //
 // Notation: r = kv_lora_rank, dr = rope dim, W = r + dr (the cache row), dn = nope dim,
 // dv = value dim, H = heads, BS = block size, NB = blocks, M = block-table width.
 #pragma once
 
+#include <memory>
+#include <mutex>
+#include <vector>
+
 #include "cache_format.hpp"
 #include "mla_tensor.hpp"
 
 namespace mla {
+
+// Memory reused across calls of one op instance; grows to the largest call seen.
+struct Workspace {
+    Workspace();
+    ~Workspace();
+    Workspace(const Workspace&) = delete;
+    Workspace& operator=(const Workspace&) = delete;
+    struct Attention;                      // latent_attention.cpp's buffers
+    std::unique_ptr<Attention> attention;  // made on first use
+    std::vector<uint8_t> slot_taken;       // cache_write: all 0 between calls
+};
+
+// The workspace an op object owns. Runtimes may run one op object from several requests at
+// once: a call that finds it busy runs with a fresh one instead of waiting.
+class OpWorkspace {
+public:
+    template <class F>
+    void use(F&& fn) {
+        std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
+        if (lock.owns_lock()) return fn(ws_);
+        Workspace spare;
+        fn(spare);
+    }
+
+private:
+    std::mutex mutex_;
+    Workspace ws_;
+};
 
 // Output shapes, computed after validation (used by the wrappers to allocate outputs).
 struct DecodeShapes { int64_t batch, heads, rank; };
@@ -21,30 +55,38 @@ struct AttentionShapes { int64_t tokens, heads, v_dim; };
 // MlaCacheWrite: row [kv_c[t] | k_pe[t]] -> slot slot_mapping[t] (skipped when < 0), in place,
 // rounded or quantised to the cache's format. Returns the number of rows written.
 int64_t cache_write(const TensorView& kv_c, const TensorView& k_pe, const TensorView& kv_cache,
-                    const TensorView& slot_mapping, const Threading& threading,
-                    KvDtype kv_dtype = KvDtype::automatic);
+                    const TensorView& slot_mapping, const Threading& threading, KvDtype kv_dtype,
+                    Workspace& ws);
+
+// A validated call. It points at the caller's views, which must outlive it.
+struct DecodePlan {
+    DecodeShapes shapes;
+    CacheRows cache;
+    const TensorView *q, *block_tables, *seq_lens;
+    float scale;
+};
 
 // MlaPagedDecode: absorbed MQA over the latent rows, vLLM mla_decode_kvcache semantics.
-DecodeShapes paged_decode_shapes(const TensorView& q, const TensorView& kv_cache,
-                                 const TensorView& block_tables, const TensorView& seq_lens,
-                                 int64_t kv_lora_rank, KvDtype kv_dtype = KvDtype::automatic);
-void paged_decode(const TensorView& q, const TensorView& kv_cache, const TensorView& block_tables,
-                  const TensorView& seq_lens, float scale, int64_t kv_lora_rank,
-                  const TensorView& out, const Threading& threading, KvDtype kv_dtype = KvDtype::automatic);
+DecodePlan plan_decode(const TensorView& q, const TensorView& kv_cache, const TensorView& block_tables,
+                       const TensorView& seq_lens, float scale, int64_t kv_lora_rank, KvDtype kv_dtype);
+// out [B, H, r] (of plan.shapes).
+void run_decode(const DecodePlan& plan, const TensorView& out, const Threading& threading, Workspace& ws);
 
 // MlaPagedAttention: causal attention of packed new tokens over their sequences' cached rows.
 enum class Form : int64_t { automatic = 0, absorbed = 1, expanded = 2 };
-AttentionShapes paged_attention_shapes(const TensorView& q_nope, const TensorView& q_pe,
-                                       const TensorView& kv_cache, const TensorView& w_uk,
-                                       const TensorView& w_uv, const TensorView& query_start_loc,
-                                       const TensorView& seq_lens, const TensorView& block_tables,
-                                       KvDtype kv_dtype = KvDtype::automatic);
-void paged_attention(const TensorView& q_nope, const TensorView& q_pe, const TensorView& kv_cache,
-                     const TensorView& w_uk, const TensorView& w_uv,
-                     const TensorView& query_start_loc, const TensorView& seq_lens,
-                     const TensorView& block_tables, float scale, Form form,
-                     const TensorView& out, const Threading& threading,
-                     KvDtype kv_dtype = KvDtype::automatic);
+struct AttentionPlan {
+    AttentionShapes shapes;
+    CacheRows cache;
+    const TensorView *q_nope, *q_pe, *w_uk, *w_uv, *query_start_loc, *seq_lens, *block_tables;
+    float scale;
+    Form form;
+};
+AttentionPlan plan_attention(const TensorView& q_nope, const TensorView& q_pe, const TensorView& kv_cache,
+                             const TensorView& w_uk, const TensorView& w_uv, const TensorView& query_start_loc,
+                             const TensorView& seq_lens, const TensorView& block_tables, float scale, Form form,
+                             KvDtype kv_dtype);
+// out [T, H, dv] (of plan.shapes).
+void run_attention(const AttentionPlan& plan, const TensorView& out, const Threading& threading, Workspace& ws);
 
 // MlaStepCheck: the whole step's metadata checked before any layer runs (see step_check.cpp).
 struct StepInputs {

@@ -44,7 +44,7 @@ void check_index(const char* op, const TensorView& t) {
 void check_cache(const char* op, const TensorView& c, bool writable) {
     check_rank(op, c, 3);
     if (writable && c.dtype != DType::f32 && c.dtype != DType::bf16 && c.dtype != DType::f16)
-        fail(op, c, std::string("must be f32 or bf16 to be written in place, got ") + dtype_name(c.dtype));
+        fail(op, c, std::string("must be f32, bf16 or f16 to be written in place, got ") + dtype_name(c.dtype));
     check_float(op, c);
     if (c.dim(1) < 1) fail(op, c, "must have a block size of at least 1, got shape " + shape_str(c.shape));
     if (c.dim(2) < 2) fail(op, c, "must have a row width of at least 2, got shape " + shape_str(c.shape));

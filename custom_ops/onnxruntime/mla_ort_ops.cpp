@@ -209,9 +209,12 @@ struct CacheWriteKernel {
     OrtStatusPtr ComputeV2(OrtKernelContext* context) {
         return guarded("MlaCacheWrite", [&] {
             Ort::KernelContext ctx(context);
-            const int64_t written = mla::cache_write(
-                input_view(ctx, 0, "kv_c"), input_view(ctx, 1, "k_pe"), input_view(ctx, 2, "kv_cache"),
-                input_view(ctx, 3, "slot_mapping"), ort_threading(context, num_threads_), kv_dtype_);
+            int64_t written = 0;
+            ws_.use([&](mla::Workspace& ws) {
+                written = mla::cache_write(input_view(ctx, 0, "kv_c"), input_view(ctx, 1, "k_pe"),
+                                           input_view(ctx, 2, "kv_cache"), input_view(ctx, 3, "slot_mapping"),
+                                           ort_threading(context, num_threads_), kv_dtype_, ws);
+            });
             const int64_t shape[1] = {1};
             auto out = ctx.GetOutput(0, shape, 1);
             out.GetTensorMutableData<int32_t>()[0] = static_cast<int32_t>(written);
@@ -219,6 +222,7 @@ struct CacheWriteKernel {
     }
     mla::KvDtype kv_dtype_;
     int num_threads_;
+    mla::OpWorkspace ws_;  // reused across ComputeV2 calls
 };
 
 struct CacheWriteOp : MlaOp<CacheWriteOp, CacheWriteKernel> {
@@ -237,9 +241,11 @@ struct CacheWriteOp : MlaOp<CacheWriteOp, CacheWriteKernel> {
 struct DecodeKernel {
     DecodeKernel(const OrtApi& api, const OrtKernelInfo* info, int num_threads)
         : scale_(float_attr(api, info, "MlaPagedDecode", "scale")),
-          kv_lora_rank_(int_attr(api, info, "kv_lora_rank", 512)),
+          kv_lora_rank_(int_attr(api, info, "kv_lora_rank", -1)),  // required: no model's r is a default
           kv_dtype_(kv_dtype_attr(api, info, "MlaPagedDecode")),
           num_threads_(num_threads) {
+        if (kv_lora_rank_ == -1)
+            throw mla::Error("MlaPagedDecode: attribute 'kv_lora_rank' (the latent rank r) is required");
         if (kv_lora_rank_ <= 0)
             throw mla::Error("MlaPagedDecode: attribute 'kv_lora_rank' must be positive, got " +
                              std::to_string(kv_lora_rank_));
@@ -249,17 +255,20 @@ struct DecodeKernel {
             Ort::KernelContext ctx(context);
             const auto q = input_view(ctx, 0, "q"), cache = input_view(ctx, 1, "kv_cache");
             const auto bt = input_view(ctx, 2, "block_tables"), lens = input_view(ctx, 3, "seq_lens");
-            const mla::DecodeShapes s = mla::paged_decode_shapes(q, cache, bt, lens, kv_lora_rank_, kv_dtype_);
-            const int64_t shape[3] = {s.batch, s.heads, s.rank};
+            const mla::DecodePlan plan = mla::plan_decode(q, cache, bt, lens, scale_, kv_lora_rank_, kv_dtype_);
+            const int64_t shape[3] = {plan.shapes.batch, plan.shapes.heads, plan.shapes.rank};
             auto out = ctx.GetOutput(0, shape, 3);
-            mla::paged_decode(q, cache, bt, lens, scale_, kv_lora_rank_, output_view(out, "output"),
-                              ort_threading(context, num_threads_), kv_dtype_);
+            const auto out_view = output_view(out, "output");
+            ws_.use([&](mla::Workspace& ws) {
+                mla::run_decode(plan, out_view, ort_threading(context, num_threads_), ws);
+            });
         });
     }
     float scale_;
     int64_t kv_lora_rank_;
     mla::KvDtype kv_dtype_;
     int num_threads_;
+    mla::OpWorkspace ws_;  // reused across ComputeV2 calls
 };
 
 struct DecodeOp : MlaOp<DecodeOp, DecodeKernel> {
@@ -295,17 +304,21 @@ struct AttentionKernel {
             const auto wuk = input_view(ctx, 3, "w_uk"), wuv = input_view(ctx, 4, "w_uv");
             const auto qsl = input_view(ctx, 5, "query_start_loc"), lens = input_view(ctx, 6, "seq_lens");
             const auto bt = input_view(ctx, 7, "block_tables");
-            const mla::AttentionShapes s = mla::paged_attention_shapes(qn, qp, cache, wuk, wuv, qsl, lens, bt, kv_dtype_);
-            const int64_t shape[3] = {s.tokens, s.heads, s.v_dim};
+            const mla::AttentionPlan plan = mla::plan_attention(qn, qp, cache, wuk, wuv, qsl, lens, bt, scale_,
+                                                                static_cast<mla::Form>(form_), kv_dtype_);
+            const int64_t shape[3] = {plan.shapes.tokens, plan.shapes.heads, plan.shapes.v_dim};
             auto out = ctx.GetOutput(0, shape, 3);
-            mla::paged_attention(qn, qp, cache, wuk, wuv, qsl, lens, bt, scale_, static_cast<mla::Form>(form_),
-                                 output_view(out, "output"), ort_threading(context, num_threads_), kv_dtype_);
+            const auto out_view = output_view(out, "output");
+            ws_.use([&](mla::Workspace& ws) {
+                mla::run_attention(plan, out_view, ort_threading(context, num_threads_), ws);
+            });
         });
     }
     float scale_;
     int64_t form_;
     mla::KvDtype kv_dtype_;
     int num_threads_;
+    mla::OpWorkspace ws_;  // reused across ComputeV2 calls
 };
 
 struct AttentionOp : MlaOp<AttentionOp, AttentionKernel> {

@@ -6,6 +6,7 @@
 #include <openvino/core/op_extension.hpp>
 #include <openvino/frontend/onnx/extension/conversion.hpp>
 
+#include "../kernels/mla_kernels.hpp"
 #include "mla_ops.hpp"
 
 namespace {
@@ -27,7 +28,7 @@ ov::OutputVector convert_cache_write(const ov::frontend::NodeContext& ctx) {
 
 ov::OutputVector convert_decode(const ov::frontend::NodeContext& ctx) {
     const float scale = ctx.get_attribute<float>("scale");
-    const int64_t rank = ctx.get_attribute<int64_t>("kv_lora_rank", 512);
+    const int64_t rank = ctx.get_attribute<int64_t>("kv_lora_rank");  // required: no model's r is a default
     return std::make_shared<mla_ov::MlaPagedDecode>(inputs_of(ctx), scale, rank, kv_dtype_of(ctx))->outputs();
 }
 
@@ -44,6 +45,10 @@ ov::OutputVector convert_step_check(const ov::frontend::NodeContext& ctx) {
 }
 
 }  // namespace
+
+// The instruction-set table the kernels in this library run ("avx512", "avx2" or "generic";
+// MLA_EXPORT_ISA forces one), for logs and for the tests that must know which path ran.
+extern "C" __attribute__((visibility("default"))) const char* MlaExportIsa() { return mla::isa_name(); }
 
 OPENVINO_CREATE_EXTENSIONS(std::vector<ov::Extension::Ptr>({
     std::make_shared<ov::OpExtension<mla_ov::MlaCacheWrite>>(),

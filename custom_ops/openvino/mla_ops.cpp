@@ -111,9 +111,12 @@ bool MlaCacheWrite::visit_attributes(ov::AttributeVisitor& visitor) {
 
 bool MlaCacheWrite::evaluate(ov::TensorVector& outputs, const ov::TensorVector& inputs) const {
     return recorded([&] {
-        const int64_t written = mla::cache_write(view(inputs[0], "kv_c"), view(inputs[1], "k_pe"),
-                                                 view(inputs[2], "kv_cache"), view(inputs[3], "slot_mapping"),
-                                                 ov_threading(), mla::kv_dtype_from_name("MlaCacheWrite", m_kv_dtype));
+        int64_t written = 0;
+        m_ws.use([&](mla::Workspace& ws) {
+            written = mla::cache_write(view(inputs[0], "kv_c"), view(inputs[1], "k_pe"), view(inputs[2], "kv_cache"),
+                                       view(inputs[3], "slot_mapping"), ov_threading(),
+                                       mla::kv_dtype_from_name("MlaCacheWrite", m_kv_dtype), ws);
+        });
         outputs[0].set_shape(ov::Shape{1});
         outputs[0].data<int32_t>()[0] = static_cast<int32_t>(written);
     });
@@ -129,6 +132,8 @@ MlaPagedDecode::MlaPagedDecode(const ov::OutputVector& args, float scale, int64_
 void MlaPagedDecode::validate_and_infer_types() {
     check_inputs(this, 4);
     check_kv_dtype(this, m_kv_dtype);
+    NODE_VALIDATION_CHECK(this, m_kv_lora_rank > 0, "MlaPagedDecode attribute 'kv_lora_rank' must be positive, got ",
+                          m_kv_lora_rank);
     const auto& q = get_input_partial_shape(0);
     ov::PartialShape out = ov::PartialShape::dynamic(3);
     if (q.rank().is_static() && q.rank().get_length() == 3) out = ov::PartialShape{q[0], q[1], m_kv_lora_rank};
@@ -151,9 +156,10 @@ bool MlaPagedDecode::evaluate(ov::TensorVector& outputs, const ov::TensorVector&
         const auto q = view(inputs[0], "q"), cache = view(inputs[1], "kv_cache");
         const auto bt = view(inputs[2], "block_tables"), lens = view(inputs[3], "seq_lens");
         const auto kv = mla::kv_dtype_from_name("MlaPagedDecode", m_kv_dtype);
-        const mla::DecodeShapes s = mla::paged_decode_shapes(q, cache, bt, lens, m_kv_lora_rank, kv);
+        const mla::DecodePlan plan = mla::plan_decode(q, cache, bt, lens, m_scale, m_kv_lora_rank, kv);
+        const mla::DecodeShapes& s = plan.shapes;
         outputs[0].set_shape(ov::Shape{size_t(s.batch), size_t(s.heads), size_t(s.rank)});
-        mla::paged_decode(q, cache, bt, lens, m_scale, m_kv_lora_rank, view(outputs[0], "output"), ov_threading(), kv);
+        m_ws.use([&](mla::Workspace& ws) { mla::run_decode(plan, view(outputs[0], "output"), ov_threading(), ws); });
     });
 }
 
@@ -195,10 +201,11 @@ bool MlaPagedAttention::evaluate(ov::TensorVector& outputs, const ov::TensorVect
         const auto qsl = view(inputs[5], "query_start_loc"), lens = view(inputs[6], "seq_lens");
         const auto bt = view(inputs[7], "block_tables");
         const auto kv = mla::kv_dtype_from_name("MlaPagedAttention", m_kv_dtype);
-        const mla::AttentionShapes s = mla::paged_attention_shapes(qn, qp, cache, wuk, wuv, qsl, lens, bt, kv);
+        const mla::AttentionPlan plan = mla::plan_attention(qn, qp, cache, wuk, wuv, qsl, lens, bt, m_scale,
+                                                            static_cast<mla::Form>(m_form), kv);
+        const mla::AttentionShapes& s = plan.shapes;
         outputs[0].set_shape(ov::Shape{size_t(s.tokens), size_t(s.heads), size_t(s.v_dim)});
-        mla::paged_attention(qn, qp, cache, wuk, wuv, qsl, lens, bt, m_scale, static_cast<mla::Form>(m_form),
-                             view(outputs[0], "output"), ov_threading(), kv);
+        m_ws.use([&](mla::Workspace& ws) { mla::run_attention(plan, view(outputs[0], "output"), ov_threading(), ws); });
     });
 }
 

@@ -8,6 +8,8 @@
 
 #include <openvino/op/op.hpp>
 
+#include "../kernels/mla_kernels.hpp"
+
 namespace mla_ov {
 
 class MlaCacheWrite : public ov::op::Op {
@@ -24,6 +26,7 @@ public:
 
 private:
     std::string m_kv_dtype;  // the cache's row format ("" = by element type, see cache_format.hpp)
+    mutable mla::OpWorkspace m_ws;  // reused across evaluate calls
 };
 
 class MlaPagedDecode : public ov::op::Op {
@@ -40,8 +43,9 @@ public:
 
 private:
     float m_scale = 1.0f;
-    int64_t m_kv_lora_rank = 512;
+    int64_t m_kv_lora_rank = 0;  // set by the constructor or the IR's attribute (checked > 0)
     std::string m_kv_dtype;
+    mutable mla::OpWorkspace m_ws;  // reused across evaluate calls
 };
 
 class MlaPagedAttention : public ov::op::Op {
@@ -60,6 +64,7 @@ private:
     float m_scale = 1.0f;
     int64_t m_form = 0;
     std::string m_kv_dtype;
+    mutable mla::OpWorkspace m_ws;  // reused across evaluate calls
 };
 
 // input_ids, positions, slot_mapping, query_start_loc, seq_lens, block_tables, logits_indices,

@@ -224,9 +224,10 @@ def build_impls(case: Case, inp: dict, scale: float, args, peer) -> dict:
     import bench_impls as bi
     th = args.threads
     if case.kind == "decode":
-        makers = {"ours": lambda: bi.ours_decode(inp, scale, th),
-                  "torch": lambda: bi.torch_decode(inp, scale),
-                  "ov-std": lambda: bi.ovstd_decode(inp, scale, th)}
+        makers = {"ours": lambda: bi.ours_decode(inp, scale, th)}
+        if not args.ours_only:
+            makers.update({"torch": lambda: bi.torch_decode(inp, scale),
+                           "ov-std": lambda: bi.ovstd_decode(inp, scale, th)})
         if args.ort:
             makers["ort"] = lambda: bi.ort_decode(inp, scale, th)
         peer_ops = {"vllm": "vllm_decode", "sglang": "sglang_decode"}
@@ -234,8 +235,9 @@ def build_impls(case: Case, inp: dict, scale: float, args, peer) -> dict:
         makers = {"ours": lambda: bi.ours_prefill(inp, scale, th)}
         for form in args.forms:
             makers[f"ours-{form}"] = lambda form=form: bi.ours_prefill(inp, scale, th, form)
-        makers.update({"torch": lambda: bi.torch_prefill(inp, scale),
-                       "ov-std": lambda: bi.ovstd_prefill(inp, scale, th)})
+        if not args.ours_only:
+            makers.update({"torch": lambda: bi.torch_prefill(inp, scale),
+                           "ov-std": lambda: bi.ovstd_prefill(inp, scale, th)})
         if args.ort:
             makers["ort"] = lambda: bi.ort_prefill(inp, scale, th)
         peer_ops = {"sglang": "sglang_extend", "sglang-core": "sglang_extend_core"}
@@ -245,9 +247,47 @@ def build_impls(case: Case, inp: dict, scale: float, args, peer) -> dict:
             impls[name] = make()
         except bi.Skip as e:
             impls[name] = str(e)
-    for name, op in peer_ops.items():
+    for name, op in ([] if args.ours_only else peer_ops.items()):
         impls[name] = peer_impl(peer, case, op)
     return impls
+
+
+def _isa_setter():
+    """MlaExportSetIsa of the loaded extension: switches the kernels' ISA table between calls."""
+    import ctypes
+
+    import mla_export
+    fn = ctypes.CDLL(mla_export.extension_path()).MlaExportSetIsa
+    fn.argtypes = [ctypes.c_char_p]
+    return fn
+
+
+def on_tables(impls: dict, checks: dict, tables: list[str]) -> tuple[dict, dict]:
+    """Each of our impls once per ISA table (`ours@avx2`, `ours@avx512`, ...), each switching the
+    table before its calls, so that the tables are timed in the same interleaved rounds on the
+    same inputs. The unswitched `ours*` columns are dropped (they would run whichever table ran last)."""
+    import bench_impls as bi
+    setter = _isa_setter()
+    for t in tables:
+        if not setter(t.encode()):
+            raise SystemExit(f"--isa-tables: this build or CPU cannot run the {t} table")
+    out, out_checks = {}, {}
+    for n, impl in impls.items():
+        if not n.startswith("ours") or isinstance(impl, str):
+            out[n] = impl
+            continue
+        for t in tables:
+            def times(k, impl=impl, t=t):
+                setter(t.encode())
+                return impl.times(k)
+
+            def output(impl=impl, t=t):
+                setter(t.encode())
+                return impl.output()
+            out[f"{n}@{t}"] = bi.Impl(times, output)
+            if n in checks:
+                out_checks[f"{n}@{t}"] = checks[n]
+    return out, out_checks
 
 
 def peer_impl(peer, case: Case, op: str):
@@ -341,6 +381,8 @@ def bench_case(case: Case, args, peer, rng) -> dict:
         impls[f"ours-{kv}"] = (bi.ours_decode(inp_kv, scale, args.threads, kv) if case.kind == "decode"
                                else bi.ours_prefill(inp_kv, scale, args.threads, "auto", kv))
         checks[f"ours-{kv}"] = reference_check(case, inp_kv, scale, kv)
+    if args.isa_tables:
+        impls, checks = on_tables(impls, checks, args.isa_tables)
     runnable = {n: i for n, i in impls.items() if not isinstance(i, str)}
     result = {"case": case.name, **asdict(case), **work(case),
               "impls": {n: {"skipped": i} if isinstance(i, str) else {} for n, i in impls.items()}}
@@ -523,8 +565,8 @@ def machine_info() -> dict:
 
 def start_peer(args):
     import bench_impls as bi
-    if args.no_peers:
-        return "peers skipped (--no-peers)"
+    if args.no_peers or args.ours_only:
+        return "peers skipped (--no-peers / --ours-only)"
     python = Path(args.peer_python)
     if not python.exists():
         return f"peer env missing ({python}; run ../shared/peers/setup_vllm_peer.sh)"
@@ -562,6 +604,9 @@ def parse_args(argv=None):
     ap.add_argument("--kv-dtypes", default="", type=lambda v: [k for k in v.split(",") if k],
                     help="extra columns on the bf16 shapes: ours over the same cache stored as f16,int8,fp8 rows")
     ap.add_argument("--no-peers", action="store_true")
+    ap.add_argument("--ours-only", action="store_true", help="only our kernels (no torch, ov-std or peers)")
+    ap.add_argument("--isa-tables", default="", type=lambda v: [k for k in v.split(",") if k],
+                    help="time ours once per kernel ISA table, e.g. avx2,avx512 (columns ours@avx2, ...)")
     ap.add_argument("--peer-python", default=os.environ.get("MLA_PEER_PYTHON", str(DEFAULT_PEER_PYTHON)))
     ap.add_argument("--out", default=str(ROOT / "bench_results"))
     ap.add_argument("--seed", type=int, default=0)

@@ -1,3 +1,4 @@
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -58,11 +59,26 @@ const IsaKernels& pick() {
     return isa_generic();
 }
 
+std::atomic<const IsaKernels*> g_chosen{nullptr};
+
 }  // namespace
 
 const IsaKernels& isa() {
-    static const IsaKernels& chosen = pick();
-    return chosen;
+    const IsaKernels* k = g_chosen.load(std::memory_order_acquire);
+    if (!k) {
+        static const IsaKernels& first = pick();  // once per process (throws on a bad MLA_EXPORT_ISA)
+        const IsaKernels* expected = nullptr;
+        g_chosen.compare_exchange_strong(expected, &first);
+        k = g_chosen.load(std::memory_order_acquire);
+    }
+    return *k;
+}
+
+bool set_isa(const char* name) {
+    const IsaKernels* k = usable(name);
+    if (!k) return false;
+    g_chosen.store(k, std::memory_order_release);
+    return true;
 }
 
 const char* isa_name() { return isa().name; }

@@ -100,7 +100,13 @@ void step_check(const StepInputs& in, const std::vector<TensorView>& caches, int
 Form choose_form(int64_t qlen, int64_t seq_len, int64_t heads, int64_t r, int64_t dr, int64_t dn,
                  int64_t dv);
 
-// Which vectorised code path this CPU runs ("avx2" or "generic").
+// Which vectorised code path the kernels run ("avx512", "avx2" or "generic"): the widest this
+// build and CPU have, or MLA_EXPORT_ISA's when set.
 const char* isa_name();
+
+// Switches every later kernel call to the named table (benchmarks compare tables side by side in
+// one process; call it between kernel calls, not during one). False, and nothing changes, when
+// this build or CPU cannot run it.
+bool set_isa(const char* name);
 
 }  // namespace mla

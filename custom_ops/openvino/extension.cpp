@@ -49,6 +49,8 @@ ov::OutputVector convert_step_check(const ov::frontend::NodeContext& ctx) {
 // The instruction-set table the kernels in this library run ("avx512", "avx2" or "generic";
 // MLA_EXPORT_ISA forces one), for logs and for the tests that must know which path ran.
 extern "C" __attribute__((visibility("default"))) const char* MlaExportIsa() { return mla::isa_name(); }
+// Benchmarks only: switch the table between calls (1 = done, 0 = not runnable here).
+extern "C" __attribute__((visibility("default"))) int MlaExportSetIsa(const char* name) { return mla::set_isa(name); }
 
 OPENVINO_CREATE_EXTENSIONS(std::vector<ov::Extension::Ptr>({
     std::make_shared<ov::OpExtension<mla_ov::MlaCacheWrite>>(),

@@ -19,8 +19,9 @@ graph inputs from it and the validator compares against it.
 Caches (`cache.dtype`, the export's --kv-dtype): f32 rows are declared `kv_cache.<i>: f32
 [NB, BS, W]`; every other format as raw bytes `u8 [NB, BS, row bytes]` in the custom-op graphs
 (the CPU plugin would copy a bf16/f16 input, see docs/ARCHITECTURE.md): bf16/f16 rows 2 * W bytes,
-int8/fp8 rows r + 4 + 2 * dr bytes = [r codes | f32 scale | dr bf16 k_pe] (`cache.row_layout`
-says it in words; mla_export/kv_formats.py is the numpy side). The portable ONNX graph declares
+int8/fp8 rows r + 4 * G + 2 * dr bytes = [r codes | G f32 group scales | dr bf16 k_pe], G = 4
+for int8 (groups of r / 4 values) and 1 for fp8 (`cache.row_layout` says it in words;
+mla_export/kv_formats.py is the numpy side). The portable ONNX graph declares
 caches in their logical dtype `[NB, BS, W]` (f32, bf16, f16 only: standard ONNX has no bit-cast
 to read an f32 scale out of a byte row) and returns the updated ones as `kv_cache_out.<i>`.
 Only the standard library is imported here.
@@ -76,6 +77,10 @@ _METADATA = [
 CACHE_DTYPES = ("f32", "bf16", "f16", "int8", "fp8")
 QUANTISED = ("int8", "fp8")
 PORTABLE_CACHE_DTYPES = ("f32", "bf16", "f16")
+# f32 scales per int8/fp8 row, each over r / G latent values (kv_formats.scale_groups is the same
+# rule, kept here too because this module imports nothing but the standard library; a test
+# checks that the two agree).
+SCALE_GROUPS = {"int8": 4, "fp8": 1}
 
 
 def cache_layout(kv_dtype: str, row_width: int, kv_lora_rank: int | None = None) -> tuple[str, int, str]:
@@ -91,8 +96,16 @@ def cache_layout(kv_dtype: str, row_width: int, kv_lora_rank: int | None = None)
         raise ContractError(f"an {kv_dtype} cache needs kv_lora_rank in [1, {row_width - 1}], got {kv_lora_rank!r}")
     dr = row_width - kv_lora_rank
     code = "int8" if kv_dtype == "int8" else "e4m3fn"
-    return ("u8", kv_lora_rank + 4 + 2 * dr,
-            f"{code}[{kv_lora_rank}] codes | f32 scale | bf16[{dr}] k_pe (value = code * scale)")
+    groups = SCALE_GROUPS[kv_dtype]
+    if kv_lora_rank % groups:
+        raise ContractError(f"an {kv_dtype} cache quantises kv_c in {groups} equal groups: kv_lora_rank "
+                            f"{kv_lora_rank} is not a multiple of {groups}")
+    if groups == 1:
+        return ("u8", kv_lora_rank + 4 + 2 * dr,
+                f"{code}[{kv_lora_rank}] codes | f32 scale | bf16[{dr}] k_pe (value = code * scale)")
+    return ("u8", kv_lora_rank + 4 * groups + 2 * dr,
+            f"{code}[{kv_lora_rank}] codes | f32[{groups}] scales, one per {kv_lora_rank // groups} codes | "
+            f"bf16[{dr}] k_pe (value = code * its group's scale)")
 
 
 def graph_io(num_layers: int, block_size: int, row_width: int, kv_dtype: str,

@@ -3,19 +3,21 @@ quantisation the kernels do (custom_ops/kernels/cache_format.hpp is the C++ side
 
 A row holds [kv_c (r values) | k_pe (dr values)], W = r + dr:
 
-| kv_dtype | row                                               | bytes (r=512, dr=64) |
-|----------|---------------------------------------------------|---------------------:|
-| f32      | W x f32                                           | 2304 |
-| bf16     | W x bf16                                          | 1152 |
-| f16      | W x IEEE half                                     | 1152 |
-| int8     | r x int8 code, f32 scale, dr x bf16 k_pe          | 644 |
-| fp8      | r x float8 e4m3fn code, f32 scale, dr x bf16 k_pe | 644 |
+| kv_dtype | row                                                       | bytes (r=512, dr=64) |
+|----------|-----------------------------------------------------------|---------------------:|
+| f32      | W x f32                                                   | 2304 |
+| bf16     | W x bf16                                                  | 1152 |
+| f16      | W x IEEE half                                             | 1152 |
+| int8     | r x int8 code, 4 x f32 group scale, dr x bf16 k_pe        | 656 |
+| fp8      | r x float8 e4m3fn code, 1 x f32 scale, dr x bf16 k_pe     | 644 |
 
-int8/fp8: one f32 scale per row for the latent part (kv_c is RMS-normalised), value = code *
-scale, scale = max|kv_c| / 127 (int8) or / 448 (fp8), computed in f32 as the kernels do:
-codes = round_half_even(x / scale) (int8, clipped to +-127) or float8_e4m3fn(x / scale); an
-all-zero row has scale 0 and codes 0; a row with a non-finite value has a NaN scale and codes
-0. k_pe stays bf16 (as in DeepSeek's own 656-byte fp8 cache entry: rotary keys need range).
+int8/fp8 quantise the latent part kv_c in `scale_groups` equal groups of r / G values, each with
+its own f32 scale: int8 4 groups (r must be a multiple of 4; 128 values each for r = 512, the
+layout of DeepSeek's own 656-byte fp8 entry), fp8 one per row (docs/KV_CACHE.md says why).
+value = code * scale, scale = max|group| / 127 (int8) or / 448 (fp8), computed in f32 as the
+kernels do: codes = round_half_even(x / scale) (int8, clipped to +-127) or
+float8_e4m3fn(x / scale); an all-zero group has scale 0 and codes 0; a group with a non-finite
+value has a NaN scale and codes 0. k_pe stays bf16 (rotary keys need range).
 
 Arrays: f32/bf16/f16 caches are [NB, BS, W] arrays of that dtype (bound to graphs as u8 bytes
 when 16-bit); int8/fp8 caches are u8 [NB, BS, row_bytes] arrays. Runtime-safe: numpy and
@@ -27,7 +29,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-__all__ = ["KV_DTYPES", "QUANTISED", "row_bytes", "bytes_per_value", "storage_dtype", "allocate", "graph_width",
+__all__ = ["KV_DTYPES", "QUANTISED", "scale_groups", "row_bytes", "bytes_per_value", "storage_dtype", "allocate", "graph_width",
            "kv_dtype_of", "quantise_rows", "dequantise_rows", "encode_rows", "decode_rows"]
 
 KV_DTYPES = ("f32", "bf16", "f16", "int8", "fp8")
@@ -44,11 +46,25 @@ def _check(kv_dtype: str) -> str:
     return kv_dtype
 
 
+_GROUPS = {"int8": 4, "fp8": 1}  # f32 scales per row (custom_ops/kernels/cache_format.cpp: scale_groups)
+
+
+def scale_groups(kv_dtype: str, r: int) -> int:
+    """f32 scales per row of an int8/fp8 cache (each over r / groups latent values); 0 otherwise."""
+    _check(kv_dtype)
+    if kv_dtype not in QUANTISED:
+        return 0
+    g = _GROUPS[kv_dtype]
+    if r % g:
+        raise ValueError(f"an {kv_dtype} cache quantises kv_c in {g} equal groups: kv_lora_rank {r} is not a multiple of {g}")
+    return g
+
+
 def row_bytes(kv_dtype: str, r: int, dr: int) -> int:
     """Bytes of one cache row of r + dr values."""
     _check(kv_dtype)
     if kv_dtype in QUANTISED:
-        return r + 4 + 2 * dr
+        return r + 4 * scale_groups(kv_dtype, r) + 2 * dr
     return (r + dr) * _FLOAT_STORAGE[kv_dtype].itemsize
 
 
@@ -89,10 +105,15 @@ def kv_dtype_of(cache: np.ndarray, kv_dtype: str | None = None) -> str:
     raise TypeError(f"cache dtype {cache.dtype} needs an explicit kv_dtype (int8 / fp8 caches are u8 arrays)")
 
 
-def quantise_rows(kv_c, kv_dtype: str):
-    """(codes, scales) of rows kv_c [N, r], computed in f32 exactly as the kernels' cache write:
-    codes int8 or float8_e4m3fn [N, r], scales f32 [N]."""
+def quantise_rows(kv_c, kv_dtype: str, groups: int = 1):
+    """(codes, scales) of rows kv_c [N, r] in `groups` equal groups, computed in f32 exactly as
+    the kernels' cache write: codes int8 or float8_e4m3fn [N, r], scales f32 [N, groups] (or [N]
+    when groups == 1)."""
     x = np.asarray(kv_c).astype(np.float32)
+    if groups != 1:
+        n, r = x.shape
+        codes, scale = quantise_rows(x.reshape(n * groups, r // groups), kv_dtype)
+        return codes.reshape(n, r), scale.reshape(n, groups)
     finite = np.isfinite(x).all(axis=1)
     amax = np.where(finite, np.abs(np.where(np.isfinite(x), x, 0)).max(axis=1, initial=0), 0).astype(np.float32)
     scale = np.where(finite, amax / _TOP[kv_dtype], np.float32(np.nan)).astype(np.float32)
@@ -108,8 +129,13 @@ def quantise_rows(kv_c, kv_dtype: str):
 
 
 def dequantise_rows(codes, scales) -> np.ndarray:
-    """code * scale in float64 [N, r]."""
-    return np.asarray(codes).astype(np.float64) * np.asarray(scales, dtype=np.float64)[:, None]
+    """code * scale in float64 [N, r]; scales [N] or [N, groups] (equal groups of r / groups)."""
+    c = np.asarray(codes).astype(np.float64)
+    s = np.asarray(scales, dtype=np.float64)
+    if s.ndim == 1:
+        return c * s[:, None]
+    n, r = c.shape
+    return (c.reshape(n, s.shape[1], -1) * s[:, :, None]).reshape(n, r)
 
 
 def encode_rows(rows, kv_dtype: str, r: int) -> np.ndarray:
@@ -120,9 +146,10 @@ def encode_rows(rows, kv_dtype: str, r: int) -> np.ndarray:
     if kv_dtype not in QUANTISED:
         return rows.astype(np.float32).astype(storage_dtype(kv_dtype))
     f32 = rows.astype(np.float32)
-    codes, scale = quantise_rows(f32[:, :r], kv_dtype)
+    g = scale_groups(kv_dtype, r)
+    codes, scale = quantise_rows(f32[:, :r], kv_dtype, g)
     k_pe = f32[:, r:].astype(BF16)
-    return np.concatenate([codes.view(np.uint8), scale[:, None].view(np.uint8).reshape(len(rows), 4),
+    return np.concatenate([codes.view(np.uint8), scale.reshape(len(rows), g).view(np.uint8).reshape(len(rows), 4 * g),
                            k_pe.view(np.uint8).reshape(len(rows), -1)], axis=1)
 
 
@@ -135,7 +162,8 @@ def decode_rows(stored, kv_dtype: str, r: int) -> np.ndarray:
     lead = stored.shape[:-1]
     flat = np.ascontiguousarray(stored.reshape(-1, stored.shape[-1]))
     code_dtype = np.dtype(np.int8) if kv_dtype == "int8" else E4M3
+    g = scale_groups(kv_dtype, r)
     codes = flat[:, :r].view(code_dtype)
-    scale = flat[:, r:r + 4].copy().view(np.float32)[:, 0]
-    k_pe = flat[:, r + 4:].copy().view(BF16).astype(np.float64)
+    scale = flat[:, r:r + 4 * g].copy().view(np.float32).reshape(len(flat), g)
+    k_pe = flat[:, r + 4 * g:].copy().view(BF16).astype(np.float64)
     return np.concatenate([dequantise_rows(codes, scale), k_pe], axis=1).reshape(*lead, -1)

@@ -51,7 +51,7 @@ def test_cache_write_is_bit_exact(rng, ops, kv, src):
     ops.cache_write(kv_c, k_pe, cache, slots, kv_dtype=kv)
     expected = ref.cache_write(kv_c, k_pe, before.copy(), slots, kv_dtype=kv)
     np.testing.assert_array_equal(cache.view(np.uint8), expected.view(np.uint8))
-    assert kf.row_bytes(kv, r, dr) == {"f16": 1152, "int8": 644, "fp8": 644}[kv]
+    assert kf.row_bytes(kv, r, dr) == {"f16": 1152, "int8": 656, "fp8": 644}[kv]
     rows = kf.decode_rows(cache.reshape(nb * bs, -1)[slots[:-1]], kv, r)
     err = np.abs(rows[:, :r] - kv_c[:-1].astype(np.float64)).max() / np.abs(kv_c.astype(np.float64)).max()
     assert err <= {"f16": 2 ** -11, "int8": 0.5 / 127, "fp8": 2 ** -4}[kv] * 1.01, err
@@ -61,15 +61,18 @@ def test_cache_write_is_bit_exact(rng, ops, kv, src):
 @pytest.mark.parametrize("kv", ["int8", "fp8"])
 def test_rounding_ties_zero_and_non_finite_rows(ops, kv):
     r, dr = 16, 2
-    top = 127.0 if kv == "int8" else 448.0  # amax = top: scale exactly 1, x / scale = x
+    groups = kf.scale_groups(kv, r)  # int8: 4 groups of 4 values, fp8: one scale per row
+    gs = r // groups
+    top = 127.0 if kv == "int8" else 448.0  # amax = top in every group: scales exactly 1, x / scale = x
     ties = ([0.5, 1.5, 2.5, -0.5, -2.5, 126.5, 3.4999, 3.5] if kv == "int8" else
             [1.0625, 1.1875, -1.0625, 1.5 * 2 ** -9, 2.5 * 2 ** -9, 2 ** -10, 447.0, 15.5])
     row = np.zeros(r, np.float32)
-    row[0] = top
-    row[1:1 + len(ties)] = ties
+    row[::gs] = top
+    at = [i for i in range(r) if i % gs][:len(ties)]  # the positions that are not a group's top
+    row[at] = ties
     kv_c = np.stack([row, np.zeros(r, np.float32), row, row]).astype(np.float32)
-    kv_c[2, 5] = np.nan
-    kv_c[3, 6] = np.inf
+    kv_c[2, at[4]] = np.nan
+    kv_c[3, at[5]] = np.inf
     k_pe = np.ones((4, dr), np.float32)
     cache = kf.allocate(kv, 1, 4, r, dr)
     ops.cache_write(kv_c, k_pe, cache, np.arange(4, dtype=np.int32), kv_dtype=kv)
@@ -77,11 +80,15 @@ def test_rounding_ties_zero_and_non_finite_rows(ops, kv):
     np.testing.assert_array_equal(cache, expected)
     got = kf.decode_rows(cache[0], kv, r)
     if kv == "int8":
-        np.testing.assert_array_equal(got[0, 1:9], [0, 2, 2, -0.0, -2, 126, 3, 4])
+        np.testing.assert_array_equal(got[0, at], [0, 2, 2, -0.0, -2, 126, 3, 4])
     else:  # round half to even on 3 mantissa bits, subnormal ties too (2^-10 is a tie to 0)
-        np.testing.assert_array_equal(got[0, 1:9], [1.0, 1.25, -1.0, 2 * 2 ** -9, 2 * 2 ** -9, 0, 448, 16])
-    assert np.all(got[1, :r] == 0)  # zero row: scale 0
-    assert np.isnan(got[2, :r]).all() and np.isnan(got[3, :r]).all()  # non-finite: NaN scale, loud
+        np.testing.assert_array_equal(got[0, at], [1.0, 1.25, -1.0, 2 * 2 ** -9, 2 * 2 ** -9, 0, 448, 16])
+    assert np.all(got[1, :r] == 0)  # zero row: scales 0
+    for t, bad in ((2, at[4]), (3, at[5])):  # non-finite: its group's scale is NaN (loud), the others hold
+        g = bad // gs
+        assert np.isnan(got[t, g * gs:(g + 1) * gs]).all()
+        np.testing.assert_array_equal(np.delete(got[t, :r], np.arange(g * gs, (g + 1) * gs)),
+                                      np.delete(got[0, :r], np.arange(g * gs, (g + 1) * gs)))
     assert np.all(got[2:, r:] == 1)  # k_pe unaffected
 
 
@@ -139,9 +146,12 @@ def test_format_errors_name_the_input(rng, ops):
     r, dr = 32, 8
     q = randn(rng, (1, 2, r + dr))
     bt, lens = np.zeros((1, 1), np.int32), np.ones(1, np.int32)
-    bad_width = np.zeros((1, 4, r + 4 + 2 * dr + 1), np.uint8)  # odd k_pe bytes
-    with pytest.raises(Exception, match=r"kv_cache.*r \+ 4 \+ 2 \* dr bytes"):
+    bad_width = np.zeros((1, 4, kf.row_bytes("int8", r, dr) + 1), np.uint8)  # odd k_pe bytes
+    with pytest.raises(Exception, match=r"kv_cache.*r \+ 4 \* G \+ 2 \* dr bytes.*G = 4"):
         ops.paged_decode(q, bad_width, bt, lens, 1.0, kv_lora_rank=r, kv_dtype="int8")
+    with pytest.raises(Exception, match=r"multiple of 4"):  # int8's 4 groups need r % 4 == 0
+        ops.paged_decode(randn(rng, (1, 2, 30 + dr)), np.zeros((1, 4, 30 + 16 + 2 * dr), np.uint8), bt, lens, 1.0,
+                         kv_lora_rank=30, kv_dtype="int8")
     with pytest.raises(Exception, match=r"kv_dtype"):
         ops.paged_decode(q, np.zeros((1, 4, r + dr), np.float32).view(np.uint8), bt, lens, 1.0, kv_lora_rank=r,
                          kv_dtype="int4")

@@ -32,10 +32,18 @@ const char* kv_dtype_name(KvDtype t) {
     }
 }
 
+int64_t scale_groups(KvDtype t) {
+    switch (t) {
+        case KvDtype::int8: return 4;  // mla_export/kv_formats.py and contract.py: the same rule
+        case KvDtype::fp8: return 1;
+        default: return 0;
+    }
+}
+
 int64_t row_bytes(KvDtype t, int64_t r, int64_t dr) {
     switch (t) {
         case KvDtype::f32: return 4 * (r + dr);
-        case KvDtype::int8: case KvDtype::fp8: return r + 4 + 2 * dr;
+        case KvDtype::int8: case KvDtype::fp8: return r + 4 * scale_groups(t) + 2 * dr;
         default: return 2 * (r + dr);
     }
 }
@@ -98,41 +106,51 @@ CacheRows cache_rows(const char* op, const TensorView& c, KvDtype kind, int64_t 
     if (rank < 1)
         throw Error(std::string(op) + ": the latent rank r must be positive to read an " + kv_dtype_name(kind) +
                     " cache, got " + std::to_string(rank));
-    const int64_t rest = c.dim(2) - rank - 4;  // 2 * dr
+    const int64_t groups = scale_groups(kind);
+    if (rank % groups != 0)
+        throw Error(std::string(op) + ": an " + kv_dtype_name(kind) + " cache quantises kv_c in " +
+                    std::to_string(groups) + " equal groups, so the latent rank r must be a multiple of " +
+                    std::to_string(groups) + ", got " + std::to_string(rank));
+    const int64_t rest = c.dim(2) - rank - 4 * groups;  // 2 * dr
     if (rest < 2 || rest % 2 != 0)
-        fail(op, c, "must hold rows of r + 4 + 2 * dr bytes " + what + " with r = " + std::to_string(rank) +
-                        " and dr >= 1 (codes, f32 scale, bf16 k_pe), got shape " + shape_str(c.shape));
+        fail(op, c, "must hold rows of r + 4 * G + 2 * dr bytes " + what + " with r = " + std::to_string(rank) +
+                        ", G = " + std::to_string(groups) + " and dr >= 1 (codes, G f32 scales, bf16 k_pe), got shape " +
+                        shape_str(c.shape));
     out.width = rank + rest / 2;
     out.rank = rank;
     out.row_bytes = c.dim(2);
     out.logical.shape[2] = out.width;
-    out.format = RowFormat{kind, out.width, rank, 1};
+    out.format = RowFormat{kind, out.width, rank, groups};
     return out;
 }
 
 void store_row(const CacheRows& c, const float* src, void* row) {
     auto* p = static_cast<char*>(row);
     if (!quantised(c.kind)) return from_f32(src, c.elem, row, c.width);
-    const int64_t r = c.rank;
-    float amax = 0.f;
-    bool finite = true;
-    for (int64_t i = 0; i < r; ++i) {
-        if (!std::isfinite(src[i])) finite = false;
-        amax = std::max(amax, std::fabs(src[i]));
-    }
+    const RowFormat& f = c.format;
+    const int64_t gs = f.group_size();
     const float top = c.kind == KvDtype::int8 ? 127.f : 448.f;
-    const float scale = finite ? amax / top : std::numeric_limits<float>::quiet_NaN();
-    const bool zero = !finite || scale == 0.f;  // codes 0: the scale alone says what the row is
-    if (c.kind == KvDtype::int8) {
-        auto* q = reinterpret_cast<int8_t*>(p);
-        for (int64_t i = 0; i < r; ++i)
-            q[i] = zero ? 0 : static_cast<int8_t>(std::min(127.f, std::max(-127.f, std::nearbyint(src[i] / scale))));
-    } else {
-        auto* q = reinterpret_cast<uint8_t*>(p);
-        for (int64_t i = 0; i < r; ++i) q[i] = zero ? 0 : f32_to_e4m3(src[i] / scale);
+    for (int64_t g = 0; g < f.groups; ++g) {
+        const float* x = src + g * gs;
+        float amax = 0.f;
+        bool finite = true;
+        for (int64_t i = 0; i < gs; ++i) {
+            if (!std::isfinite(x[i])) finite = false;
+            amax = std::max(amax, std::fabs(x[i]));
+        }
+        const float scale = finite ? amax / top : std::numeric_limits<float>::quiet_NaN();
+        const bool zero = !finite || scale == 0.f;  // codes 0: the scale alone says what the group is
+        if (c.kind == KvDtype::int8) {
+            auto* q = reinterpret_cast<int8_t*>(p) + g * gs;
+            for (int64_t i = 0; i < gs; ++i)
+                q[i] = zero ? 0 : static_cast<int8_t>(std::min(127.f, std::max(-127.f, std::nearbyint(x[i] / scale))));
+        } else {
+            auto* q = reinterpret_cast<uint8_t*>(p) + g * gs;
+            for (int64_t i = 0; i < gs; ++i) q[i] = zero ? 0 : f32_to_e4m3(x[i] / scale);
+        }
+        std::memcpy(p + f.scale_offset() + 4 * g, &scale, 4);
     }
-    std::memcpy(p + r, &scale, 4);
-    from_f32(src + r, DType::bf16, p + r + 4, c.width - r);
+    from_f32(src + f.rank, DType::bf16, p + f.kpe_offset(), c.width - f.rank);
 }
 
 }  // namespace mla

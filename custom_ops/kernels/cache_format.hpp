@@ -4,14 +4,17 @@
 //   f32   W x f32                                       (4W bytes;  2304 for DeepSeek)
 //   bf16  W x bf16                                      (2W bytes;  1152)
 //   f16   W x IEEE half                                 (2W bytes;  1152)
-//   int8  r x int8 code | f32 scale | dr x bf16 k_pe    (r + 4 + 2dr bytes; 644)
-//   fp8   r x e4m3fn    | f32 scale | dr x bf16 k_pe    (r + 4 + 2dr bytes; 644)
-// int8/fp8 quantise only the latent part, with one f32 scale per row (kv_c is RMS-normalised,
-// so one scale fits the row; the scale sits between codes and k_pe so that one row read brings
-// everything). k_pe keeps bf16 as in DeepSeek's own fp8 cache: rotary keys need the range.
-// Value = code * scale; the write picks scale = max|kv_c| / 127 (int8) or / 448 (fp8), so the
-// largest value maps to the largest code; an all-zero row has scale 0, a row with a non-finite
-// value a NaN scale (its scores become NaN: loud, never silently wrong).
+//   int8  r x int8 code | 4 x f32 scale | dr x bf16 k_pe (r + 16 + 2dr bytes; 656)
+//   fp8   r x e4m3fn    | 1 x f32 scale | dr x bf16 k_pe (r + 4 + 2dr bytes;  644)
+// int8/fp8 quantise only the latent part kv_c, in G = scale_groups() equal groups of r / G
+// values with one f32 scale each: int8 4 groups (128 values at r = 512: DeepSeek's own fp8 entry
+// layout; it removed the int8 cache's greedy flips on the test models), fp8 one per row (its 3
+// mantissa bits, not the range, limit it: groups did not help; docs/KV_CACHE.md). The scales sit
+// between codes and k_pe so that one row read brings everything. k_pe keeps bf16 as in
+// DeepSeek's entry: rotary keys need the range. Value = code * scale; the write picks
+// scale = max|group| / 127 (int8) or / 448 (fp8), so the largest value maps to the largest
+// code; an all-zero group has scale 0, a group with a non-finite value a NaN scale (its scores
+// become NaN: loud, never silently wrong).
 //
 // In graphs every 16-bit and quantised cache is bound as raw bytes u8 [NB, BS, row bytes]
 // (OpenVINO's CPU plugin copies bf16/f16 inputs of a custom op), so the ops take the format
@@ -29,6 +32,9 @@ namespace mla {
 // "" or "auto" -> automatic; "f32", "bf16", "f16", "int8", "fp8"; anything else throws naming op.
 KvDtype kv_dtype_from_name(const char* op, const std::string& name);
 const char* kv_dtype_name(KvDtype t);
+
+// f32 scales per int8/fp8 row (int8 4, fp8 1; 0 for the float formats).
+int64_t scale_groups(KvDtype t);
 
 // Bytes of one row of W = r + dr values.
 int64_t row_bytes(KvDtype t, int64_t r, int64_t dr);

@@ -6,8 +6,10 @@ cache's greedy tokens, so the only difference between the runs is the cache's ro
 The bounds are the issue's targets where they hold on every step, and otherwise the measured
 behaviour with margin: a random-weight MoE model's routing is discontinuous, so any cache
 rounding (bf16 included) can flip an expert at a near-tie and move one step's logits by far
-more than the rounding itself; those rare steps are why f16 is held to 2e-3 at the 90th
-percentile rather than the worst step, and int8/fp8 to most rather than all decisive steps."""
+more than the rounding itself (tools/kv_cache_routing.py shows it: the worst f16 step is one
+router choice at an f32 score margin of 7e-5); those rare steps are why f16 is held to 2e-3 at
+the 90th percentile rather than the worst step, and fp8 to most rather than all decisive steps.
+int8 (4 group scales per row) meets the issue's target: every decisive greedy token."""
 
 from __future__ import annotations
 
@@ -38,13 +40,14 @@ def test_cache_formats_against_f32(measured):
     # f16: 10 mantissa bits, well inside 2e-3 on most steps and several times closer than bf16.
     assert m["f16"]["p90_rel_err"] <= 2e-3, m["f16"]
     assert m["f16"]["median_rel_err"] <= m["bf16"]["median_rel_err"] / 4, (m["f16"], m["bf16"])
-    # int8 (7 bits + sign per row) and fp8 (3 mantissa bits): measured medians ~6e-3 / ~3e-2.
-    assert m["int8"]["median_rel_err"] <= 2e-2, m["int8"]
+    # int8 (7 bits + sign per group of r/4) and fp8 (3 mantissa bits): measured medians ~4e-3 / ~3e-2.
+    assert m["int8"]["median_rel_err"] <= 1e-2, m["int8"]
     assert m["fp8"]["median_rel_err"] <= 6e-2, m["fp8"]
-    for kv in ("f16", "int8", "fp8"):
-        assert m[kv]["agree_decisive"] >= 0.95 * m[kv]["decisive"], (name, kv, m[kv])
-    assert m["f16"]["agree_decisive"] == m["f16"]["decisive"], m["f16"]
-    # Bytes per token and layer: 576-wide rows of the test models' r + dr, exactly.
+    assert m["fp8"]["agree_decisive"] >= 0.95 * m["fp8"]["decisive"], (name, m["fp8"])
+    for kv in ("f16", "int8"):
+        assert m[kv]["agree_decisive"] == m[kv]["decisive"], (name, kv, m[kv])
+    # Bytes per token (all layers), exactly: the test models have r = 32, dr = 16, 3 layers.
     r_dr = {k: v["bytes_per_token"] for k, v in m.items()}
-    assert r_dr["f16"] == r_dr["bf16"] == r_dr["f32"] // 2
-    assert r_dr["int8"] == r_dr["fp8"] < r_dr["bf16"]
+    layers = r_dr["f32"] // (4 * 48)
+    assert r_dr == {"f32": layers * 192, "bf16": layers * 96, "f16": layers * 96,
+                    "int8": layers * (32 + 4 * 4 + 2 * 16), "fp8": layers * (32 + 4 + 2 * 16)}, r_dr

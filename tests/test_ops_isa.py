@@ -37,7 +37,7 @@ HAS = {
 }
 
 REPORT = (
-    "import ctypes, mla_export;"
+    "import ctypes, openvino, mla_export;"  # openvino first: the extension links libopenvino
     "f = ctypes.CDLL(mla_export.extension_path()).MlaExportIsa; f.restype = ctypes.c_char_p;"
     "print('ISA', f().decode())"
 )

@@ -105,6 +105,35 @@ static inline void micro8(int64_t k, const float* a, int64_t lda, const float* b
 
 typedef void (*MicroFn)(int64_t, const float*, int64_t, const float*, int64_t, float*, int64_t, bool);
 
+// 16 lanes: a 16-column panel is one vector, so micro16 holds only MR accumulators and issues a
+// broadcast per FMA. This one takes two 16-column panels at once (b and b + b_step; c and
+// c + c_step: the next 16 columns of a row-major B, or the next packed panel), 2 MR accumulators
+// sharing each broadcast, as AVX2's micro16 does with its two 8-lane halves.
+template <int MR>
+static inline void micro_pair(int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb, int64_t b_step,
+                              float* c, int64_t ldc, int64_t c_step, bool accumulate) {
+    vf acc[MR][2];
+    for (int i = 0; i < MR; ++i)
+        for (int u = 0; u < 2; ++u) acc[i][u] = accumulate ? loadu(c + u * c_step + i * ldc) : splat(0.f);
+    for (int64_t p = 0; p < k; ++p) {
+        const vf b0 = loadu(b + p * ldb), b1 = loadu(b + b_step + p * ldb);
+        for (int i = 0; i < MR; ++i) {
+            const vf av = splat(a[i * lda + p]);
+            acc[i][0] += av * b0;
+            acc[i][1] += av * b1;
+        }
+    }
+    for (int i = 0; i < MR; ++i)
+        for (int u = 0; u < 2; ++u) storeu(c + u * c_step + i * ldc, acc[i][u]);
+}
+typedef void (*PairFn)(int64_t, const float*, int64_t, const float*, int64_t, int64_t, float*, int64_t, int64_t, bool);
+static const PairFn* pair_table() {
+    static const PairFn table[] = {nullptr, micro_pair<1>, micro_pair<2>, micro_pair<3>, micro_pair<4>,
+                                   micro_pair<5>, micro_pair<6>, micro_pair<7>, micro_pair<8>};
+    return table;
+}
+constexpr bool kPairs = L == 16 && kGemmMR <= 8;
+
 // The micro-kernels for 1 .. kGemmMR rows, indexed by the row count.
 template <int MR>
 struct Micro16 {
@@ -134,6 +163,12 @@ static void gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, c
     const MicroFn* k16 = micro_table<Micro16>();
     const MicroFn* k8 = micro_table<Micro8>();
     int64_t j = 0;
+    if (kPairs)
+        for (; j + 32 <= n; j += 32)
+            for (int64_t i = 0; i < m; i += kGemmMR) {
+                const int64_t mr = m - i < kGemmMR ? m - i : kGemmMR;
+                pair_table()[mr](k, a + i * lda, lda, b + j, ldb, 16, c + i * ldc + j, ldc, 16, accumulate);
+            }
     for (; j + 16 <= n; j += 16)
         for (int64_t i = 0; i < m; i += kGemmMR) {
             const int64_t mr = m - i < kGemmMR ? m - i : kGemmMR;
@@ -156,7 +191,15 @@ static void gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, c
 static void gemm_packed(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* bp,
                         int64_t b_ps, float* c, int64_t c_rs, int64_t c_ps, bool accumulate) {
     const MicroFn* k16 = micro_table<Micro16>();
-    for (int64_t j = 0; j < n; j += 16) {
+    int64_t j0 = 0;
+    if (kPairs)
+        for (; j0 + 32 <= n; j0 += 32)  // two full panels at a time
+            for (int64_t i = 0; i < m; i += kGemmMR) {
+                const int64_t mr = m - i < kGemmMR ? m - i : kGemmMR;
+                pair_table()[mr](k, a + i * lda, lda, bp + (j0 / 16) * b_ps, 16, b_ps,
+                                 c + (j0 / 16) * c_ps + i * c_rs, c_rs, c_ps, accumulate);
+            }
+    for (int64_t j = j0; j < n; j += 16) {
         const float* b = bp + (j / 16) * b_ps;
         float* cp = c + (j / 16) * c_ps;
         const int64_t nr = n - j < 16 ? n - j : 16;

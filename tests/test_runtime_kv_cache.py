@@ -124,10 +124,14 @@ def test_budget_to_blocks():
     # 2 layers * 4 rows * 6 wide * 2 bytes (bf16) = 96 bytes a block
     assert CacheLayout(2, 4, 6, "bf16").blocks_for_memory(1000) == 10
     assert CacheLayout(2, 4, 6, "f16").blocks_for_memory(1000) == 10
-    # int8 rows of r = 4, dr = 2: 4 codes + 4 scale bytes + 2 bf16 = 12 bytes, 96 a block
-    layout = CacheLayout(2, 4, 6, "int8", kv_lora_rank=4)
+    # fp8 rows of r = 4, dr = 2: 4 codes + 4 scale bytes + 2 bf16 = 12 bytes, 96 a block;
+    # int8 rows hold 4 group scales: 4 + 16 + 4 = 24 bytes, 192 a block
+    layout = CacheLayout(2, 4, 6, "fp8", kv_lora_rank=4)
     assert layout.blocks_for_memory(1000) == 10
     assert [a.shape for a in layout.allocate(3)] == [(3, 4, 12)] * 2 and layout.allocate(1)[0].dtype == np.uint8
+    layout = CacheLayout(2, 4, 6, "int8", kv_lora_rank=4)
+    assert layout.blocks_for_memory(1000) == 5
+    assert [a.shape for a in layout.allocate(3)] == [(3, 4, 24)] * 2
     with pytest.raises(ValueError, match="needs kv_lora_rank"):
         CacheLayout(2, 4, 6, "fp8")
     with pytest.raises(ValueError, match="unsupported cache dtype"):

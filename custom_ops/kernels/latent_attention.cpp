@@ -103,7 +103,7 @@ void softmax_step(const IsaKernels& K, float* s, int64_t rows, float scale, Visi
 
 // ---------------------------------------------------------------- absorbed form
 
-// One sequence in the absorbed form: rows = qlen * H query rows [q576] (row t * H + h).
+// One sequence in the absorbed form: rows = qlen * H query rows of width W, [q_nope W_UK | q_pe] (row t * H + h).
 struct AbsorbedSeq {
     SeqCache cache;
     const float* q;  // [rows, W]
@@ -361,7 +361,7 @@ struct Workspace::Attention {
     std::vector<AbsorbedSeq> seqs;
     std::vector<AbsorbedRef> refs;
     std::vector<ExpandedSeq> expanded;
-    std::vector<float> q576, lat, out_f32, q_f32[2], w_f32[2];
+    std::vector<float> q_lat, lat, out_f32, q_f32[2], w_f32[2];
 };
 
 Workspace::Workspace() = default;
@@ -494,21 +494,21 @@ void run_attention(const AttentionPlan& plan, const TensorView& out, const Threa
     }
 
     if (!absorbed.empty()) {
-        // q576 = [q_nope @ W_UK | q_pe] for every (token, head) of the absorbed sequences.
-        float* q576 = grow(ws.q576, absorbed_rows * w);
+        // q_lat = [q_nope @ W_UK | q_pe] for every (token, head) of the absorbed sequences.
+        float* q_lat = grow(ws.q_lat, absorbed_rows * w);
         float* lat = grow(ws.lat, absorbed_rows * r);
         const int64_t n_abs = static_cast<int64_t>(absorbed.size());
         th.parallel_for(n_abs * heads, [&](int64_t k) {
             const AbsorbedRef& a = absorbed[k / heads];
             const int64_t h = k % heads;
-            float* dst = q576 + (a.offset + h) * w;
+            float* dst = q_lat + (a.offset + h) * w;
             K.gemm(a.qlen, r, dn, qn + (a.start * heads + h) * dn, heads * dn, wuk + h * dn * r, r, dst, heads * w, false);
             for (int64_t t = 0; t < a.qlen; ++t)
                 std::copy_n(qp + ((a.start + t) * heads + h) * dr, dr, dst + t * heads * w + r);
         });
         ws.seqs.clear();
         for (const AbsorbedRef& a : absorbed)
-            ws.seqs.push_back(AbsorbedSeq{seq_cache(cache, bt, a.b), q576 + a.offset * w, a.qlen, heads,
+            ws.seqs.push_back(AbsorbedSeq{seq_cache(cache, bt, a.b), q_lat + a.offset * w, a.qlen, heads,
                                           index_at(seq_lens, a.b), lat + a.offset * r});
         run_absorbed(K, ws.seqs, r, scale, th, ws.absorbed);
         // o = o_lat @ W_UV per head.

@@ -142,3 +142,16 @@ def test_schema_and_graph_io_agree():
         cache = graph_io(2, 16, 576, kv, "custom", 512)[0][-1]
         assert (cache.dtype, cache.shape) == ("u8", ("NB", 16, width))
     assert graph_io(2, 16, 576, "f16", "portable")[0][-1].dtype == "f16"
+
+
+def test_quantised_row_sizes_agree_with_kv_formats():
+    # contract.py keeps its own copy of the scale-group rule (it imports only the standard
+    # library); it must size every int8/fp8 row as mla_export/kv_formats.py does.
+    from mla_export import kv_formats
+    from mla_export.contract import SCALE_GROUPS, cache_layout
+    for kv in kv_formats.QUANTISED:
+        assert SCALE_GROUPS[kv] == kv_formats.scale_groups(kv, 512)
+        for r, dr in ((512, 64), (32, 16), (20, 6)):
+            assert cache_layout(kv, r + dr, r)[1] == kv_formats.row_bytes(kv, r, dr), (kv, r, dr)
+    with pytest.raises(ContractError, match="multiple of 4"):
+        cache_layout("int8", 30 + 8, 30)

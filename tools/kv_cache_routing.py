@@ -170,6 +170,7 @@ def study(name: str, work: Path, kv_dtypes, prompt_len: int = 96, decode_steps: 
                    agree_decisive=sum(r["decisive"] and r["agree"] for r in rows),
                    agree_decisive_pinned=sum(r["decisive"] and r["agree_pinned"] for r in rows), rows_with_flips=sum(bool(r["flipped_layers"]) for r in rows),
                    worst_row=worst,
+                   # rows whose own router choices all match f32's (earlier tokens' may not)
                    worst_without_flip=float(max([r["err"] for r in rows if not r["flipped_layers"]], default=0)))
         out[kv] = res
         log(f"{name:<10} {kv:<5} rounded: worst {res['worst']:.2e} p90 {res['p90']:.2e} | routing pinned to f32's: "

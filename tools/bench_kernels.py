@@ -3,6 +3,8 @@
     python tools/bench_kernels.py --quick        # headline shapes, < 10 minutes on 2 cores
     python tools/bench_kernels.py                # the whole matrix of issue 3 (many hours: use --only)
     python tools/bench_kernels.py --only 'decode.*H128' --ort
+    python tools/bench_kernels.py --ours-only --isa-tables avx2,avx512 --kv-dtypes int8,fp8 --only 'decode B(4|1) H16'
+                                                 # our ISA tables and cache formats side by side
 
 For each shape, in one run and on the same inputs: ours (MlaPagedDecode / MlaPagedAttention),
 plain torch (gather + matmul + softmax), the same math from standard OpenVINO ops, optionally

@@ -36,6 +36,7 @@ __all__ = [
     "paged_attention_absorbed",
     "paged_attention_expanded",
     "absorb_query",
+    "moe_experts",
 ]
 
 
@@ -154,4 +155,20 @@ def paged_attention_expanded(q_nope, q_pe, kv_cache, w_uk, w_uv, query_start_loc
         scores = (qn @ k_nope.transpose(0, 2, 1) + qp @ k_pe.T[None]) * scale  # [H, qlen, L]
         scores = np.where(_causal_mask(qlen, seq_len)[None], scores, -np.inf)
         out[start:start + qlen] = (_softmax(scores) @ v).transpose(1, 0, 2)
+    return out
+
+
+def moe_experts(x, topk_ids, topk_weights, w13, w2) -> np.ndarray:
+    """The routed experts of one MoE layer (MlaMoeExperts): for each token t and slot j, expert
+    e = topk_ids[t, j] computes down_e(silu(gate_e(x_t)) * up_e(x_t)) with gate/up the rows [0, I)
+    and [I, 2I) of w13[e] [2I, H] and down = w2[e] [H, I]; the results are summed with weights
+    topk_weights[t, j]. Returns [T, H] float64 (weights given already dequantised)."""
+    x, w13, w2, wts = _f64(x), _f64(w13), _f64(w2), _f64(topk_weights)
+    inter = w13.shape[1] // 2
+    out = np.zeros_like(x)
+    for t in range(x.shape[0]):
+        for j, e in enumerate(np.asarray(topk_ids)[t]):
+            h = w13[e] @ x[t]
+            gate, up = h[:inter], h[inter:]
+            out[t] += wts[t, j] * (w2[e] @ (gate / (1.0 + np.exp(-gate)) * up))
     return out

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "../kernels/mla_kernels.hpp"
+#include "../kernels/moe_experts.hpp"
 
 namespace {
 
@@ -390,6 +391,45 @@ struct StepCheckOp : Ort::CustomOpBase<StepCheckOp, StepCheckKernel, /*WithStatu
     ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32; }
 };
 
+// ------------------------------------------------------------------ MlaMoeExperts
+
+struct MoeExpertsKernel {
+    MoeExpertsKernel(const OrtApi& api, const OrtKernelInfo* info, int num_threads)
+        : bits_{int_attr(api, info, "w13_bits", 0), int_attr(api, info, "w2_bits", 0)}, num_threads_(num_threads) {
+        for (auto [name, b] : {std::make_pair("w13_bits", bits_.w13), std::make_pair("w2_bits", bits_.w2)})
+            if (b != 4 && b != 8)
+                throw mla::Error(std::string("MlaMoeExperts: attribute '") + name + "' must be 4 or 8, got " +
+                                 std::to_string(b));
+    }
+    OrtStatusPtr ComputeV2(OrtKernelContext* context) {
+        return guarded("MlaMoeExperts", [&] {
+            Ort::KernelContext ctx(context);
+            const mla::MoeInputs in{input_view(ctx, 0, "x"),     input_view(ctx, 1, "topk_ids"),
+                                    input_view(ctx, 2, "topk_weights"), input_view(ctx, 3, "w13_q"),
+                                    input_view(ctx, 4, "w13_s"), input_view(ctx, 5, "w13_zp"),
+                                    input_view(ctx, 6, "w2_q"),  input_view(ctx, 7, "w2_s"),
+                                    input_view(ctx, 8, "w2_zp")};
+            const mla::MoeShapes s = mla::moe_experts_shapes(in, bits_);
+            const int64_t shape[2] = {s.tokens, s.hidden};
+            auto out = ctx.GetOutput(0, shape, 2);
+            mla::moe_experts(in, bits_, output_view(out, "output"), ort_threading(context, num_threads_));
+        });
+    }
+    mla::MoeBits bits_;
+    int num_threads_;
+};
+
+struct MoeExpertsOp : MlaOp<MoeExpertsOp, MoeExpertsKernel> {
+    static constexpr const char* kName = "MlaMoeExperts";
+    static constexpr size_t kRequiredInputs = 9;  // no optional input
+    using MlaOp::MlaOp;
+    const char* GetName() const { return kName; }
+    size_t GetInputTypeCount() const { return 9; }
+    ONNXTensorElementDataType GetInputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED; }
+    size_t GetOutputTypeCount() const { return 1; }
+    ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
+};
+
 // ------------------------------------------------------------------ registration
 
 // onnxruntime keeps raw pointers to the ops and the domain for as long as any session that was
@@ -440,6 +480,7 @@ __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps
         reg->domain = Ort::CustomOpDomain(kDomain);
         reg->ops.push_back(std::make_unique<CacheWriteOp>(threads));
         reg->ops.push_back(std::make_unique<StepCheckOp>());
+        reg->ops.push_back(std::make_unique<MoeExpertsOp>(threads));
         for (auto q : {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16,
                        ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16}) {
             reg->ops.push_back(std::make_unique<DecodeOp>(threads, q));

@@ -44,6 +44,12 @@ ov::OutputVector convert_step_check(const ov::frontend::NodeContext& ctx) {
     return std::make_shared<mla_ov::MlaStepCheck>(inputs_of(ctx), vocab, max_pos)->outputs();
 }
 
+ov::OutputVector convert_moe_experts(const ov::frontend::NodeContext& ctx) {
+    const int64_t w13_bits = ctx.get_attribute<int64_t>("w13_bits");
+    const int64_t w2_bits = ctx.get_attribute<int64_t>("w2_bits");
+    return std::make_shared<mla_ov::MlaMoeExperts>(inputs_of(ctx), w13_bits, w2_bits)->outputs();
+}
+
 }  // namespace
 
 // The instruction-set table the kernels in this library run ("avx512", "avx2" or "generic";
@@ -57,8 +63,10 @@ OPENVINO_CREATE_EXTENSIONS(std::vector<ov::Extension::Ptr>({
     std::make_shared<ov::OpExtension<mla_ov::MlaPagedDecode>>(),
     std::make_shared<ov::OpExtension<mla_ov::MlaPagedAttention>>(),
     std::make_shared<ov::OpExtension<mla_ov::MlaStepCheck>>(),
+    std::make_shared<ov::OpExtension<mla_ov::MlaMoeExperts>>(),
     std::make_shared<ov::frontend::onnx::ConversionExtension>("MlaCacheWrite", "mla_export", convert_cache_write),
     std::make_shared<ov::frontend::onnx::ConversionExtension>("MlaPagedDecode", "mla_export", convert_decode),
     std::make_shared<ov::frontend::onnx::ConversionExtension>("MlaPagedAttention", "mla_export", convert_attention),
     std::make_shared<ov::frontend::onnx::ConversionExtension>("MlaStepCheck", "mla_export", convert_step_check),
+    std::make_shared<ov::frontend::onnx::ConversionExtension>("MlaMoeExperts", "mla_export", convert_moe_experts),
 }));

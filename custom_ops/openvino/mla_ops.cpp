@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "../kernels/mla_kernels.hpp"
+#include "../kernels/moe_experts.hpp"
 
 namespace mla_ov {
 namespace {
@@ -263,6 +264,47 @@ bool MlaStepCheck::evaluate(ov::TensorVector& outputs, const ov::TensorVector& i
             outputs[i].set_shape(inputs[i].get_shape());
             std::memcpy(outputs[i].data(), inputs[i].data(), inputs[i].get_byte_size());
         }
+    });
+}
+
+// ---------------------------------------------------------------- MlaMoeExperts
+
+MlaMoeExperts::MlaMoeExperts(const ov::OutputVector& args, int64_t w13_bits, int64_t w2_bits)
+    : Op(args), m_w13_bits(w13_bits), m_w2_bits(w2_bits) {
+    constructor_validate_and_infer_types();
+}
+
+void MlaMoeExperts::validate_and_infer_types() {
+    NODE_VALIDATION_CHECK(this, get_input_size() == 9, "MlaMoeExperts takes 9 inputs, got ", get_input_size());
+    NODE_VALIDATION_CHECK(this, m_w13_bits == 4 || m_w13_bits == 8,
+                          "MlaMoeExperts attribute 'w13_bits' must be 4 or 8, got ", m_w13_bits);
+    NODE_VALIDATION_CHECK(this, m_w2_bits == 4 || m_w2_bits == 8, "MlaMoeExperts attribute 'w2_bits' must be 4 or 8, got ",
+                          m_w2_bits);
+    const auto& x = get_input_partial_shape(0);
+    ov::PartialShape out = ov::PartialShape::dynamic(2);
+    if (x.rank().is_static() && x.rank().get_length() == 2) out = x;
+    set_output_type(0, ov::element::f32, out);
+}
+
+std::shared_ptr<ov::Node> MlaMoeExperts::clone_with_new_inputs(const ov::OutputVector& args) const {
+    return std::make_shared<MlaMoeExperts>(args, m_w13_bits, m_w2_bits);
+}
+
+bool MlaMoeExperts::visit_attributes(ov::AttributeVisitor& visitor) {
+    visitor.on_attribute("w13_bits", m_w13_bits);
+    visitor.on_attribute("w2_bits", m_w2_bits);
+    return true;
+}
+
+bool MlaMoeExperts::evaluate(ov::TensorVector& outputs, const ov::TensorVector& inputs) const {
+    return recorded([&] {
+        const mla::MoeInputs in{view(inputs[0], "x"),      view(inputs[1], "topk_ids"), view(inputs[2], "topk_weights"),
+                                view(inputs[3], "w13_q"),  view(inputs[4], "w13_s"),    view(inputs[5], "w13_zp"),
+                                view(inputs[6], "w2_q"),   view(inputs[7], "w2_s"),     view(inputs[8], "w2_zp")};
+        const mla::MoeBits bits{m_w13_bits, m_w2_bits};
+        const mla::MoeShapes s = mla::moe_experts_shapes(in, bits);
+        outputs[0].set_shape(ov::Shape{size_t(s.tokens), size_t(s.hidden)});
+        mla::moe_experts(in, bits, view(outputs[0], "output"), ov_threading());
     });
 }
 

@@ -1,4 +1,4 @@
-// OpenVINO op classes of the three MLA ops (opset "mla_export"). They only translate tensors
+// OpenVINO op classes of the MLA ops and the fused MoE op (opset "mla_export"). They only translate tensors
 // and attributes; validation and math live in custom_ops/kernels. Each runs on the CPU plugin
 // as a reference node whose evaluate() is called with the real input buffers, which is what
 // lets MlaCacheWrite update a shared-memory cache Parameter in place.
@@ -84,6 +84,23 @@ public:
 private:
     int64_t m_vocab_size = 0;
     int64_t m_max_positions = 0;
+};
+
+// x, topk_ids, topk_weights, w13_q, w13_s, w13_zp, w2_q, w2_s, w2_zp -> the routed experts' sum
+// (custom_ops/kernels/moe_experts.hpp). The weights are Constants read in place.
+class MlaMoeExperts : public ov::op::Op {
+public:
+    OPENVINO_OP("MlaMoeExperts", "mla_export");
+    MlaMoeExperts() = default;
+    MlaMoeExperts(const ov::OutputVector& args, int64_t w13_bits, int64_t w2_bits);
+    void validate_and_infer_types() override;
+    std::shared_ptr<ov::Node> clone_with_new_inputs(const ov::OutputVector& args) const override;
+    bool visit_attributes(ov::AttributeVisitor& visitor) override;
+    bool evaluate(ov::TensorVector& outputs, const ov::TensorVector& inputs) const override;
+    bool has_evaluate() const override { return true; }
+
+private:
+    int64_t m_w13_bits = 8, m_w2_bits = 8;
 };
 
 }  // namespace mla_ov

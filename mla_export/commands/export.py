@@ -39,10 +39,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--ratio", type=float, default=1.0,
                    help="int4 only: share of the matmul weights (by parameters) kept int4, the rest int8, the most "
                         "int4-sensitive first (default 1.0; below 1 costs one more pass over the checkpoint)")
-    p.add_argument("--moe-form", choices=("grouped", "gather-matmul"), default="grouped",
-                   help="routed experts in the IR: grouped (default: one dispatch, per-expert GEMMs on each "
-                        "expert's rows) or gather-matmul (OpenVINO's fused GatherMatmul, which batches an expert's "
-                        "tokens only with AMX: slower than grouped on CPUs without it). ONNX outputs use grouped")
+    p.add_argument("--moe-form", choices=("auto", "fused", "grouped", "gather-matmul"), default="auto",
+                   help="routed experts: fused (one MlaMoeExperts op per layer reading the int8/int4 codes of the "
+                        "selected experts; IR and model.onnx), grouped (one dispatch, per-expert GEMMs on each "
+                        "expert's rows) or gather-matmul (OpenVINO's GatherMatmul, IR only; batches an expert's "
+                        "tokens only with AMX). Default auto: fused for int8/int4 weights, else grouped. The "
+                        "portable ONNX is always grouped")
     p.add_argument("--overwrite", action="store_true", help="replace a previous export in OUT_DIR")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress display")
     # optimum-cli habits that mean something here (the rest get a hint: mla_export/cli_hints.py).

@@ -25,7 +25,7 @@ from ..export_files import describe_files
 from .graph import WEIGHT_DTYPES, WeightFormat
 from .quantize import INT_FORMATS, WEIGHT_FORMATS
 from .model import ONNX_DATA, ONNX_FILES, build_onnx, plan_weights
-from .moe import MOE_FORMS
+from .moe import MOE_FORMS, fused_form_problem
 from .progress import IR_SHARE, ExportProgress
 from .safety import replace_dir
 from .tokenizer_files import copy_tokenizer_files
@@ -101,12 +101,25 @@ def _check_out_dir(out_dir: Path, overwrite: bool) -> None:
                               "a directory that is not an mla-export output")
 
 
+def _moe_form(requested: str, cfg, wformat: WeightFormat) -> str:
+    """The MoE form written: auto picks fused where the op can hold the experts, else grouped."""
+    has_moe = any(cfg.is_moe_layer(i) for i in range(cfg.num_layers))
+    problem = fused_form_problem(cfg, wformat) if has_moe else "no MoE layers"
+    if requested == "auto":
+        return "fused" if problem is None else "grouped"
+    if requested == "fused" and problem is not None and has_moe:
+        raise ExportError(f"--moe-form fused: {problem}; use --moe-form grouped (or auto)")
+    return requested
+
+
 def export_model(model_dir, out_dir, *, fmt: str = "openvino", portable: bool = False, block_size: int = 16,
                  kv_dtype: str = "f16", weight_format: str = "auto", group_size: int = 128, ratio: float = 1.0,
                  overwrite: bool = False, progress: ExportProgress | None = None,
-                 weight_dtype: str | None = None, moe_form: str = "grouped") -> ExportResult:
+                 weight_dtype: str | None = None, moe_form: str = "auto") -> ExportResult:
     """weight_format: auto | f32 | f16 | bf16 | int8 | int4 (weight_dtype: its older name).
-    moe_form: the IR's MoE form, grouped or gather_matmul (see moe.py); ONNX outputs are always grouped.
+    moe_form: auto | fused | grouped | gather_matmul (see moe.py). auto = fused (our MlaMoeExperts op,
+    IR and model.onnx) for int8/int4 weights it can hold, else grouped. gather_matmul applies to the
+    IR only; the portable ONNX is always grouped.
     `progress` (an `ExportProgress`, e.g. `TqdmProgress()`) is told every phase."""
     start = time.time()
     progress = progress or ExportProgress()
@@ -120,8 +133,8 @@ def export_model(model_dir, out_dir, *, fmt: str = "openvino", portable: bool = 
     if portable and kv_dtype in ("int8", "fp8"):
         raise ExportError(f"--portable cannot hold an {kv_dtype} cache (standard ONNX has no bit-cast to read the f32 "
                           "scale stored in each byte row); use --kv-dtype f16, bf16 or f32 with --portable")
-    if moe_form not in MOE_FORMS:
-        raise ExportError(f"--moe-form must be one of {', '.join(f.replace('_', '-') for f in MOE_FORMS)}, "
+    if moe_form not in MOE_FORMS + ("auto",):
+        raise ExportError(f"--moe-form must be one of auto, {', '.join(f.replace('_', '-') for f in MOE_FORMS)}, "
                           f"got {moe_form!r}")
     if not isinstance(block_size, int) or block_size < 1:
         raise ExportError(f"--block-size must be a positive integer, got {block_size!r}")
@@ -130,6 +143,7 @@ def export_model(model_dir, out_dir, *, fmt: str = "openvino", portable: bool = 
     _check_out_dir(out_dir, overwrite)
     cfg = MLAModelConfig.from_dir(model_dir)
     wformat = _weight_format(weight_dtype if weight_dtype is not None else weight_format, group_size, ratio, cfg)
+    moe_form = _moe_form(moe_form, cfg, wformat)
     reader = CheckpointReader(model_dir)
     # Phase weights in checkpoint bytes (see progress.py): layers, then head + save, then the IR.
     layer_bytes = [reader.nbytes(f"model.layers.{i}.") for i in range(cfg.num_layers)]
@@ -150,14 +164,16 @@ def export_model(model_dir, out_dir, *, fmt: str = "openvino", portable: bool = 
     tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private; the export is an ordinary directory
     try:
         want_ir, want_onnx = fmt in ("openvino", "both"), fmt in ("onnx", "both")
-        # The IR's source graph: model.onnx itself, or its own graph when its MoE form differs.
-        ir_source = "openvino" if want_ir and moe_form != "grouped" else "custom"
+        # The IR's source graph: model.onnx itself, or its own graph when its MoE form is one only
+        # OpenVINO runs (gather_matmul). The fused op runs in both runtimes; portable is grouped.
+        ir_source = "openvino" if want_ir and moe_form == "gather_matmul" else "custom"
         variants = (["custom"] if want_onnx or ir_source == "custom" else []) + \
             (["openvino"] if ir_source == "openvino" else []) + (["portable"] if portable else [])
-        moe_forms = {v: moe_form if v == "openvino" else "grouped" for v in variants}
+        moe_forms = {v: "grouped" if v == "portable" or (v == "custom" and moe_form == "gather_matmul") else moe_form
+                     for v in variants}
         if wformat.ratio < 1.0:  # mixed int4/int8: one reading pass to rank the weights first
             progress.phase("ranking the weights for int4/int8")
-            plan_weights(cfg, reader, wformat, moe_form=moe_form if ir_source == "openvino" else "grouped")
+            plan_weights(cfg, reader, wformat, moe_form=moe_forms[ir_source])
         onnx_paths = build_onnx(cfg, reader, tmp, variants=variants, block_size=block_size, kv_dtype=kv_dtype,
                                 weight_format=wformat, moe_forms=moe_forms, progress=layer_done)
         reader.close()

@@ -145,6 +145,23 @@ class WeightStore:
         self.initializers.append(t)
         return name
 
+    def add_chunks(self, name: str, onnx_type: int, shape, chunks) -> str:
+        """An initializer appended to the data file chunk by chunk (an iterable of bytes), so a
+        tensor larger than memory (one projection of every expert of a layer) is never whole."""
+        pad = (-self._file.tell()) % _ALIGN
+        self._file.write(b"\0" * pad)
+        offset = self._file.tell()
+        for chunk in chunks:
+            self._file.write(chunk)
+        length = self._file.tell() - offset
+        self.bytes_written = self._file.tell()
+        t = TensorProto(name=name, data_type=onnx_type, dims=list(shape))
+        t.data_location = TensorProto.EXTERNAL
+        for key, value in (("location", self.data_path.name), ("offset", str(offset)), ("length", str(length))):
+            t.external_data.add(key=key, value=value)
+        self.initializers.append(t)
+        return name
+
     def close(self) -> None:
         if not self._file.closed:
             self._file.close()

@@ -1,4 +1,4 @@
-"""The routed-experts block (DeepSeek MoE) as ONNX nodes, in one of two forms.
+"""The routed-experts block (DeepSeek MoE) as ONNX nodes, in one of three forms.
 
 Routing is transformers 5.24's (`_router`): DeepseekV2 softmax, greedy or group-limited greedy,
 and DeepseekV3 sigmoid + e_score_correction_bias + group mask + norm_topk_prob, both times
@@ -13,6 +13,15 @@ ScatterND(add). The additions reach each token in ascending expert order, as tra
 expert loop adds them. Weights are per-expert 2-D [out, in] tensors (one `g.weight` call per
 expert and projection), so each expert's Gemm reads its own constant (a compressed one stays a
 Const -> Convert -> Subtract -> Multiply chain in front of one MatMul).
+
+"fused" (the default for int8/int4 weights): one MlaMoeExperts node of our extension per layer
+(custom_ops/kernels/moe_experts.hpp), in both the IR and model.onnx. It reads only the selected
+experts' integer codes, dequantising in registers (decode: one pass over 6 experts' weights and no
+per-expert node, shape inference or primitive lookup at all), and for experts with many tokens
+(prefill) dequantises a panel of rows once and reuses it. Its weights are stacked per projection,
+w13 = [gate; up] [E, 2I, hidden] and w2 = down [E, hidden, I], in the op's own layout (quantize.py:
+moe_operands). The portable ONNX, made of standard ops only, keeps the grouped form with its own
+copy of the expert weights.
 
 "gather_matmul": the vectorized-experts pattern OpenVINO's MoE passes match
 (ConvertTiledMoeBlockTo3GatherMatmuls): x tiled to [E, T, hidden], batched MatMuls with the
@@ -31,12 +40,13 @@ import numpy as np
 from onnx import TensorProto, helper
 
 from ..config import MLAModelConfig
-from .graph import GraphBuilder
+from .graph import GraphBuilder, WeightFormat, _int4_error
+from .quantize import INT_FORMATS, moe_operands, pick_group, quantize
 from .weights import CheckpointReader
 
-__all__ = ["MOE_FORMS", "moe", "router"]
+__all__ = ["MOE_FORMS", "moe", "router", "fused_form_problem"]
 
-MOE_FORMS = ("grouped", "gather_matmul")
+MOE_FORMS = ("grouped", "gather_matmul", "fused")
 
 
 def _f32_value(v: float):
@@ -186,6 +196,61 @@ def _gather_matmul(g: GraphBuilder, stacked: dict, x: str, weights: str, idx: st
     return g.op("ReduceSum", g.op("Mul", down, route), g.i64(0), keepdims=0, name=out)
 
 
+def fused_form_problem(cfg: MLAModelConfig, fmt: WeightFormat) -> str | None:
+    """Why the fused MoE op cannot hold this model's experts in this weight format (None: it can)."""
+    if fmt.fmt not in INT_FORMATS:
+        return f"the fused MoE op reads int8/int4 weights (this export stores {fmt.fmt})"
+    hidden, inter = cfg.hidden_size, cfg.moe.moe_intermediate_size
+    if hidden % 32 or inter % 32:
+        return f"the fused MoE op needs hidden and moe_intermediate sizes divisible by 32 (got {hidden}, {inter})"
+    if fmt.fmt == "int4":
+        for name, n in (("hidden", hidden), ("moe_intermediate", inter)):
+            group = pick_group(n, fmt.group_size)
+            if group % 32:
+                return (f"the fused MoE op needs int4 groups of a multiple of 32 inputs; --group-size "
+                        f"{fmt.group_size} gives {group} on the {name} size {n}")
+    return None
+
+
+def _fused(g: GraphBuilder, experts: _ExpertWeights, x: str, weights: str, idx: str, n_exp: int, out: str) -> str:
+    """One MlaMoeExperts node; each projection's codes streamed to the weights file expert by expert."""
+    fmt, hidden, inter, prefix = g.store.format, experts.hidden, experts.inter, experts.prefix
+
+    def matrix(proj: str, e: int) -> np.ndarray:
+        if proj == "w13":
+            return np.concatenate([experts.one(e, "gate_proj"), experts.one(e, "up_proj")])
+        return experts.one(e, "down_proj")
+
+    operands, bits_of = [], {}
+    for proj, rows, n_in in (("w13", 2 * inter, hidden), ("w2", hidden, inter)):
+        name = f"{prefix}.experts.{proj}"
+        bits = fmt.bits("matmul", name)
+        bits_of[proj] = bits
+        if fmt.planning:  # rank the projection by the int4 error of a few experts' rows
+            if bits == 4:
+                sample = np.concatenate([matrix(proj, e) for e in sorted({0, n_exp // 2, n_exp - 1})])
+                fmt.sensitivity[name] = (_int4_error(sample, fmt.group_size), n_exp * rows * n_in)
+            continue
+        group = pick_group(n_in, fmt.group_size) if bits == 4 else n_in
+        scales = np.empty((n_exp, rows, n_in // group), np.float32)
+        zeros = np.empty((n_exp, rows, n_in // group), np.uint8)
+
+        def codes():
+            for e in range(n_exp):
+                q, scales[e], zeros[e] = moe_operands(quantize(matrix(proj, e), bits, group))
+                yield q.tobytes()
+
+        per_byte = 2 if bits == 4 else 1
+        operands.append(g.store.add_chunks(f"{name}.q", TensorProto.UINT8, (n_exp, rows, n_in // per_byte), codes()))
+        operands.append(g.store.add(f"{name}.scale", scales))
+        operands.append(g.store.add(f"{name}.zp", zeros))
+        fmt.record(f"int{bits}", n_exp * rows * n_in, group if bits == 4 else None)
+    if fmt.planning:
+        return out
+    return g.op("MlaMoeExperts", x, idx, weights, *operands, domain="mla_export", name=out,
+                w13_bits=bits_of["w13"], w2_bits=bits_of["w2"])
+
+
 def moe(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig, i: int, x: str,
         forms: dict[str, str] | None = None) -> str:
     """Routed experts on their selected tokens only, plus the shared experts.
@@ -206,6 +271,8 @@ def moe(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig, i: int, x: s
     by_form = {f: [v for v in forms if forms[v] == f] for f in MOE_FORMS if f in forms.values()}
     out = f"{prefix}.routed_experts"  # each form's last node writes this name in its own variants
     stacked = None
+    if "fused" in by_form:
+        _fused(g.only(by_form["fused"]), experts, x, weights, idx, n_exp, out)
     if "gather_matmul" in by_form:
         stacked = _stacked_weights(g, experts, n_exp)
         _gather_matmul(g.only(by_form["gather_matmul"]), stacked, x, weights, idx, n_exp, hidden, out)

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Quantized", "quantize", "dequantize", "pick_group", "pack_u4", "WEIGHT_FORMATS", "FLOAT_FORMATS",
-           "INT_FORMATS"]
+__all__ = ["Quantized", "quantize", "dequantize", "pick_group", "pack_u4", "pack_u4_halves", "unpack_u4_halves",
+           "moe_operands", "WEIGHT_FORMATS", "FLOAT_FORMATS", "INT_FORMATS"]
 
 FLOAT_FORMATS = ("f32", "f16", "bf16")
 INT_FORMATS = ("int8", "int4")
@@ -102,3 +102,33 @@ def pack_u4(codes: np.ndarray) -> bytes:
     if flat.size % 2:
         flat = np.concatenate([flat, np.zeros(1, np.uint8)])
     return (flat[0::2] | (flat[1::2] << 4)).astype(np.uint8).tobytes()
+
+
+def pack_u4_halves(codes: np.ndarray) -> np.ndarray:
+    """The fused MoE op's int4 layout (custom_ops/kernels/moe_isa.hpp): codes [..., K] (K % 32 == 0)
+    -> bytes [..., K / 2] where, in each block of 32 inputs, byte j holds input j in its low nibble
+    and input j + 16 in its high nibble (one 16-byte load unpacks to two 16-lane vectors)."""
+    k = codes.shape[-1]
+    if k % 32:
+        raise ValueError(f"int4 rows for the fused MoE op need a multiple of 32 inputs, got {k}")
+    blocks = codes.reshape(codes.shape[:-1] + (k // 32, 2, 16)).astype(np.uint8)
+    return (blocks[..., 0, :] | (blocks[..., 1, :] << 4)).reshape(codes.shape[:-1] + (k // 2,))
+
+
+def unpack_u4_halves(packed: np.ndarray) -> np.ndarray:
+    """Inverse of pack_u4_halves: bytes [..., K / 2] -> codes [..., K]."""
+    k2 = packed.shape[-1]
+    blocks = packed.reshape(packed.shape[:-1] + (k2 // 16, 1, 16))
+    return np.concatenate([blocks & 15, blocks >> 4], axis=-2).reshape(packed.shape[:-1] + (2 * k2,))
+
+
+def moe_operands(qw: Quantized) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(codes, scales, zero points) of a stacked expert projection [E, rows, in] as the fused MoE op
+    reads them: u8 codes [E, rows, in] (int8) or packed [E, rows, in / 2] (int4), f32 scales and u8
+    zero points [E, rows, G]. The values are exactly those of `dequantize(qw)`."""
+    lead = qw.q.shape[:-2]
+    codes = qw.q.reshape(lead + (-1,))
+    if qw.bits == 4:
+        codes = pack_u4_halves(codes)
+    return (np.ascontiguousarray(codes), qw.scale.reshape(lead + (-1,)).astype(np.float32),
+            np.ascontiguousarray(qw.zp.reshape(lead + (-1,))))

@@ -1,0 +1,38 @@
+// MlaMoeExperts: the routed experts of one DeepSeek MoE layer in one op, on integer weights.
+//
+//   out[t] = sum_j topk_weights[t, j] * down_e(silu(gate_e(x[t])) * up_e(x[t])),  e = topk_ids[t, j]
+//
+// with gate_e / up_e the rows [0, I) / [I, 2I) of expert e's w13 and down_e its w2. Only the
+// selected experts' weights are read. Weights stay in their stored codes (moe_isa.hpp: int8 or
+// packed int4, f32 scale and u8 zero point per group) and are dequantised in registers; when an
+// expert has many tokens (prefill), a panel of its rows is dequantised once to f32 and reused by
+// all of them. Each token's expert contributions are added in ascending expert order, as
+// transformers' expert loop adds them.
+#pragma once
+
+#include "mla_tensor.hpp"
+
+namespace mla {
+
+struct MoeInputs {
+    TensorView x;             // [T, H] f32
+    TensorView topk_ids;      // [T, k] i32/i64 in [0, E)
+    TensorView topk_weights;  // [T, k] f32
+    TensorView w13_q, w13_s, w13_zp;  // [E, 2I, H / per_byte] u8, [E, 2I, G13] f32, [E, 2I, G13] u8
+    TensorView w2_q, w2_s, w2_zp;     // [E, H, I / per_byte] u8, [E, H, G2] f32, [E, H, G2] u8
+};
+
+struct MoeShapes { int64_t tokens, hidden; };
+
+// Code width of each projection (4 or 8): mixed int4/int8 exports may keep one of them in int8.
+struct MoeBits { int64_t w13, w2; };
+
+// Checks every input and attribute (naming the bad one) and returns the output shape [T, H].
+MoeShapes moe_experts_shapes(const MoeInputs& in, MoeBits bits);
+
+void moe_experts(const MoeInputs& in, MoeBits bits, const TensorView& out, const Threading& threading);
+
+// Which vector table the op runs ("avx512", "avx2" or "generic"; MLA_EXPORT_MOE_ISA forces one).
+const char* moe_isa_name();
+
+}  // namespace mla

@@ -19,7 +19,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from mla_export import reference as ref
-from mla_export.export.quantize import dequantize, moe_operands, quantize, unpack_u4_halves, pack_u4_halves
+from mla_export.export.quantize import (deinterleave_rows4, dequantize, interleave_rows4, moe_operands, pack_u4_halves,
+                                        quantize, unpack_u4_halves)
 
 NAMES = ["w13_q", "w13_s", "w13_zp", "w2_q", "w2_s", "w2_zp"]
 TOL = 2e-5  # f32 accumulation against float64, relative to the output's largest value
@@ -118,7 +119,7 @@ def _requantized(weights):
 
     out = []
     for q, s, z in (weights[:3], weights[3:]):
-        codes = unpack_u4_halves(q)
+        codes = unpack_u4_halves(deinterleave_rows4(q))
         groups = s.shape[-1]
         out.append(Quantized(4, codes.shape[-1] // groups, codes.reshape(codes.shape[:-1] + (groups, -1)),
                              z[..., None], s[..., None]))
@@ -131,6 +132,11 @@ def test_int4_layout_roundtrip(rng):
     assert packed.shape == (3, 5, 32)
     assert packed[0, 0, 0] == codes[0, 0, 0] | (codes[0, 0, 16] << 4)  # input j low, j + 16 high
     assert np.array_equal(unpack_u4_halves(packed), codes)
+    rows = rng.integers(0, 256, (2, 8, 48)).astype(np.uint8)
+    mixed = interleave_rows4(rows)
+    assert np.array_equal(mixed[0].reshape(-1)[16:32], rows[0, 1, :16])  # chunk 0 of row 1 follows row 0's
+    assert np.array_equal(mixed[1].reshape(-1)[64:80], rows[1, 0, 16:32])  # then chunk 1 of row 0
+    assert np.array_equal(deinterleave_rows4(mixed), rows)
 
 
 def test_every_vector_table_agrees(tmp_path, rng):

@@ -155,9 +155,16 @@ struct Proj {
     const float* s;
     const uint8_t* zp;
     int64_t row_bytes, groups;
-    QRow row(int64_t e, int64_t rows, int64_t r) const {
-        const int64_t i = e * rows + r;
-        return QRow{q + i * row_bytes, s + i * groups, zp + i * groups};
+    // Rows r0..r0+3 (r0 % 4 == 0) of expert e, of a projection with `rows` rows.
+    QBlock block(int64_t e, int64_t rows, int64_t r0) const {
+        const int64_t i = e * rows + r0;
+        QBlock b;
+        b.q = q + i * row_bytes;  // blocks of 4 interleaved rows: the block starts at its first row's offset
+        for (int r = 0; r < 4; ++r) {
+            b.s[r] = s + (i + r) * groups;
+            b.zp[r] = zp + (i + r) * groups;
+        }
+        return b;
     }
 };
 
@@ -168,16 +175,13 @@ struct Scratch {
 thread_local Scratch tls;
 
 // c[t * 32 + r] = a[t] . w_r for the m rows a[t] (length K) and the 32 rows w_r.
-void tile(const MoeIsa& isa, int bi, int64_t m, const float* const* a, const float* const* asum, const QRow* rows,
+void tile(const MoeIsa& isa, int bi, int64_t m, const float* const* a, const float* const* asum, const QBlock* blocks,
           int64_t K, int64_t group, float* c) {
     if (m < kManyTokens) {
-        // The next 4 rows follow these in memory (within a panel's gate, up or down rows).
-        const int64_t pf = rows[1].q - rows[0].q;
-
         for (int64_t t0 = 0; t0 < m; t0 += 4) {
             const int64_t mt = std::min<int64_t>(4, m - t0);
             for (int64_t r0 = 0; r0 < kPanel; r0 += 4)
-                isa.qdot[bi][mt - 1](K, group, a + t0, asum + t0, rows + r0, c + t0 * kPanel + r0, kPanel, 4 * pf);
+                isa.qdot[bi][mt - 1](K, group, a + t0, asum + t0, blocks[r0 / 4], c + t0 * kPanel + r0, kPanel);
         }
         return;
     }
@@ -187,7 +191,7 @@ void tile(const MoeIsa& isa, int bi, int64_t m, const float* const* a, const flo
     float* w = tls.panel.data();
     for (int64_t k0 = 0; k0 < K; k0 += kb_max) {
         const int64_t kb = std::min(kb_max, K - k0);
-        isa.dequant[bi](kPanel, rows, k0, kb, group, w);
+        isa.dequant[bi](kPanel / 4, blocks, k0, kb, group, w);
         for (int64_t t0 = 0; t0 < m; t0 += 4) {
             const int64_t mt = std::min<int64_t>(4, m - t0);
             for (int64_t r0 = 0; r0 < kPanel; r0 += 4)
@@ -284,14 +288,14 @@ void moe_experts(const MoeInputs& in, MoeBits bits, const TensorView& out, const
             s.a[t] = x + pair_tok[p0 + t] * d.H;
             s.xs[t] = xsum.get() + pair_tok[p0 + t] * G13;
         }
-        QRow rows[kPanel];
-        for (int64_t j = 0; j < 16; ++j) {
-            rows[j] = w13.row(e, 2 * d.I, i0 + j);
-            rows[16 + j] = w13.row(e, 2 * d.I, d.I + i0 + j);
+        QBlock blocks[kPanel / 4];
+        for (int64_t j = 0; j < 4; ++j) {
+            blocks[j] = w13.block(e, 2 * d.I, i0 + 4 * j);
+            blocks[4 + j] = w13.block(e, 2 * d.I, d.I + i0 + 4 * j);
         }
         if (static_cast<int64_t>(s.tile.size()) < m * kPanel) s.tile.resize(m * kPanel);
         float* c = s.tile.data();
-        tile(isa, bi13, m, s.a.data(), s.xs.data(), rows, d.H, d.g13, c);
+        tile(isa, bi13, m, s.a.data(), s.xs.data(), blocks, d.H, d.g13, c);
         for (int64_t t = 0; t < m; ++t) {
             float* dst = act.get() + (p0 + t) * d.I + i0;
             for (int64_t j = 0; j < 16; ++j) dst[j] = silu(c[t * kPanel + j]) * c[t * kPanel + 16 + j];
@@ -313,11 +317,11 @@ void moe_experts(const MoeInputs& in, MoeBits bits, const TensorView& out, const
                 s.a[t] = act.get() + (p0 + t) * d.I;
                 s.xs[t] = asum.get() + (p0 + t) * G2;
             }
-            QRow rows[kPanel];
-            for (int64_t j = 0; j < kPanel; ++j) rows[j] = w2.row(e, d.H, c0 + j);
+            QBlock blocks[kPanel / 4];
+            for (int64_t j = 0; j < kPanel / 4; ++j) blocks[j] = w2.block(e, d.H, c0 + 4 * j);
             if (static_cast<int64_t>(s.tile.size()) < m * kPanel) s.tile.resize(m * kPanel);
             float* c = s.tile.data();
-            tile(isa, bi2, m, s.a.data(), s.xs.data(), rows, d.I, d.g2, c);
+            tile(isa, bi2, m, s.a.data(), s.xs.data(), blocks, d.I, d.g2, c);
             for (int64_t t = 0; t < m; ++t) {
                 float* dst = y + pair_tok[p0 + t] * d.H + c0;
                 const float wt = pair_w[p0 + t];

@@ -3,32 +3,36 @@
 // picked at run time for the CPU at hand.
 //
 // Weights are rows of integer codes with a scale and a zero point per group of `group` inputs:
-// w[k] = (q[k] - zp[k / group]) * s[k / group]. int8 rows hold one code per byte; int4 rows hold
-// two per byte in blocks of 32 inputs: byte j of a block carries input j in its low nibble and
-// input j + 16 in its high nibble, so one 16-byte load unpacks to two 16-lane vectors.
+// w[k] = (q[k] - zp[k / group]) * s[k / group]. Codes are stored in blocks of 4 rows, interleaved
+// by 16-byte chunks: chunk c of rows 4b..4b+3 sits at ((b * chunks + c) * 4 + r) * 16, so one call
+// over 4 rows reads one contiguous run of memory (and consecutive calls continue it), which the
+// hardware prefetcher streams at full speed; 4 separate short rows it does not. A chunk holds 16
+// int8 codes (inputs 16c..16c+15), or 32 int4 codes: byte j carries input 32c + j in its low
+// nibble and input 32c + 16 + j in its high nibble, so one 16-byte load unpacks to two 16-lane
+// vectors.
 #pragma once
 
 #include <cstdint>
 
 namespace mla {
 
-// One weight row: codes, and its per-group scales and zero points.
-struct QRow {
+// Four weight rows: their interleaved codes, and each row's per-group scales and zero points.
+struct QBlock {
     const uint8_t* q;
-    const float* s;
-    const uint8_t* zp;
+    const float* s[4];
+    const uint8_t* zp[4];
 };
 
 struct MoeIsa {
     const char* name;
-    // out[t * ldo + r] = sum_k x[t][k] * w_r[k] for 4 rows r and M = 1..4 rows t (index M - 1),
-    // dequantising in registers; xsum[t][g] = sum of x[t] over group g (for the zero points).
-    // bits index 0 = int8, 1 = int4. pf: byte offset from each row's codes to prefetch alongside
-    // (the rows of the next call; rows are too short for the hardware prefetcher to ramp up).
+    // out[t * ldo + r] = sum_k x[t][k] * w_r[k] for the 4 rows r of a block and M = 1..4 rows t
+    // (index M - 1), dequantising in registers; xsum[t][g] = sum of x[t] over group g (for the zero
+    // points). bits index 0 = int8, 1 = int4.
     void (*qdot[2][4])(int64_t K, int64_t group, const float* const* x, const float* const* xsum,
-                       const QRow* rows, float* out, int64_t ldo, int64_t pf);
-    // dst[r * kb + p] = w_r[k0 + p] for n rows r and p < kb (k0, kb multiples of 32).
-    void (*dequant[2])(int64_t n, const QRow* rows, int64_t k0, int64_t kb, int64_t group, float* dst);
+                       const QBlock& blk, float* out, int64_t ldo);
+    // dst[r * kb + p] = w_r[k0 + p] for the 4 rows of each of n blocks (row r = 4 * block + row in
+    // block) and p < kb (k0, kb multiples of 32).
+    void (*dequant[2])(int64_t n, const QBlock* blocks, int64_t k0, int64_t kb, int64_t group, float* dst);
     // out[t * ldo + r] += sum_p a[t][k0 + p] * w[r * kb + p] for 4 rows r and M = 1..4 rows t.
     void (*fdot[4])(int64_t k0, int64_t kb, const float* const* a, const float* w, float* out, int64_t ldo);
 };

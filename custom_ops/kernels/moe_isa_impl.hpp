@@ -64,8 +64,9 @@ inline float hsum(vf v) {
 // Four rows by M tokens; the accumulators of one group are folded into the totals with the
 // group's scale, and the zero points are taken out once per group through sum(x) over the group.
 template <int BITS, int M>
-void qdot(int64_t K, int64_t group, const float* const* x, const float* const* xsum, const QRow* rows, float* out,
-          int64_t ldo, int64_t pf) {
+void qdot(int64_t K, int64_t group, const float* const* x, const float* const* xsum, const QBlock& blk, float* out,
+          int64_t ldo) {
+    constexpr int64_t kChunk = BITS == 8 ? 16 : 32;  // inputs per 16-byte chunk
     vf tot[4][M];
     float corr[4][M];
     for (int r = 0; r < 4; ++r)
@@ -76,24 +77,19 @@ void qdot(int64_t K, int64_t group, const float* const* x, const float* const* x
         for (int r = 0; r < 4; ++r)
             for (int t = 0; t < M; ++t) acc[r][t] = vf{};
         const int64_t k0 = g * group, k1 = k0 + group;
-        if (BITS == 8) {
-            for (int64_t k = k0; k < k1; k += 16) {
-                if (k % 64 == 0)
-                    for (int r = 0; r < 4; ++r) __builtin_prefetch(rows[r].q + k + pf, 0, 0);
+        for (int64_t k = k0; k < k1; k += kChunk) {
+            const uint8_t* chunk = blk.q + (k / kChunk) * 64;  // the 4 rows' 16 bytes, one cache line
+            if (BITS == 8) {
                 vf w[4];
-                for (int r = 0; r < 4; ++r) w[r] = widen(loadb(rows[r].q + k));
+                for (int r = 0; r < 4; ++r) w[r] = widen(loadb(chunk + 16 * r));
                 for (int t = 0; t < M; ++t) {
                     const vf xv = loadf(x[t] + k);
                     for (int r = 0; r < 4; ++r) acc[r][t] += w[r] * xv;
                 }
-            }
-        } else {
-            for (int64_t k = k0; k < k1; k += 32) {
-                if (k % 128 == 0)
-                    for (int r = 0; r < 4; ++r) __builtin_prefetch(rows[r].q + k / 2 + pf, 0, 0);
+            } else {
                 vf lo[4], hi[4];
                 for (int r = 0; r < 4; ++r) {
-                    const vb b = loadb(rows[r].q + k / 2);
+                    const vb b = loadb(chunk + 16 * r);
                     lo[r] = widen(b & 15);
                     hi[r] = widen(b >> 4);
                 }
@@ -104,7 +100,7 @@ void qdot(int64_t K, int64_t group, const float* const* x, const float* const* x
             }
         }
         for (int r = 0; r < 4; ++r) {
-            const float s = rows[r].s[g], sz = s * static_cast<float>(rows[r].zp[g]);
+            const float s = blk.s[r][g], sz = s * static_cast<float>(blk.zp[r][g]);
             for (int t = 0; t < M; ++t) {
                 tot[r][t] += acc[r][t] * s;
                 corr[r][t] += sz * xsum[t][g];
@@ -115,21 +111,74 @@ void qdot(int64_t K, int64_t group, const float* const* x, const float* const* x
         for (int r = 0; r < 4; ++r) out[t * ldo + r] = hsum(tot[r][t]) - corr[r][t];
 }
 
+#if defined(__AVX512F__)
+// int4 with AVX-512: a 16-entry table per row and group holds the 16 dequantised values
+// (c - zp) * s, and vpermps looks each code up (its index is the low 4 bits of each dword, so the
+// zero-extended byte indexes the low nibble as it is and the byte shifted by 4 the high one).
+// One lookup replaces the mask, the int -> float conversion and the scale; no zero-point term.
+template <int M>
+void qdot4_lut(int64_t K, int64_t group, const float* const* x, const QBlock& blk, float* out, int64_t ldo) {
+    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __m512 acc[4][M];
+    for (int r = 0; r < 4; ++r)
+        for (int t = 0; t < M; ++t) acc[r][t] = _mm512_setzero_ps();
+    const int64_t groups = K / group;
+    for (int64_t g = 0; g < groups; ++g) {
+        __m512 lut[4];
+        for (int r = 0; r < 4; ++r)
+            lut[r] = _mm512_mul_ps(_mm512_sub_ps(iota, _mm512_set1_ps(static_cast<float>(blk.zp[r][g]))),
+                                   _mm512_set1_ps(blk.s[r][g]));
+        const int64_t k0 = g * group, k1 = k0 + group;
+        for (int64_t k = k0; k < k1; k += 32) {
+            const uint8_t* chunk = blk.q + (k / 32) * 64;
+            __m512 lo[4], hi[4];
+            for (int r = 0; r < 4; ++r) {
+                const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(chunk + 16 * r)));
+                lo[r] = _mm512_permutexvar_ps(b, lut[r]);
+                hi[r] = _mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), lut[r]);
+            }
+            for (int t = 0; t < M; ++t) {
+                const __m512 xl = _mm512_loadu_ps(x[t] + k), xh = _mm512_loadu_ps(x[t] + k + 16);
+                for (int r = 0; r < 4; ++r) acc[r][t] = _mm512_fmadd_ps(hi[r], xh, _mm512_fmadd_ps(lo[r], xl, acc[r][t]));
+            }
+        }
+    }
+    for (int t = 0; t < M; ++t)
+        for (int r = 0; r < 4; ++r) out[t * ldo + r] = _mm512_reduce_add_ps(acc[r][t]);
+}
+
+template <int M>
+void qdot4(int64_t K, int64_t group, const float* const* x, const float* const*, const QBlock& blk, float* out,
+           int64_t ldo) {
+    qdot4_lut<M>(K, group, x, blk, out, ldo);
+}
+#else
+template <int M>
+void qdot4(int64_t K, int64_t group, const float* const* x, const float* const* xsum, const QBlock& blk, float* out,
+           int64_t ldo) {
+    qdot<4, M>(K, group, x, xsum, blk, out, ldo);
+}
+#endif
+
 template <int BITS>
-void dequant(int64_t n, const QRow* rows, int64_t k0, int64_t kb, int64_t group, float* dst) {
-    for (int64_t r = 0; r < n; ++r) {
-        const QRow& row = rows[r];
-        float* d = dst + r * kb;
+void dequant(int64_t n, const QBlock* blocks, int64_t k0, int64_t kb, int64_t group, float* dst) {
+    constexpr int64_t kChunk = BITS == 8 ? 16 : 32;
+    for (int64_t b = 0; b < n; ++b) {
+        const QBlock& blk = blocks[b];
         for (int64_t p = 0; p < kb; p += 32) {
-            const int64_t k = k0 + p, g = k / group;  // 32 | group: a block never straddles groups
-            const vf s = vf{} + row.s[g], z = vf{} + static_cast<float>(row.zp[g]);
-            if (BITS == 8) {
-                storef(d + p, (widen(loadb(row.q + k)) - z) * s);
-                storef(d + p + 16, (widen(loadb(row.q + k + 16)) - z) * s);
-            } else {
-                const vb b = loadb(row.q + k / 2);
-                storef(d + p, (widen(b & 15) - z) * s);
-                storef(d + p + 16, (widen(b >> 4) - z) * s);
+            const int64_t k = k0 + p, g = k / group;  // 32 | group: a 32-input step never straddles groups
+            for (int r = 0; r < 4; ++r) {
+                float* d = dst + (4 * b + r) * kb + p;
+                const vf s = vf{} + blk.s[r][g], z = vf{} + static_cast<float>(blk.zp[r][g]);
+                if (BITS == 8) {
+                    const uint8_t* chunk = blk.q + (k / kChunk) * 64 + 16 * r;
+                    storef(d, (widen(loadb(chunk)) - z) * s);
+                    storef(d + 16, (widen(loadb(chunk + 64)) - z) * s);  // the next chunk of this row
+                } else {
+                    const vb q = loadb(blk.q + (k / kChunk) * 64 + 16 * r);
+                    storef(d, (widen(q & 15) - z) * s);
+                    storef(d + 16, (widen(q >> 4) - z) * s);
+                }
             }
         }
     }
@@ -157,7 +206,7 @@ void fdot(int64_t k0, int64_t kb, const float* const* a, const float* w, float* 
 extern const MoeIsa MLA_MOE_TABLE;  // external linkage: moe_experts.cpp picks it
 const MoeIsa MLA_MOE_TABLE = {
     MLA_MOE_NAME,
-    {{qdot<8, 1>, qdot<8, 2>, qdot<8, 3>, qdot<8, 4>}, {qdot<4, 1>, qdot<4, 2>, qdot<4, 3>, qdot<4, 4>}},
+    {{qdot<8, 1>, qdot<8, 2>, qdot<8, 3>, qdot<8, 4>}, {qdot4<1>, qdot4<2>, qdot4<3>, qdot4<4>}},
     {dequant<8>, dequant<4>},
     {fdot<1>, fdot<2>, fdot<3>, fdot<4>},
 };

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["Quantized", "quantize", "dequantize", "pick_group", "pack_u4", "pack_u4_halves", "unpack_u4_halves",
-           "moe_operands", "WEIGHT_FORMATS", "FLOAT_FORMATS", "INT_FORMATS"]
+           "moe_operands", "interleave_rows4", "deinterleave_rows4", "WEIGHT_FORMATS", "FLOAT_FORMATS", "INT_FORMATS"]
 
 FLOAT_FORMATS = ("f32", "f16", "bf16")
 INT_FORMATS = ("int8", "int4")
@@ -122,13 +122,32 @@ def unpack_u4_halves(packed: np.ndarray) -> np.ndarray:
     return np.concatenate([blocks & 15, blocks >> 4], axis=-2).reshape(packed.shape[:-1] + (2 * k2,))
 
 
+def interleave_rows4(codes: np.ndarray) -> np.ndarray:
+    """Code bytes [..., rows, B] (rows % 4 == 0, B % 16 == 0) in the fused MoE op's order: blocks of
+    4 rows interleaved by 16-byte chunks (chunk c of row 4b + r at ((b * B/16 + c) * 4 + r) * 16),
+    so the op reads 4 rows as one contiguous stream. Same shape, bytes reordered."""
+    *lead, rows, nbytes = codes.shape
+    if rows % 4 or nbytes % 16:
+        raise ValueError(f"the fused MoE op interleaves 4 rows by 16 bytes; got {rows} rows of {nbytes} bytes")
+    blocks = codes.reshape(*lead, rows // 4, 4, nbytes // 16, 16)
+    return np.ascontiguousarray(np.swapaxes(blocks, -3, -2)).reshape(codes.shape)
+
+
+def deinterleave_rows4(codes: np.ndarray) -> np.ndarray:
+    """Inverse of interleave_rows4."""
+    *lead, rows, nbytes = codes.shape
+    blocks = codes.reshape(*lead, rows // 4, nbytes // 16, 4, 16)
+    return np.ascontiguousarray(np.swapaxes(blocks, -3, -2)).reshape(codes.shape)
+
+
 def moe_operands(qw: Quantized) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(codes, scales, zero points) of a stacked expert projection [E, rows, in] as the fused MoE op
-    reads them: u8 codes [E, rows, in] (int8) or packed [E, rows, in / 2] (int4), f32 scales and u8
-    zero points [E, rows, G]. The values are exactly those of `dequantize(qw)`."""
+    reads them (custom_ops/kernels/moe_isa.hpp): u8 codes [E, rows, in] (int8) or [E, rows, in / 2]
+    (int4, pack_u4_halves), rows interleaved by 4 (interleave_rows4); f32 scales and u8 zero points
+    [E, rows, G]. The values are exactly those of `dequantize(qw)`."""
     lead = qw.q.shape[:-2]
     codes = qw.q.reshape(lead + (-1,))
     if qw.bits == 4:
         codes = pack_u4_halves(codes)
-    return (np.ascontiguousarray(codes), qw.scale.reshape(lead + (-1,)).astype(np.float32),
+    return (interleave_rows4(codes), qw.scale.reshape(lead + (-1,)).astype(np.float32),
             np.ascontiguousarray(qw.zp.reshape(lead + (-1,))))

@@ -39,7 +39,7 @@ namespace {
 constexpr const char* kOp = "MlaMoeExperts";
 constexpr int64_t kPanel = 32;        // weight rows per tile (phase 1: 16 gate + 16 up rows)
 constexpr int64_t kManyTokens = 8;    // from this many tokens an expert's panel is dequantised once
-constexpr int64_t kBlockK = 512;      // inputs per dequantised k-block (32 rows x 512 f32 = 64 KiB)
+constexpr int64_t kBlockK = 2048;     // inputs per dequantised k-block (32 rows x 2048 f32 = 256 KiB, in L2)
 
 const MoeIsa& pick_isa() {
     const char* force = std::getenv("MLA_EXPORT_MOE_ISA");
@@ -170,13 +170,16 @@ struct Proj {
 
 struct Scratch {
     std::vector<float> tile, panel;
+    std::vector<uint16_t> panel16;
     std::vector<const float*> a, xs;
+    std::vector<const uint16_t*> a16;
 };
 thread_local Scratch tls;
 
-// c[t * 32 + r] = a[t] . w_r for the m rows a[t] (length K) and the 32 rows w_r.
-void tile(const MoeIsa& isa, int bi, int64_t m, const float* const* a, const float* const* asum, const QBlock* blocks,
-          int64_t K, int64_t group, float* c) {
+// c[t * 32 + r] = a[t] . w_r for the m rows a[t] (length K) and the 32 rows w_r. a16: the same
+// rows in bf16 when the many-token products run in bf16 (else null).
+void tile(const MoeIsa& isa, int bi, int64_t m, const float* const* a, const float* const* asum,
+          const uint16_t* const* a16, const QBlock* blocks, int64_t K, int64_t group, float* c) {
     if (m < kManyTokens) {
         for (int64_t t0 = 0; t0 < m; t0 += 4) {
             const int64_t mt = std::min<int64_t>(4, m - t0);
@@ -188,16 +191,36 @@ void tile(const MoeIsa& isa, int bi, int64_t m, const float* const* a, const flo
     std::fill(c, c + m * kPanel, 0.f);
     const int64_t kb_max = std::min<int64_t>(K, kBlockK);
     if (static_cast<int64_t>(tls.panel.size()) < kPanel * kb_max) tls.panel.resize(kPanel * kb_max);
+    if (a16 && static_cast<int64_t>(tls.panel16.size()) < kPanel * kb_max) tls.panel16.resize(kPanel * kb_max);
     float* w = tls.panel.data();
     for (int64_t k0 = 0; k0 < K; k0 += kb_max) {
         const int64_t kb = std::min(kb_max, K - k0);
         isa.dequant[bi](kPanel / 4, blocks, k0, kb, group, w);
+        if (a16) {
+            uint16_t* w16 = tls.panel16.data();
+            isa.to_bf16(kPanel * kb, w, w16);
+            for (int64_t t0 = 0; t0 < m; t0 += 4) {
+                const int64_t mt = std::min<int64_t>(4, m - t0);
+                for (int64_t r0 = 0; r0 < kPanel; r0 += 4)
+                    isa.fdot_bf16[mt - 1](k0, kb, a16 + t0, w16 + r0 * kb, c + t0 * kPanel + r0, kPanel);
+            }
+            continue;
+        }
         for (int64_t t0 = 0; t0 < m; t0 += 4) {
             const int64_t mt = std::min<int64_t>(4, m - t0);
             for (int64_t r0 = 0; r0 < kPanel; r0 += 4)
                 isa.fdot[mt - 1](k0, kb, a + t0, w + r0 * kb, c + t0 * kPanel + r0, kPanel);
         }
     }
+}
+
+// Rows [n, K] in bf16 for the many-token products (empty when they run in f32).
+std::vector<uint16_t> bf16_rows(const MoeIsa& isa, bool on, const float* x, int64_t n, int64_t K) {
+    std::vector<uint16_t> out;
+    if (!on) return out;
+    out.resize(n * K);
+    isa.to_bf16(n * K, x, out.data());
+    return out;
 }
 
 // Sums of each row of x [n, K] over groups of `group`: sums[i * (K / group) + g].
@@ -223,14 +246,23 @@ const MoeIsa& moe_isa() {
 
 const char* moe_isa_name() { return moe_isa().name; }
 
+MoeCompute moe_compute_from_name(const std::string& name) {
+    if (name == "f32" || name.empty()) return MoeCompute::f32;
+    if (name == "bf16") return MoeCompute::bf16;
+    throw Error(std::string(kOp) + ": attribute 'compute' must be f32 or bf16, got '" + name + "'");
+}
+
 MoeShapes moe_experts_shapes(const MoeInputs& in, MoeBits bits) {
     const Dims d = check_all(in, bits);
     return MoeShapes{d.T, d.H};
 }
 
-void moe_experts(const MoeInputs& in, MoeBits bits, const TensorView& out, const Threading& th) {
+void moe_experts(const MoeInputs& in, MoeBits bits, const TensorView& out, const Threading& th, MoeCompute compute) {
     const Dims d = check_all(in, bits);
+    if (out.dtype != DType::f32) fail(kOp, out, std::string("must be f32, got ") + dtype_name(out.dtype));
     const MoeIsa& isa = moe_isa();
+    static const bool cpu_bf16 = __builtin_cpu_supports("avx512bf16");
+    const bool use_bf16 = compute == MoeCompute::bf16 && isa.to_bf16 != nullptr && cpu_bf16;
     const int bi13 = bits.w13 == 4 ? 1 : 0, bi2 = bits.w2 == 4 ? 1 : 0;
     float* y = out.ptr<float>();
     if (d.T == 0) return;
@@ -277,6 +309,9 @@ void moe_experts(const MoeInputs& in, MoeBits bits, const TensorView& out, const
     std::unique_ptr<float[]> xsum(new float[d.T * G13]);
     group_sums(x, d.T, d.H, d.g13, xsum.get());
     std::unique_ptr<float[]> act(new float[P * d.I]);
+    int64_t max_m = 0;
+    for (int64_t e : active) max_m = std::max(max_m, start[e + 1] - start[e]);
+    const std::vector<uint16_t> x16 = bf16_rows(isa, use_bf16 && max_m >= kManyTokens, x, d.T, d.H);
     const int64_t col_blocks = d.I / 16;
     dynamic_for(th, static_cast<int64_t>(active.size()) * col_blocks, [&](int64_t item) {
         const int64_t e = active[item / col_blocks], i0 = (item % col_blocks) * 16;
@@ -284,9 +319,11 @@ void moe_experts(const MoeInputs& in, MoeBits bits, const TensorView& out, const
         Scratch& s = tls;
         s.a.resize(m);
         s.xs.resize(m);
+        s.a16.resize(m);
         for (int64_t t = 0; t < m; ++t) {
             s.a[t] = x + pair_tok[p0 + t] * d.H;
             s.xs[t] = xsum.get() + pair_tok[p0 + t] * G13;
+            if (!x16.empty()) s.a16[t] = x16.data() + pair_tok[p0 + t] * d.H;
         }
         QBlock blocks[kPanel / 4];
         for (int64_t j = 0; j < 4; ++j) {
@@ -295,7 +332,7 @@ void moe_experts(const MoeInputs& in, MoeBits bits, const TensorView& out, const
         }
         if (static_cast<int64_t>(s.tile.size()) < m * kPanel) s.tile.resize(m * kPanel);
         float* c = s.tile.data();
-        tile(isa, bi13, m, s.a.data(), s.xs.data(), blocks, d.H, d.g13, c);
+        tile(isa, bi13, m, s.a.data(), s.xs.data(), x16.empty() ? nullptr : s.a16.data(), blocks, d.H, d.g13, c);
         for (int64_t t = 0; t < m; ++t) {
             float* dst = act.get() + (p0 + t) * d.I + i0;
             for (int64_t j = 0; j < 16; ++j) dst[j] = silu(c[t * kPanel + j]) * c[t * kPanel + 16 + j];
@@ -305,6 +342,7 @@ void moe_experts(const MoeInputs& in, MoeBits bits, const TensorView& out, const
     // Phase 2: y[t, cols] = sum over t's pairs, experts ascending, of w_p * (act_p . down rows).
     std::unique_ptr<float[]> asum(new float[P * G2]);
     group_sums(act.get(), P, d.I, d.g2, asum.get());
+    const std::vector<uint16_t> act16 = bf16_rows(isa, !x16.empty(), act.get(), P, d.I);
     std::fill(y, y + d.T * d.H, 0.f);
     dynamic_for(th, d.H / kPanel, [&](int64_t item) {
         const int64_t c0 = item * kPanel;
@@ -313,15 +351,17 @@ void moe_experts(const MoeInputs& in, MoeBits bits, const TensorView& out, const
             const int64_t p0 = start[e], m = start[e + 1] - p0;
             s.a.resize(m);
             s.xs.resize(m);
+            s.a16.resize(m);
             for (int64_t t = 0; t < m; ++t) {
                 s.a[t] = act.get() + (p0 + t) * d.I;
                 s.xs[t] = asum.get() + (p0 + t) * G2;
+                if (!act16.empty()) s.a16[t] = act16.data() + (p0 + t) * d.I;
             }
             QBlock blocks[kPanel / 4];
             for (int64_t j = 0; j < kPanel / 4; ++j) blocks[j] = w2.block(e, d.H, c0 + 4 * j);
             if (static_cast<int64_t>(s.tile.size()) < m * kPanel) s.tile.resize(m * kPanel);
             float* c = s.tile.data();
-            tile(isa, bi2, m, s.a.data(), s.xs.data(), blocks, d.I, d.g2, c);
+            tile(isa, bi2, m, s.a.data(), s.xs.data(), act16.empty() ? nullptr : s.a16.data(), blocks, d.I, d.g2, c);
             for (int64_t t = 0; t < m; ++t) {
                 float* dst = y + pair_tok[p0 + t] * d.H + c0;
                 const float wt = pair_w[p0 + t];

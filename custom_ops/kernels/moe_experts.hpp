@@ -10,6 +10,8 @@
 // transformers' expert loop adds them.
 #pragma once
 
+#include <string>
+
 #include "mla_tensor.hpp"
 
 namespace mla {
@@ -30,7 +32,14 @@ struct MoeBits { int64_t w13, w2; };
 // Checks every input and attribute (naming the bad one) and returns the output shape [T, H].
 MoeShapes moe_experts_shapes(const MoeInputs& in, MoeBits bits);
 
-void moe_experts(const MoeInputs& in, MoeBits bits, const TensorView& out, const Threading& threading);
+// The products of experts with many tokens (prefill): f32, or bf16 operands with f32 sums, which
+// the runtime asks for when it runs the graph in bf16 (as the plugin's own FullyConnected does);
+// bf16 falls back to f32 on CPUs without AVX512_BF16. Few-token experts (decode) are always f32.
+enum class MoeCompute { f32, bf16 };
+MoeCompute moe_compute_from_name(const std::string& name);  // "f32" | "bf16", else mla::Error
+
+void moe_experts(const MoeInputs& in, MoeBits bits, const TensorView& out, const Threading& threading,
+                 MoeCompute compute = MoeCompute::f32);
 
 // Which vector table the op runs ("avx512", "avx2" or "generic"; MLA_EXPORT_MOE_ISA forces one).
 const char* moe_isa_name();

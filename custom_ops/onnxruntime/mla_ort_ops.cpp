@@ -393,9 +393,27 @@ struct StepCheckOp : Ort::CustomOpBase<StepCheckOp, StepCheckKernel, /*WithStatu
 
 // ------------------------------------------------------------------ MlaMoeExperts
 
+// An optional string attribute ("" when absent).
+std::string string_attr(const OrtApi& api, const OrtKernelInfo* info, const char* op, const char* name) {
+    size_t size = 0;
+    if (OrtStatus* st = api.KernelInfoGetAttribute_string(info, name, nullptr, &size)) {
+        api.ReleaseStatus(st);
+        return "";
+    }
+    std::string value(size, '\0');
+    if (OrtStatus* st = api.KernelInfoGetAttribute_string(info, name, value.data(), &size)) {
+        api.ReleaseStatus(st);
+        throw mla::Error(std::string(op) + ": cannot read the string attribute '" + name + "'");
+    }
+    value.resize(size > 0 ? size - 1 : 0);  // size counts the terminating NUL
+    return value;
+}
+
 struct MoeExpertsKernel {
     MoeExpertsKernel(const OrtApi& api, const OrtKernelInfo* info, int num_threads)
-        : bits_{int_attr(api, info, "w13_bits", 0), int_attr(api, info, "w2_bits", 0)}, num_threads_(num_threads) {
+        : bits_{int_attr(api, info, "w13_bits", 0), int_attr(api, info, "w2_bits", 0)},
+          compute_(mla::moe_compute_from_name(string_attr(api, info, "MlaMoeExperts", "compute"))),
+          num_threads_(num_threads) {
         for (auto [name, b] : {std::make_pair("w13_bits", bits_.w13), std::make_pair("w2_bits", bits_.w2)})
             if (b != 4 && b != 8)
                 throw mla::Error(std::string("MlaMoeExperts: attribute '") + name + "' must be 4 or 8, got " +
@@ -412,10 +430,11 @@ struct MoeExpertsKernel {
             const mla::MoeShapes s = mla::moe_experts_shapes(in, bits_);
             const int64_t shape[2] = {s.tokens, s.hidden};
             auto out = ctx.GetOutput(0, shape, 2);
-            mla::moe_experts(in, bits_, output_view(out, "output"), ort_threading(context, num_threads_));
+            mla::moe_experts(in, bits_, output_view(out, "output"), ort_threading(context, num_threads_), compute_);
         });
     }
     mla::MoeBits bits_;
+    mla::MoeCompute compute_;
     int num_threads_;
 };
 

@@ -47,7 +47,8 @@ ov::OutputVector convert_step_check(const ov::frontend::NodeContext& ctx) {
 ov::OutputVector convert_moe_experts(const ov::frontend::NodeContext& ctx) {
     const int64_t w13_bits = ctx.get_attribute<int64_t>("w13_bits");
     const int64_t w2_bits = ctx.get_attribute<int64_t>("w2_bits");
-    return std::make_shared<mla_ov::MlaMoeExperts>(inputs_of(ctx), w13_bits, w2_bits)->outputs();
+    const std::string compute = ctx.get_attribute<std::string>("compute", "f32");
+    return std::make_shared<mla_ov::MlaMoeExperts>(inputs_of(ctx), w13_bits, w2_bits, compute)->outputs();
 }
 
 }  // namespace

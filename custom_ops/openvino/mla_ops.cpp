@@ -269,8 +269,8 @@ bool MlaStepCheck::evaluate(ov::TensorVector& outputs, const ov::TensorVector& i
 
 // ---------------------------------------------------------------- MlaMoeExperts
 
-MlaMoeExperts::MlaMoeExperts(const ov::OutputVector& args, int64_t w13_bits, int64_t w2_bits)
-    : Op(args), m_w13_bits(w13_bits), m_w2_bits(w2_bits) {
+MlaMoeExperts::MlaMoeExperts(const ov::OutputVector& args, int64_t w13_bits, int64_t w2_bits, std::string compute)
+    : Op(args), m_w13_bits(w13_bits), m_w2_bits(w2_bits), m_compute(std::move(compute)) {
     constructor_validate_and_infer_types();
 }
 
@@ -280,6 +280,8 @@ void MlaMoeExperts::validate_and_infer_types() {
                           "MlaMoeExperts attribute 'w13_bits' must be 4 or 8, got ", m_w13_bits);
     NODE_VALIDATION_CHECK(this, m_w2_bits == 4 || m_w2_bits == 8, "MlaMoeExperts attribute 'w2_bits' must be 4 or 8, got ",
                           m_w2_bits);
+    NODE_VALIDATION_CHECK(this, m_compute == "f32" || m_compute == "bf16",
+                          "MlaMoeExperts attribute 'compute' must be f32 or bf16, got '", m_compute, "'");
     const auto& x = get_input_partial_shape(0);
     ov::PartialShape out = ov::PartialShape::dynamic(2);
     if (x.rank().is_static() && x.rank().get_length() == 2) out = x;
@@ -287,12 +289,13 @@ void MlaMoeExperts::validate_and_infer_types() {
 }
 
 std::shared_ptr<ov::Node> MlaMoeExperts::clone_with_new_inputs(const ov::OutputVector& args) const {
-    return std::make_shared<MlaMoeExperts>(args, m_w13_bits, m_w2_bits);
+    return std::make_shared<MlaMoeExperts>(args, m_w13_bits, m_w2_bits, m_compute);
 }
 
 bool MlaMoeExperts::visit_attributes(ov::AttributeVisitor& visitor) {
     visitor.on_attribute("w13_bits", m_w13_bits);
     visitor.on_attribute("w2_bits", m_w2_bits);
+    visitor.on_attribute("compute", m_compute);
     return true;
 }
 
@@ -304,7 +307,7 @@ bool MlaMoeExperts::evaluate(ov::TensorVector& outputs, const ov::TensorVector& 
         const mla::MoeBits bits{m_w13_bits, m_w2_bits};
         const mla::MoeShapes s = mla::moe_experts_shapes(in, bits);
         outputs[0].set_shape(ov::Shape{size_t(s.tokens), size_t(s.hidden)});
-        mla::moe_experts(in, bits, view(outputs[0], "output"), ov_threading());
+        mla::moe_experts(in, bits, view(outputs[0], "output"), ov_threading(), mla::moe_compute_from_name(m_compute));
     });
 }
 

@@ -92,7 +92,9 @@ class MlaMoeExperts : public ov::op::Op {
 public:
     OPENVINO_OP("MlaMoeExperts", "mla_export");
     MlaMoeExperts() = default;
-    MlaMoeExperts(const ov::OutputVector& args, int64_t w13_bits, int64_t w2_bits);
+    // compute: "f32" (as exported) or "bf16" (set by the runtime when it compiles for bf16; see
+    // moe_experts.hpp, MoeCompute).
+    MlaMoeExperts(const ov::OutputVector& args, int64_t w13_bits, int64_t w2_bits, std::string compute = "f32");
     void validate_and_infer_types() override;
     std::shared_ptr<ov::Node> clone_with_new_inputs(const ov::OutputVector& args) const override;
     bool visit_attributes(ov::AttributeVisitor& visitor) override;
@@ -101,6 +103,7 @@ public:
 
 private:
     int64_t m_w13_bits = 8, m_w2_bits = 8;
+    std::string m_compute = "f32";
 };
 
 }  // namespace mla_ov

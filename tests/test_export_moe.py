@@ -107,7 +107,7 @@ def test_onnx_beside_gather_matmul_ir(exported, rng):
 
 def test_bad_moe_form(tmp_path):
     ckpt = make_checkpoint(tmp_path / "ckpt", "deepseek_v3", seed=3)
-    with pytest.raises(ExportError, match="--moe-form must be one of grouped, gather-matmul"):
+    with pytest.raises(ExportError, match="--moe-form must be one of auto, grouped, gather-matmul, fused"):
         export_model(ckpt, tmp_path / "out", moe_form="dense")
     assert not (tmp_path / "out").exists()
 

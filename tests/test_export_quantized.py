@@ -162,3 +162,26 @@ def test_int4_ratio_moves_the_most_sensitive_weights_to_int8(tmp_path, checkpoin
         export_model(ckpt, tmp_path / "bad", weight_format="int8", ratio=0.5)
     with pytest.raises(ValueError, match="--ratio must be a number from 0 to 1"):
         export_model(ckpt, tmp_path / "bad", weight_format="int4", ratio=1.5)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_fused_moe_runs_the_same_in_both_runtimes(tmp_path, checkpoint, fmt):
+    """model.onnx carries the same MlaMoeExperts op as the IR: onnxruntime (our custom-op library)
+    and OpenVINO generate the same greedy tokens from it (f32; the IR is exact against transformers
+    above). Long prompts route many tokens to some experts (the dequantised-panel path)."""
+    from mla_export import ort_ops_path
+    from mla_export.runtime.llm import LLM
+
+    if ort_ops_path() is None:
+        pytest.skip("the onnxruntime custom-op library was not built (no onnxruntime headers)")
+    ckpt, hf = checkpoint
+    out = tmp_path / fmt
+    export_model(ckpt, out, fmt="both", block_size=BLOCK, kv_dtype="f32", weight_format=fmt, group_size=32)
+    assert load_contract(out).raw["export"]["moe_form"] == "fused"
+    prompts = [[int(t) for t in np.random.default_rng(s).integers(2, hf.config.vocab_size, n)]
+               for s, n in ((1, 37), (2, 5), (3, 60))]
+    tokens = {}
+    for runtime in ("openvino", "onnxruntime"):
+        llm = LLM(out, runtime=runtime, precision="f32", num_threads=2)
+        tokens[runtime] = [o.token_ids for o in llm.generate(prompts, max_tokens=6, ignore_eos=True)]
+    assert tokens["openvino"] == tokens["onnxruntime"]

@@ -26,10 +26,12 @@ NAMES = ["w13_q", "w13_s", "w13_zp", "w2_q", "w2_s", "w2_zp"]
 TOL = 2e-5  # f32 accumulation against float64, relative to the output's largest value
 
 
-def _model(hidden: int, bits: tuple[int, int], weights: list[np.ndarray], x_type=TensorProto.FLOAT):
+def _model(hidden: int, bits: tuple[int, int], weights: list[np.ndarray], x_type=TensorProto.FLOAT,
+           compute: str | None = None):
     inits = [numpy_helper.from_array(np.ascontiguousarray(a), n) for a, n in zip(weights, NAMES)]
+    extra = {} if compute is None else {"compute": compute}
     node = helper.make_node("MlaMoeExperts", ["x", "ids", "wts"] + NAMES, ["y"], domain="mla_export",
-                            w13_bits=bits[0], w2_bits=bits[1])
+                            w13_bits=bits[0], w2_bits=bits[1], **extra)
     graph = helper.make_graph(
         [node], "moe", [helper.make_tensor_value_info("x", x_type, [None, hidden]),
                         helper.make_tensor_value_info("ids", TensorProto.INT64, [None, None]),
@@ -199,3 +201,47 @@ def test_bad_weights_name_the_input(rng):
         _run_openvino(_model(64, (4, 4), short), feeds)
     with pytest.raises(Exception, match="w13_bits.*4 or 8"):
         _run_openvino(_model(64, (5, 4), weights), feeds)
+
+
+def _cpu_has_bf16() -> bool:
+    try:
+        return "avx512_bf16" in open("/proc/cpuinfo").read()
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("runtime", list(RUNTIMES))
+def test_bf16_compute_for_many_tokens(rng, runtime):
+    """compute="bf16" (what the runtime sets under a bf16 hint): experts with >= 8 tokens multiply
+    bf16-rounded operands with f32 sums, so the error is bf16's (~1e-3 relative), and it must be
+    there on a CPU with AVX512_BF16 (else the f32 kernel ran and the result is f32-exact)."""
+    weights, feeds, want = _case(rng, 4, 128, 64, 2, 60, (8, 4), 32)
+    got = RUNTIMES[runtime](_model(128, (8, 4), weights, compute="bf16"), feeds)
+    err = np.abs(got - want).max() / np.abs(want).max()
+    assert err < 2e-2, err
+    if _cpu_has_bf16():
+        assert err > 1e-5, f"bf16 compute asked, but the result is f32-exact ({err:.1e})"
+    else:
+        assert err < TOL
+    # few tokens per expert (decode) stay f32 even under compute="bf16"
+    small = {k: v[:3] for k, v in feeds.items()}
+    want_small = want[:3]  # tokens are independent
+    got_small = RUNTIMES[runtime](_model(128, (8, 4), weights, compute="bf16"), small)
+    assert np.abs(got_small - want_small).max() / np.abs(want_small).max() < TOL
+
+
+def test_runtime_sets_compute_from_its_precision(tmp_path):
+    """The OpenVINO executor tells each MlaMoeExperts node the precision it compiles for."""
+    import openvino as ov
+
+    from mla_export.runtime.executor_openvino import match_moe_compute
+
+    weights, _, _ = _case(np.random.default_rng(0), 4, 64, 32, 2, 2, (8, 8), None)
+    (tmp_path / "m.onnx").write_bytes(_model(64, (8, 8), weights).SerializeToString())
+    from mla_export import ov_core
+
+    model = ov_core().read_model(str(tmp_path / "m.onnx"))
+    for precision, want in (("bf16", "bf16"), ("f32", "f32")):
+        match_moe_compute(model, precision)
+        ops = [op for op in model.get_ops() if op.get_type_name() == "MlaMoeExperts"]
+        assert len(ops) == 1 and ops[0].get_attributes()["compute"] == want

@@ -51,7 +51,10 @@ class OpenVINOMLAExecutor(MLAExecutor):
         check_cache_bindings(contract, self._bound)
         weights = path.with_suffix(".bin") if path.suffix == ".xml" else path.parent / f"{path.name}.data"
         check_fits(contract.raw["export"], precision, weights)  # a clear error instead of the OOM killer
+        match_moe_compute(model, precision)
         config = {"INFERENCE_PRECISION_HINT": precision, "PERFORMANCE_HINT": "LATENCY"}
+        if precision == "f32":  # f32 activations throughout: no dynamic int8 quantization of the inputs
+            config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = 0  # of int8/int4-weight matmuls (on by default with VNNI)
         if num_threads is not None:
             config["INFERENCE_NUM_THREADS"] = num_threads
         self.compiled = core.compile_model(model, device, config)
@@ -111,3 +114,12 @@ class OpenVINOMLAExecutor(MLAExecutor):
         return (f"the bound array must be C-contiguous with exactly the graph input's element type (f32, or any "
                 f"other format bound as u8 bytes); got {self._bound[layer].dtype} {self._bound[layer].shape}")
 
+
+
+def match_moe_compute(model: ov.Model, precision: str) -> None:
+    """The fused MoE ops multiply their prefill products in the precision the plugin runs the rest
+    of the graph in: bf16 operands under a bf16 hint (as its FullyConnected kernels do), f32 under
+    an f32 hint, which keeps f32 runs exact. The op cannot see the hint, so it is told here."""
+    for op in model.get_ops():
+        if op.get_type_name() == "MlaMoeExperts":
+            op.set_attribute("compute", "bf16" if precision == "bf16" else "f32")

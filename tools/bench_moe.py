@@ -7,6 +7,7 @@ alternating form by form for each token count (medians of the rounds); exactness
 f32 against a float64 numpy evaluation of the routed MoE (max relative error).
 
   python tools/bench_moe.py --forms legacy,grouped,gather_matmul --tokens 1,8,1024 --weights int8
+  python tools/bench_moe.py --forms grouped,fused --tokens 1,8,1024 --weights int4 --precision bf16
   python tools/bench_moe.py --runtime onnxruntime --forms legacy,grouped --tokens 1,1024
 
 --weights int8 / int4 compress the experts with NNCF's data-free compress_weights (INT8_ASYM per
@@ -30,7 +31,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mla_export.config import MLAModelConfig  # noqa: E402
-from mla_export.export.graph import GraphBuilder, WeightStore  # noqa: E402
+from mla_export.export.graph import GraphBuilder, WeightFormat, WeightStore  # noqa: E402
 from mla_export.export.moe import router  # noqa: E402
 
 ROUTING = {  # transformers' DeepSeek configs (V2-Lite: greedy softmax; V3: sigmoid + bias + groups)
@@ -89,14 +90,15 @@ def legacy_experts(g: GraphBuilder, rd, cfg: MLAModelConfig, x: str, weights: st
     return out
 
 
-def build(form: str, cfg: MLAModelConfig, rd, out_dir: Path) -> Path:
+def build(form: str, cfg: MLAModelConfig, rd, out_dir: Path, weights: str = "f32") -> Path:
     """A one-layer ONNX graph x [T, hidden] -> routed MoE output [T, hidden]."""
     import onnx
     from onnx import TensorProto, helper
 
     from mla_export.export import moe as moe_mod
 
-    store = WeightStore(out_dir / f"{form}.onnx.data", "f32")
+    # int8/int4: the exporter's own quantizer (per channel / group 128), the same codes for every form
+    store = WeightStore(out_dir / f"{form}.onnx.data", WeightFormat(weights, group_size=128))
     try:
         g = GraphBuilder(store, ["custom"])
         prefix = "model.layers.0.mlp"
@@ -112,7 +114,8 @@ def build(form: str, cfg: MLAModelConfig, rd, out_dir: Path) -> Path:
     graph = helper.make_graph(g.variants["custom"], f"moe_{form}",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["T", hidden])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["T", hidden])], store.initializers)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("mla_export", 1)],
+                              ir_version=10)
     path = out_dir / f"{form}.onnx"
     onnx.save_model(model, str(path))
     return path
@@ -154,35 +157,38 @@ def reference(cfg: MLAModelConfig, rd, xs: np.ndarray) -> np.ndarray:
     return out
 
 
-def compile_openvino(path: Path, weights: str, threads: int):
-    import openvino as ov
-
-    core = ov.Core()
-    model = core.read_model(str(path))
+def compile_openvino(path: Path, threads: int, precision: str):
+    from mla_export import ov_core
     from mla_export.export.openvino_ir import _fold_weight_transposes
+    from mla_export.runtime.executor_openvino import match_moe_compute
 
+    core = ov_core()  # with our extension (the fused form's op)
+    model = core.read_model(str(path))
     _fold_weight_transposes(model)
-    if weights != "f32":
-        import nncf
-
-        mode = {"int8": nncf.CompressWeightsMode.INT8_ASYM, "int4": nncf.CompressWeightsMode.INT4_ASYM}[weights]
-        model = nncf.compress_weights(model, mode=mode, **({"group_size": 128, "ratio": 1.0} if weights == "int4" else {}))
-    compiled = core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": threads})
+    match_moe_compute(model, precision)
+    config = {"INFERENCE_PRECISION_HINT": precision, "INFERENCE_NUM_THREADS": threads}
+    if precision == "f32":
+        config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = 0  # as the runtime's f32 mode
+    compiled = core.compile_model(model, "CPU", config)
     types = {}
     for op in compiled.get_runtime_model().get_ops():
         t = op.get_rt_info()["layerType"].astype(str)
         types[t] = types.get(t, 0) + 1
     request = compiled.create_infer_request()
     return (lambda x: request.infer({0: x})[0]), {t: types[t] for t in ("GatherMatmul", "FullyConnected", "NonZero",
-                                                                        "ScatterNDUpdate") if t in types}
+                                                                        "ScatterNDUpdate", "Reference") if t in types}
 
 
-def compile_onnxruntime(path: Path, weights: str, threads: int):
+def compile_onnxruntime(path: Path, threads: int, precision: str):
     import onnxruntime as ort
 
-    if weights != "f32":
-        raise SystemExit("--runtime onnxruntime takes --weights f32 only")
+    from mla_export import ort_ops_path
+
+    if precision != "f32":
+        raise SystemExit("--runtime onnxruntime computes f32 only (--precision f32)")
     opts = ort.SessionOptions()
+    if ort_ops_path():
+        opts.register_custom_ops_library(ort_ops_path())
     opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
     sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
     return (lambda x: sess.run(None, {"x": x})[0]), {}
@@ -196,6 +202,8 @@ def main() -> int:
     ap.add_argument("--tokens", default="1,8,1024")
     ap.add_argument("--weights", choices=("f32", "int8", "int4"), default="f32")
     ap.add_argument("--runtime", choices=("openvino", "onnxruntime"), default="openvino")
+    ap.add_argument("--precision", choices=("f32", "bf16"), default="f32",
+                    help="OpenVINO's inference precision (bf16: the runtime's default where the CPU has it)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=7, help="timed runs per form and token count (median)")
     ap.add_argument("--seed", type=int, default=20261203)
@@ -206,16 +214,16 @@ def main() -> int:
     forms = args.forms.split(",")
     tokens = [int(t) for t in args.tokens.split(",")]
     print(f"[bench_moe] seed {args.seed}, {args.routing} routing, dims {args.dims}, weights {args.weights}, "
-          f"{args.runtime}, {args.threads} threads", file=sys.stderr)
+          f"{args.runtime} {args.precision}, {args.threads} threads", file=sys.stderr)
     runners, result = {}, dict(routing=args.routing, dims=args.dims, weights=args.weights, runtime=args.runtime,
-                               threads=args.threads, forms={})
+                               precision=args.precision, threads=args.threads, forms={})
     x_check = np.random.default_rng(args.seed).standard_normal((32, hidden), dtype=np.float32)
-    ref = reference(cfg, rd, x_check) if args.weights == "f32" else None
+    ref = reference(cfg, rd, x_check) if args.weights == "f32" and args.precision == "f32" else None
     with tempfile.TemporaryDirectory(prefix="bench-moe-") as tmp:
         for form in forms:
-            path = build(form, cfg, rd, Path(tmp))
+            path = build(form, cfg, rd, Path(tmp), args.weights)
             run, types = (compile_openvino if args.runtime == "openvino" else compile_onnxruntime)(
-                path, args.weights, args.threads)
+                path, args.threads, args.precision)
             runners[form] = run
             info = dict(nodes=types, ms={})
             if ref is not None:

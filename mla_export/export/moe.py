@@ -272,6 +272,9 @@ def moe(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig, i: int, x: s
     out = f"{prefix}.routed_experts"  # each form's last node writes this name in its own variants
     stacked = None
     if "fused" in by_form:
+        problem = fused_form_problem(cfg, g.store.format)
+        if problem:
+            raise ValueError(problem)
         _fused(g.only(by_form["fused"]), experts, x, weights, idx, n_exp, out)
     if "gather_matmul" in by_form:
         stacked = _stacked_weights(g, experts, n_exp)

@@ -4,7 +4,7 @@ Against the float64 reference (mla_export.reference.moe_experts) on the weights 
 to: random shapes, int8 / int4 / mixed projections, shuffled expert ids, tokens routed so that
 some experts get many tokens (the dequantised-panel path, >= 8) and others few (dot products on
 the codes), bf16 activations, and every vector table this CPU has (generic, avx2, avx512 forced
-through MLA_EXPORT_MOE_ISA in a subprocess). Then the boundary: bad ids, shapes, types and zero
+through MLA_EXPORT_ISA in a subprocess). Then the boundary: bad ids, shapes, types and zero
 points fail with a message naming the input.
 """
 
@@ -162,7 +162,7 @@ print("ERR", np.abs(got - want).max() / np.abs(want).max())
     ran = {}
     for isa in ("generic", "avx2", "avx512"):
         res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                             env=dict(os.environ, MLA_EXPORT_MOE_ISA=isa))
+                             env=dict(os.environ, MLA_EXPORT_ISA=isa))
         assert res.returncode == 0, res.stderr[-2000:]
         err = float(res.stdout.split("ERR")[-1])
         assert err < TOL, (isa, err)

@@ -41,7 +41,7 @@ MoeCompute moe_compute_from_name(const std::string& name);  // "f32" | "bf16", e
 void moe_experts(const MoeInputs& in, MoeBits bits, const TensorView& out, const Threading& threading,
                  MoeCompute compute = MoeCompute::f32);
 
-// Which vector table the op runs ("avx512", "avx2" or "generic"; MLA_EXPORT_MOE_ISA forces one).
+// Which vector table the op runs ("avx512", "avx2" or "generic"; MLA_EXPORT_ISA forces one).
 const char* moe_isa_name();
 
 }  // namespace mla

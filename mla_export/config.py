@@ -12,12 +12,13 @@ Errors are `ConfigError` (a ValueError) with the offending key in the message.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from .json_file import read_json
 
 __all__ = ["ConfigError", "MLAModelConfig", "MoEConfig", "RopeConfig", "SUPPORTED_MODEL_TYPES"]
 
@@ -187,12 +188,7 @@ class MLAModelConfig:
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> "MLAModelConfig":
         path = Path(model_dir) / "config.json"
-        if not path.is_file():
-            raise ConfigError(f"{path}: not found (a Hugging Face checkpoint directory has a config.json)")
-        try:
-            raw = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise ConfigError(f"{path}: not readable as JSON: {e}") from e
+        raw = read_json(path, ConfigError, " (a Hugging Face checkpoint directory has a config.json)")
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: the top level must be a JSON object")
         return cls.from_dict(raw)

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .export_paths import inside
+from .json_file import read_json
 
 __all__ = ["CONTRACT_FILE", "CONTRACT_VERSION", "Contract", "ContractError", "TensorSpec", "graph_io", "cache_layout",
            "CACHE_DTYPES",
@@ -373,12 +374,7 @@ def load_contract(out_dir: str | Path) -> Contract:
     """Read and validate OUT_DIR/mla_graph.json (files listed must exist)."""
     out_dir = Path(out_dir)
     path = out_dir / CONTRACT_FILE
-    if not path.is_file():
-        raise ContractError(f"{path}: not found; is {out_dir} an `mla-export export` output directory?")
-    try:
-        raw = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ContractError(f"{path}: not readable as JSON: {e}") from e
+    raw = read_json(path, ContractError, f"; is {out_dir} an `mla-export export` output directory?")
     if isinstance(raw, dict) and isinstance(raw.get("version"), int) and raw["version"] != CONTRACT_VERSION:
         raise ContractError(f"{path}: contract version {raw['version']}, this mla-export reads version "
                             f"{CONTRACT_VERSION}; export the model again")

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "mla_kernels.hpp"  // isa_name()
 #include "moe_isa.hpp"
 #include "numeric.hpp"
 #include "validate.hpp"
@@ -41,41 +42,17 @@ constexpr int64_t kPanel = 32;        // weight rows per tile (phase 1: 16 gate 
 constexpr int64_t kManyTokens = 8;    // from this many tokens an expert's panel is dequantised once
 constexpr int64_t kBlockK = 2048;     // inputs per dequantised k-block (32 rows x 2048 f32 = 256 KiB, in L2)
 
-bool cpu_can(const char* name) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_cpu_init();
-    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-    if (std::strcmp(name, "avx2") == 0) return avx2;
-    if (std::strcmp(name, "avx512") == 0)
-        return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-#endif
-    return std::strcmp(name, "generic") == 0;
-}
-
-const MoeIsa* usable(const char* name) {
-    if (!cpu_can(name)) return nullptr;
+// The table of the same name as the attention kernels' (isa_dispatch.cpp: the widest this build
+// and CPU run, or the one MLA_EXPORT_ISA forces, with its error for one they lack): one choice
+// per process for every op.
+const MoeIsa& pick_isa() {
+    const std::string name = isa_name();
 #if defined(MLA_HAVE_AVX512)
-    if (std::strcmp(name, "avx512") == 0) return &moe_avx512::kMoeIsa;
+    if (name == "avx512") return moe_avx512::kMoeIsa;
 #endif
 #if defined(MLA_HAVE_AVX2)
-    if (std::strcmp(name, "avx2") == 0) return &moe_avx2::kMoeIsa;
+    if (name == "avx2" || name == "avx512") return moe_avx2::kMoeIsa;
 #endif
-    if (std::strcmp(name, "generic") == 0) return &moe_generic::kMoeIsa;
-    return nullptr;
-}
-
-// The same choice and the same knob as the attention kernels' tables (isa_dispatch.cpp):
-// MLA_EXPORT_ISA=generic|avx2|avx512 forces one, and one this build or CPU lacks is an error.
-const MoeIsa& pick_isa() {
-    const char* force = std::getenv("MLA_EXPORT_ISA");
-    if (force && *force) {
-        if (const MoeIsa* t = usable(force)) return *t;
-        throw Error(std::string("MLA_EXPORT_ISA=") + force +
-                    ": not one of generic, avx2, avx512 that this build and CPU can run");
-    }
-    for (const char* name : {"avx512", "avx2"})
-        if (const MoeIsa* t = usable(name)) return *t;
     return moe_generic::kMoeIsa;
 }
 

@@ -143,22 +143,22 @@ def _get_float(body: dict, name: str, default, lo=None, hi=None):
     return v
 
 
-def _get_bool(body: dict, name: str, default: bool) -> bool:
+def _get_typed(body: dict, name: str, default, kind: type, what: str, show_value: bool):
+    """body[name] when it is a `kind` (absent or null: default), else a 400 naming the field."""
     v = body.get(name, None)
     if v is None:
         return default
-    if not isinstance(v, bool):
-        raise bad_request(f"'{name}' must be a boolean, got {_type_name(v)} {v!r}", name)
+    if not isinstance(v, kind):
+        raise bad_request(f"'{name}' must be {what}, got {_type_name(v)}" + (f" {v!r}" if show_value else ""), name)
     return v
+
+
+def _get_bool(body: dict, name: str, default: bool) -> bool:
+    return _get_typed(body, name, default, bool, "a boolean", show_value=True)
 
 
 def _get_str(body: dict, name: str, default):
-    v = body.get(name, None)
-    if v is None:
-        return default
-    if not isinstance(v, str):
-        raise bad_request(f"'{name}' must be a string, got {_type_name(v)}", name)
-    return v
+    return _get_typed(body, name, default, str, "a string", show_value=False)
 
 
 def _is_token_list(v) -> bool:

@@ -12,17 +12,22 @@
 
 namespace mla_ov {
 
+// The overrides every op class here has (shape inference, cloning, attributes, evaluate on the
+// real buffers); each class defines them in mla_ops.cpp.
+#define MLA_OV_OP_OVERRIDES                                                                          \
+    void validate_and_infer_types() override;                                                         \
+    std::shared_ptr<ov::Node> clone_with_new_inputs(const ov::OutputVector& args) const override;     \
+    bool visit_attributes(ov::AttributeVisitor& visitor) override;                                    \
+    bool evaluate(ov::TensorVector& outputs, const ov::TensorVector& inputs) const override;          \
+    bool has_evaluate() const override { return true; }
+
 class MlaCacheWrite : public ov::op::Op {
 public:
     OPENVINO_OP("MlaCacheWrite", "mla_export");
     MlaCacheWrite() = default;
     // kv_c, k_pe, kv_cache, slot_mapping
     explicit MlaCacheWrite(const ov::OutputVector& args, std::string kv_dtype = "");
-    void validate_and_infer_types() override;
-    std::shared_ptr<ov::Node> clone_with_new_inputs(const ov::OutputVector& args) const override;
-    bool visit_attributes(ov::AttributeVisitor& visitor) override;
-    bool evaluate(ov::TensorVector& outputs, const ov::TensorVector& inputs) const override;
-    bool has_evaluate() const override { return true; }
+    MLA_OV_OP_OVERRIDES
 
 private:
     std::string m_kv_dtype;  // the cache's row format ("" = by element type, see cache_format.hpp)
@@ -35,11 +40,7 @@ public:
     MlaPagedDecode() = default;
     // q, kv_cache, block_tables, seq_lens [, after]
     MlaPagedDecode(const ov::OutputVector& args, float scale, int64_t kv_lora_rank, std::string kv_dtype = "");
-    void validate_and_infer_types() override;
-    std::shared_ptr<ov::Node> clone_with_new_inputs(const ov::OutputVector& args) const override;
-    bool visit_attributes(ov::AttributeVisitor& visitor) override;
-    bool evaluate(ov::TensorVector& outputs, const ov::TensorVector& inputs) const override;
-    bool has_evaluate() const override { return true; }
+    MLA_OV_OP_OVERRIDES
 
 private:
     float m_scale = 1.0f;
@@ -54,11 +55,7 @@ public:
     MlaPagedAttention() = default;
     // q_nope, q_pe, kv_cache, w_uk, w_uv, query_start_loc, seq_lens, block_tables [, after]
     MlaPagedAttention(const ov::OutputVector& args, float scale, int64_t form, std::string kv_dtype = "");
-    void validate_and_infer_types() override;
-    std::shared_ptr<ov::Node> clone_with_new_inputs(const ov::OutputVector& args) const override;
-    bool visit_attributes(ov::AttributeVisitor& visitor) override;
-    bool evaluate(ov::TensorVector& outputs, const ov::TensorVector& inputs) const override;
-    bool has_evaluate() const override { return true; }
+    MLA_OV_OP_OVERRIDES
 
 private:
     float m_scale = 1.0f;
@@ -75,11 +72,7 @@ public:
     OPENVINO_OP("MlaStepCheck", "mla_export");
     MlaStepCheck() = default;
     MlaStepCheck(const ov::OutputVector& args, int64_t vocab_size, int64_t max_positions);
-    void validate_and_infer_types() override;
-    std::shared_ptr<ov::Node> clone_with_new_inputs(const ov::OutputVector& args) const override;
-    bool visit_attributes(ov::AttributeVisitor& visitor) override;
-    bool evaluate(ov::TensorVector& outputs, const ov::TensorVector& inputs) const override;
-    bool has_evaluate() const override { return true; }
+    MLA_OV_OP_OVERRIDES
 
 private:
     int64_t m_vocab_size = 0;
@@ -95,11 +88,7 @@ public:
     // compute: "f32" (as exported) or "bf16" (set by the runtime when it compiles for bf16; see
     // moe_experts.hpp, MoeCompute).
     MlaMoeExperts(const ov::OutputVector& args, int64_t w13_bits, int64_t w2_bits, std::string compute = "f32");
-    void validate_and_infer_types() override;
-    std::shared_ptr<ov::Node> clone_with_new_inputs(const ov::OutputVector& args) const override;
-    bool visit_attributes(ov::AttributeVisitor& visitor) override;
-    bool evaluate(ov::TensorVector& outputs, const ov::TensorVector& inputs) const override;
-    bool has_evaluate() const override { return true; }
+    MLA_OV_OP_OVERRIDES
 
 private:
     int64_t m_w13_bits = 8, m_w2_bits = 8;

@@ -377,20 +377,20 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def completion_body(rid: str, model: str, created: int, choices: list[dict], use: dict | None) -> dict:
-    body = {"id": rid, "object": "text_completion", "created": created, "model": model,
-            "choices": choices, "system_fingerprint": None}
+def _response_body(kind: str, rid: str, model: str, created: int, choices: list[dict], use: dict | None) -> dict:
+    body = {"id": rid, "object": kind, "created": created, "model": model, "choices": choices,
+            "system_fingerprint": None}
     if use is not None:
         body["usage"] = use
     return body
+
+
+def completion_body(rid: str, model: str, created: int, choices: list[dict], use: dict | None) -> dict:
+    return _response_body("text_completion", rid, model, created, choices, use)
 
 
 def chat_body(rid: str, model: str, created: int, choices: list[dict], use: dict | None) -> dict:
-    body = {"id": rid, "object": "chat.completion", "created": created, "model": model,
-            "choices": choices, "system_fingerprint": None}
-    if use is not None:
-        body["usage"] = use
-    return body
+    return _response_body("chat.completion", rid, model, created, choices, use)
 
 
 def chat_chunk(rid: str, model: str, created: int, choices: list[dict], use: dict | None = None) -> dict:

@@ -13,6 +13,7 @@ import json
 import os
 import resource
 import shutil
+import signal
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -158,11 +159,18 @@ def export_model(model_dir, out_dir, *, fmt: str = "openvino", portable: bool = 
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     _check_disk(out_dir, reader, wformat, portable)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private; the export is an ordinary directory
+    tmp = None
     try:
+        # Signals held while the directory is made and named: an interrupt in between would leave
+        # it behind (the handlers run as soon as they are released, inside this try).
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        try:
+            tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        umask = os.umask(0)
+        os.umask(umask)
+        tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private; the export is an ordinary directory
         want_ir, want_onnx = fmt in ("openvino", "both"), fmt in ("onnx", "both")
         # The IR's source graph: model.onnx itself, or its own graph when its MoE form is one only
         # OpenVINO runs (gather_matmul). The fused op runs in both runtimes; portable is grouped.
@@ -218,7 +226,8 @@ def export_model(model_dir, out_dir, *, fmt: str = "openvino", portable: bool = 
         sizes = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
         replace_dir(tmp, out_dir)  # never a moment with neither the old nor the new export
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return ExportResult(out_dir, contract, time.time() - start, sizes, peak_mb)

@@ -6,14 +6,13 @@
 // experts in ascending order and adds weight * (act @ down_e^T) onto its columns of every token,
 // so no two items write the same element and each token's sum runs in ascending expert order.
 // Both phases use one tile routine: few tokens -> dot products on the codes (one pass over the
-// weights, which is all decode needs); many tokens -> dequantise a panel of rows to f32 once per
-// k-block and run f32 dot products of every token against it.
+// weights, which is all decode needs); many tokens -> dequantise a panel of rows once per k-block
+// and run dot products of every token against it, in f32 or (compute = bf16, the runtime's bf16
+// hint) in bf16 operands with f32 sums.
 #include "moe_experts.hpp"
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -180,11 +179,12 @@ thread_local Scratch tls;
 void tile(const MoeIsa& isa, int bi, int64_t m, const float* const* a, const float* const* asum,
           const uint16_t* const* a16, const QBlock* blocks, int64_t K, int64_t group, float* c) {
     if (m < kManyTokens) {
-        for (int64_t t0 = 0; t0 < m; t0 += 4) {
-            const int64_t mt = std::min<int64_t>(4, m - t0);
-            for (int64_t r0 = 0; r0 < kPanel; r0 += 4)
+        // rows outside, tokens inside: a second chunk of tokens finds the 4 rows' codes in cache
+        for (int64_t r0 = 0; r0 < kPanel; r0 += 4)
+            for (int64_t t0 = 0; t0 < m; t0 += 4) {
+                const int64_t mt = std::min<int64_t>(4, m - t0);
                 isa.qdot[bi][mt - 1](K, group, a + t0, asum + t0, blocks[r0 / 4], c + t0 * kPanel + r0, kPanel);
-        }
+            }
         return;
     }
     std::fill(c, c + m * kPanel, 0.f);

@@ -129,20 +129,9 @@ class WeightStore:
 
     def add_raw(self, name: str, onnx_type: int, shape, raw: bytes) -> str:
         """An initializer from its raw little-endian bytes: inline when small, else appended to the data file."""
-        if len(raw) <= _INLINE_BYTES:
-            t = helper.make_tensor(name, onnx_type, list(shape), raw, raw=True)
-        else:
-            t = TensorProto(name=name, data_type=onnx_type, dims=list(shape))
-            pad = (-self._file.tell()) % _ALIGN
-            self._file.write(b"\0" * pad)
-            offset = self._file.tell()
-            self._file.write(raw)
-            self.bytes_written = self._file.tell()
-            t.data_location = TensorProto.EXTERNAL
-            for key, value in (("location", self.data_path.name), ("offset", str(offset)),
-                               ("length", str(len(raw)))):
-                t.external_data.add(key=key, value=value)
-        self.initializers.append(t)
+        if len(raw) > _INLINE_BYTES:
+            return self.add_chunks(name, onnx_type, shape, [raw])
+        self.initializers.append(helper.make_tensor(name, onnx_type, list(shape), raw, raw=True))
         return name
 
     def add_chunks(self, name: str, onnx_type: int, shape, chunks) -> str:

@@ -23,6 +23,20 @@ struct QBlock {
     const uint8_t* zp[4];
 };
 
+// One activation row quantised to int8 for the integer dot products (few tokens under a
+// reduced-precision hint, as the CPU plugin's own dynamic quantisation does for its compressed
+// matmuls on VNNI CPUs): x[k] ~= d[k / 32] * q[k], with d[b] = max|x over block b| / 127 and
+// blocks of 32 inputs (llama.cpp's q8_0 activation blocks); gsum[g] = sum of d[k / 32] * q[k] over
+// weight group g, which carries the zero points' term.
+struct QRow {
+    const int8_t* q;
+    const float* d;
+    const float* gsum;
+};
+
+// Quantises x [K] into q [K], d [K / 32] and gsum [K / group] (K, group multiples of 32).
+void quantize_row_q8(int64_t K, int64_t group, const float* x, int8_t* q, float* d, float* gsum);
+
 struct MoeIsa {
     const char* name;
     // out[t * ldo + r] = sum_k x[t][k] * w_r[k] for the 4 rows r of a block and M = 1..4 rows t
@@ -40,6 +54,9 @@ struct MoeIsa {
                          int64_t ldo);
     // dst[i] = bf16(src[i]) rounded to nearest even, n % 32 == 0; null where not compiled.
     void (*to_bf16)(int64_t n, const float* src, uint16_t* dst);
+    // qdot on int8 activation rows (u8 codes x s8 activations summed in int32 by AVX512_VNNI
+    // vpdpbusd, then scaled per 32-input block and per group in f32); null where not compiled.
+    void (*qdot_q8[2][4])(int64_t K, int64_t group, const QRow* x, const QBlock& blk, float* out, int64_t ldo);
 };
 
 const MoeIsa& moe_isa();

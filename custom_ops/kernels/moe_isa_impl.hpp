@@ -201,6 +201,67 @@ void fdot(int64_t k0, int64_t kb, const float* const* a, const float* w, float* 
         for (int r = 0; r < 4; ++r) out[t * ldo + r] += hsum(acc[r][t]);
 }
 
+#if defined(__AVX512VNNI__)
+#ifndef MLA_PF
+#define MLA_PF 1024
+#endif
+// Four rows by M tokens on int8 activations. One 64-byte load holds 16 codes of each of the 4 rows
+// (int8: inputs 16c..16c+15 of chunk c; int4: the low nibbles are inputs 32c..32c+15 and the high
+// ones 32c+16..32c+31), so int32 lane 4r + j sums 4 products of row r; the token's 16 activations
+// of the same inputs are broadcast to the 4 rows' lanes. Each 32-input block's int32 sums are
+// scaled by the block's d into f32 group sums; at the group's end the row's scale and zero point
+// apply (the zero point's term subtracted a quarter in each of the row's 4 lanes).
+template <int BITS, int M>
+void qdot_q8(int64_t K, int64_t group, const QRow* x, const QBlock& blk, float* out, int64_t ldo) {
+    const __m512i row_of_lane = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    const __m512i nibble = _mm512_set1_epi8(0x0F);
+    __m512 tot[M];
+    for (int t = 0; t < M; ++t) tot[t] = _mm512_setzero_ps();
+    const int64_t groups = K / group;
+    for (int64_t g = 0; g < groups; ++g) {
+        __m512 gacc[M];
+        for (int t = 0; t < M; ++t) gacc[t] = _mm512_setzero_ps();
+        const int64_t k0 = g * group, k1 = k0 + group;
+        for (int64_t k = k0; k < k1; k += 32) {
+            __m512i lo, hi;  // the 4 rows' codes of inputs k..k+15 and k+16..k+31
+            _mm_prefetch(reinterpret_cast<const char*>(blk.q + (k / (BITS == 8 ? 16 : 32)) * 64 + MLA_PF), _MM_HINT_T0);
+            if (BITS == 8) {
+                lo = _mm512_loadu_si512(blk.q + (k / 16) * 64);
+                hi = _mm512_loadu_si512(blk.q + (k / 16) * 64 + 64);
+            } else {
+                const __m512i v = _mm512_loadu_si512(blk.q + (k / 32) * 64);
+                lo = _mm512_and_si512(v, nibble);
+                hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+            }
+            for (int t = 0; t < M; ++t) {
+                const __m512i xl = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[t].q + k)));
+                const __m512i xh =
+                    _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[t].q + k + 16)));
+                const __m512i acc = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xl), hi, xh);
+                gacc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_set1_ps(x[t].d[k / 32]), gacc[t]);
+            }
+        }
+        const __m512 s = _mm512_permutexvar_ps(
+            row_of_lane, _mm512_castps128_ps512(_mm_setr_ps(blk.s[0][g], blk.s[1][g], blk.s[2][g], blk.s[3][g])));
+        const __m512 z = _mm512_permutexvar_ps(
+            row_of_lane, _mm512_castps128_ps512(_mm_setr_ps(0.25f * blk.zp[0][g], 0.25f * blk.zp[1][g],
+                                                            0.25f * blk.zp[2][g], 0.25f * blk.zp[3][g])));
+        for (int t = 0; t < M; ++t)
+            tot[t] = _mm512_fmadd_ps(s, _mm512_fnmadd_ps(z, _mm512_set1_ps(x[t].gsum[g]), gacc[t]), tot[t]);
+    }
+    for (int t = 0; t < M; ++t) {
+        alignas(64) float lanes[16];
+        _mm512_store_ps(lanes, tot[t]);
+        for (int r = 0; r < 4; ++r)
+            out[t * ldo + r] = (lanes[4 * r] + lanes[4 * r + 1]) + (lanes[4 * r + 2] + lanes[4 * r + 3]);
+    }
+}
+#define MLA_MOE_Q8 {{qdot_q8<8, 1>, qdot_q8<8, 2>, qdot_q8<8, 3>, qdot_q8<8, 4>}, \
+                    {qdot_q8<4, 1>, qdot_q8<4, 2>, qdot_q8<4, 3>, qdot_q8<4, 4>}}
+#else
+#define MLA_MOE_Q8 {{nullptr, nullptr, nullptr, nullptr}, {nullptr, nullptr, nullptr, nullptr}}
+#endif
+
 #if defined(__AVX512BF16__)
 template <int M>
 void fdot_bf16(int64_t k0, int64_t kb, const uint16_t* const* a, const uint16_t* w, float* out, int64_t ldo) {
@@ -239,6 +300,7 @@ const MoeIsa MLA_MOE_TABLE = {
     {dequant<8>, dequant<4>},
     {fdot<1>, fdot<2>, fdot<3>, fdot<4>},
     MLA_MOE_BF16,
+    MLA_MOE_Q8,
 };
 
 }  // namespace MLA_MOE_NS

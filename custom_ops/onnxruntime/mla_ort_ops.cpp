@@ -32,6 +32,7 @@
 
 #include "../kernels/mla_kernels.hpp"
 #include "../kernels/moe_experts.hpp"
+#include "../kernels/qlinear.hpp"
 
 namespace {
 
@@ -449,6 +450,42 @@ struct MoeExpertsOp : MlaOp<MoeExpertsOp, MoeExpertsKernel> {
     ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
 };
 
+// ------------------------------------------------------------------ MlaQLinear
+
+struct QLinearKernel {
+    QLinearKernel(const OrtApi& api, const OrtKernelInfo* info, int num_threads)
+        : bits_(int_attr(api, info, "bits", 0)),
+          compute_(mla::moe_compute_from_name(string_attr(api, info, "MlaQLinear", "compute"))),
+          num_threads_(num_threads) {
+        if (bits_ != 4 && bits_ != 8)
+            throw mla::Error("MlaQLinear: attribute 'bits' must be 4 or 8, got " + std::to_string(bits_));
+    }
+    OrtStatusPtr ComputeV2(OrtKernelContext* context) {
+        return guarded("MlaQLinear", [&] {
+            Ort::KernelContext ctx(context);
+            const mla::QLinearInputs in{input_view(ctx, 0, "x"), input_view(ctx, 1, "w_q"), input_view(ctx, 2, "w_s"),
+                                        input_view(ctx, 3, "w_zp")};
+            const std::vector<int64_t> shape = mla::qlinear_shape(in, bits_);
+            auto out = ctx.GetOutput(0, shape.data(), shape.size());
+            mla::qlinear(in, bits_, output_view(out, "output"), ort_threading(context, num_threads_), compute_);
+        });
+    }
+    int64_t bits_;
+    mla::MoeCompute compute_;
+    int num_threads_;
+};
+
+struct QLinearOp : MlaOp<QLinearOp, QLinearKernel> {
+    static constexpr const char* kName = "MlaQLinear";
+    static constexpr size_t kRequiredInputs = 4;
+    using MlaOp::MlaOp;
+    const char* GetName() const { return kName; }
+    size_t GetInputTypeCount() const { return 4; }
+    ONNXTensorElementDataType GetInputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED; }
+    size_t GetOutputTypeCount() const { return 1; }
+    ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
+};
+
 // ------------------------------------------------------------------ registration
 
 // onnxruntime keeps raw pointers to the ops and the domain for as long as any session that was
@@ -500,6 +537,7 @@ __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps
         reg->ops.push_back(std::make_unique<CacheWriteOp>(threads));
         reg->ops.push_back(std::make_unique<StepCheckOp>());
         reg->ops.push_back(std::make_unique<MoeExpertsOp>(threads));
+        reg->ops.push_back(std::make_unique<QLinearOp>(threads));
         for (auto q : {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16,
                        ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16}) {
             reg->ops.push_back(std::make_unique<DecodeOp>(threads, q));

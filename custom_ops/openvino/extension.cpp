@@ -51,6 +51,12 @@ ov::OutputVector convert_moe_experts(const ov::frontend::NodeContext& ctx) {
     return std::make_shared<mla_ov::MlaMoeExperts>(inputs_of(ctx), w13_bits, w2_bits, compute)->outputs();
 }
 
+ov::OutputVector convert_qlinear(const ov::frontend::NodeContext& ctx) {
+    const int64_t bits = ctx.get_attribute<int64_t>("bits");
+    const std::string compute = ctx.get_attribute<std::string>("compute", "f32");
+    return std::make_shared<mla_ov::MlaQLinear>(inputs_of(ctx), bits, compute)->outputs();
+}
+
 }  // namespace
 
 // The instruction-set table the kernels in this library run ("avx512", "avx2" or "generic";
@@ -65,9 +71,11 @@ OPENVINO_CREATE_EXTENSIONS(std::vector<ov::Extension::Ptr>({
     std::make_shared<ov::OpExtension<mla_ov::MlaPagedAttention>>(),
     std::make_shared<ov::OpExtension<mla_ov::MlaStepCheck>>(),
     std::make_shared<ov::OpExtension<mla_ov::MlaMoeExperts>>(),
+    std::make_shared<ov::OpExtension<mla_ov::MlaQLinear>>(),
     std::make_shared<ov::frontend::onnx::ConversionExtension>("MlaCacheWrite", "mla_export", convert_cache_write),
     std::make_shared<ov::frontend::onnx::ConversionExtension>("MlaPagedDecode", "mla_export", convert_decode),
     std::make_shared<ov::frontend::onnx::ConversionExtension>("MlaPagedAttention", "mla_export", convert_attention),
     std::make_shared<ov::frontend::onnx::ConversionExtension>("MlaStepCheck", "mla_export", convert_step_check),
     std::make_shared<ov::frontend::onnx::ConversionExtension>("MlaMoeExperts", "mla_export", convert_moe_experts),
+    std::make_shared<ov::frontend::onnx::ConversionExtension>("MlaQLinear", "mla_export", convert_qlinear),
 }));

@@ -1,6 +1,7 @@
 #include "mla_ops.hpp"
 
 #include <openvino/core/parallel.hpp>
+#include <openvino/op/constant.hpp>
 
 #include <atomic>
 #include <cstring>
@@ -10,6 +11,8 @@
 
 #include "../kernels/mla_kernels.hpp"
 #include "../kernels/moe_experts.hpp"
+#include "../kernels/qlinear.hpp"
+#include "../kernels/qmatmul.hpp"
 
 namespace mla_ov {
 namespace {
@@ -33,6 +36,24 @@ mla::TensorView view(const ov::Tensor& t, const char* name) {
     v.dtype = dtype_of(t.get_element_type());
     for (auto d : t.get_shape()) v.shape.push_back(static_cast<int64_t>(d));
     return v;
+}
+
+// Scans the int4 zero points of the given inputs once, when the node is made, if they are all
+// Constants (the exported graphs' case), so the kernels need not scan them on every call; throws
+// the kernel's error (naming the input) for a bad one. False when some input is not a Constant:
+// the kernel then scans per call.
+bool constant_zero_points_checked(const ov::Node& node, const std::vector<std::pair<size_t, const char*>>& inputs) {
+    for (const auto& [index, name] : inputs) {
+        const auto c = ov::as_type_ptr<ov::op::v0::Constant>(node.get_input_node_shared_ptr(index));
+        if (!c || c->get_element_type() != ov::element::u8) return false;  // a wrong dtype: the kernel names it
+        mla::TensorView v;
+        v.name = name;
+        v.data = const_cast<void*>(c->get_data_ptr());
+        v.dtype = mla::DType::u8;
+        for (auto d : c->get_shape()) v.shape.push_back(static_cast<int64_t>(d));
+        mla::check_int4_zero_points(node.get_type_name(), v);
+    }
+    return true;
 }
 
 // OpenVINO's CPU plugin loses an exception thrown by a node when it runs the graph on one thread
@@ -282,6 +303,14 @@ void MlaMoeExperts::validate_and_infer_types() {
                           m_w2_bits);
     NODE_VALIDATION_CHECK(this, m_compute == "f32" || m_compute == "bf16",
                           "MlaMoeExperts attribute 'compute' must be f32 or bf16, got '", m_compute, "'");
+    std::vector<std::pair<size_t, const char*>> int4_zps;
+    if (m_w13_bits == 4) int4_zps.emplace_back(5, "w13_zp");
+    if (m_w2_bits == 4) int4_zps.emplace_back(8, "w2_zp");
+    try {
+        m_zp_checked = constant_zero_points_checked(*this, int4_zps);
+    } catch (const mla::Error& e) {
+        NODE_VALIDATION_CHECK(this, false, e.what());
+    }
     const auto& x = get_input_partial_shape(0);
     ov::PartialShape out = ov::PartialShape::dynamic(2);
     if (x.rank().is_static() && x.rank().get_length() == 2) out = x;
@@ -303,11 +332,59 @@ bool MlaMoeExperts::evaluate(ov::TensorVector& outputs, const ov::TensorVector& 
     return recorded([&] {
         const mla::MoeInputs in{view(inputs[0], "x"),      view(inputs[1], "topk_ids"), view(inputs[2], "topk_weights"),
                                 view(inputs[3], "w13_q"),  view(inputs[4], "w13_s"),    view(inputs[5], "w13_zp"),
-                                view(inputs[6], "w2_q"),   view(inputs[7], "w2_s"),     view(inputs[8], "w2_zp")};
+                                view(inputs[6], "w2_q"),   view(inputs[7], "w2_s"),     view(inputs[8], "w2_zp"),
+                                m_zp_checked};
         const mla::MoeBits bits{m_w13_bits, m_w2_bits};
         const mla::MoeShapes s = mla::moe_experts_shapes(in, bits);
         outputs[0].set_shape(ov::Shape{size_t(s.tokens), size_t(s.hidden)});
         mla::moe_experts(in, bits, view(outputs[0], "output"), ov_threading(), mla::moe_compute_from_name(m_compute));
+    });
+}
+
+// ---------------------------------------------------------------- MlaQLinear
+
+MlaQLinear::MlaQLinear(const ov::OutputVector& args, int64_t bits, std::string compute)
+    : Op(args), m_bits(bits), m_compute(std::move(compute)) {
+    constructor_validate_and_infer_types();
+}
+
+void MlaQLinear::validate_and_infer_types() {
+    NODE_VALIDATION_CHECK(this, get_input_size() == 4, "MlaQLinear takes 4 inputs, got ", get_input_size());
+    NODE_VALIDATION_CHECK(this, m_bits == 4 || m_bits == 8, "MlaQLinear attribute 'bits' must be 4 or 8, got ", m_bits);
+    NODE_VALIDATION_CHECK(this, m_compute == "f32" || m_compute == "bf16",
+                          "MlaQLinear attribute 'compute' must be f32 or bf16, got '", m_compute, "'");
+    try {
+        m_zp_checked = m_bits != 4 || constant_zero_points_checked(*this, {{3, "w_zp"}});
+    } catch (const mla::Error& e) {
+        NODE_VALIDATION_CHECK(this, false, e.what());
+    }
+    const auto& x = get_input_partial_shape(0);
+    const auto& w = get_input_partial_shape(1);
+    ov::PartialShape out = ov::PartialShape::dynamic();
+    if (x.rank().is_static() && x.rank().get_length() >= 1 && w.rank().is_static() && w.rank().get_length() == 2) {
+        out = x;
+        out[x.rank().get_length() - 1] = w[0];
+    }
+    set_output_type(0, ov::element::f32, out);
+}
+
+std::shared_ptr<ov::Node> MlaQLinear::clone_with_new_inputs(const ov::OutputVector& args) const {
+    return std::make_shared<MlaQLinear>(args, m_bits, m_compute);
+}
+
+bool MlaQLinear::visit_attributes(ov::AttributeVisitor& visitor) {
+    visitor.on_attribute("bits", m_bits);
+    visitor.on_attribute("compute", m_compute);
+    return true;
+}
+
+bool MlaQLinear::evaluate(ov::TensorVector& outputs, const ov::TensorVector& inputs) const {
+    return recorded([&] {
+        const mla::QLinearInputs in{view(inputs[0], "x"), view(inputs[1], "w_q"), view(inputs[2], "w_s"),
+                                    view(inputs[3], "w_zp"), m_zp_checked};
+        const std::vector<int64_t> shape = mla::qlinear_shape(in, m_bits);
+        outputs[0].set_shape(ov::Shape(shape.begin(), shape.end()));
+        mla::qlinear(in, m_bits, view(outputs[0], "output"), ov_threading(), mla::moe_compute_from_name(m_compute));
     });
 }
 

@@ -93,6 +93,23 @@ public:
 private:
     int64_t m_w13_bits = 8, m_w2_bits = 8;
     std::string m_compute = "f32";
+    bool m_zp_checked = false;  // int4 zero points are Constants scanned when the node was made
+};
+
+// x, w_q, w_s, w_zp -> x @ W^T on integer weights (custom_ops/kernels/qlinear.hpp); the weights
+// are Constants read in place.
+class MlaQLinear : public ov::op::Op {
+public:
+    OPENVINO_OP("MlaQLinear", "mla_export");
+    MlaQLinear() = default;
+    // compute: as MlaMoeExperts'.
+    MlaQLinear(const ov::OutputVector& args, int64_t bits, std::string compute = "f32");
+    MLA_OV_OP_OVERRIDES
+
+private:
+    int64_t m_bits = 8;
+    std::string m_compute = "f32";
+    bool m_zp_checked = false;  // int4 zero points are a Constant scanned when the node was made
 };
 
 }  // namespace mla_ov

@@ -1,0 +1,78 @@
+// MlaQLinear (see qlinear.hpp): work items are tiles of 32 output columns, each over every row of x.
+#include "qlinear.hpp"
+
+#include <string>
+#include <vector>
+
+#include "numeric.hpp"
+#include "qmatmul.hpp"
+#include "validate.hpp"
+
+namespace mla {
+
+namespace {
+
+constexpr const char* kOp = "MlaQLinear";
+
+struct Dims {
+    int64_t M, K, N, group;
+};
+
+Dims check_all(const QLinearInputs& in, int64_t bits) {
+    if (bits != 4 && bits != 8) throw Error(std::string(kOp) + ": attribute 'bits' must be 4 or 8, got " + std::to_string(bits));
+    if (in.x.rank() < 2) fail(kOp, in.x, "must have rank 2 or more ([..., K]), got rank " + std::to_string(in.x.rank()));
+    check_float(kOp, in.x);  // the CPU plugin hands bf16 activations to custom ops under a bf16 hint
+    Dims d{};
+    d.K = in.x.dim(in.x.rank() - 1);
+    d.M = in.x.numel() / (d.K > 0 ? d.K : 1);
+    check_rank(kOp, in.w_q, 2);
+    d.N = in.w_q.dim(0);
+    if (d.N % kTileRows != 0)
+        fail(kOp, in.w_q, "needs an output size divisible by 32, got " + std::to_string(d.N));
+    d.group = check_qweights(kOp, in.w_q, in.w_s, in.w_zp, 0, d.N, d.K, bits, in.zero_points_checked);
+    return d;
+}
+
+}  // namespace
+
+std::vector<int64_t> qlinear_shape(const QLinearInputs& in, int64_t bits) {
+    const Dims d = check_all(in, bits);
+    std::vector<int64_t> shape(in.x.shape.begin(), in.x.shape.end() - 1);
+    shape.push_back(d.N);
+    return shape;
+}
+
+void qlinear(const QLinearInputs& in, int64_t bits, const TensorView& out, const Threading& th, MoeCompute compute) {
+    const Dims d = check_all(in, bits);
+    if (out.dtype != DType::f32) fail(kOp, out, std::string("must be f32, got ") + dtype_name(out.dtype));
+    if (d.M == 0) return;
+    const MoeIsa& isa = moe_isa();
+    const QMode mode = qmode(compute == MoeCompute::bf16, isa);
+    std::vector<float> x_f32;
+    const float* x = in.x.ptr<float>();
+    if (in.x.dtype != DType::f32) {  // a copy only when the runtime passed bf16 or f16
+        x_f32.resize(d.M * d.K);
+        to_f32(in.x.data, in.x.dtype, x_f32.data(), d.M * d.K);
+        x = x_f32.data();
+    }
+    const bool many = d.M >= kManyRows;
+    const QActs acts(x, d.M, d.K, d.group, isa, mode, many, !many);
+    std::vector<int64_t> rows(d.M);
+    for (int64_t i = 0; i < d.M; ++i) rows[i] = i;
+    const QWeights w{in.w_q.ptr<uint8_t>(), in.w_s.ptr<float>(), in.w_zp.ptr<uint8_t>(), in.w_q.dim(1), d.K / d.group};
+    const int bi = bits == 4 ? 1 : 0;
+    float* y = out.ptr<float>();
+    dynamic_for(th, d.N / kTileRows, [&](int64_t item) {
+        const int64_t n0 = item * kTileRows;
+        QBlock blocks[kTileRows / 4];
+        for (int64_t j = 0; j < kTileRows / 4; ++j) blocks[j] = w.block(n0 + 4 * j);
+        thread_local std::vector<float> tile;
+        if (static_cast<int64_t>(tile.size()) < d.M * kTileRows) tile.resize(d.M * kTileRows);
+        float* c = tile.data();
+        qtile(isa, bi, acts, rows.data(), d.M, blocks, d.K, d.group, c);
+        for (int64_t t = 0; t < d.M; ++t)
+            for (int64_t j = 0; j < kTileRows; ++j) y[t * d.N + n0 + j] = c[t * kTileRows + j];
+    });
+}
+
+}  // namespace mla

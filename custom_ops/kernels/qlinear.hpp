@@ -1,0 +1,29 @@
+// MlaQLinear: y = x @ W^T on integer weights, W [N, K] stored as moe_isa.hpp's codes (int8 or
+// packed int4, 4-row interleaved) with an f32 scale and a u8 zero point per group of inputs.
+//
+// It serves the projections whose weight reads dominate a decode step and that the CPU plugin's
+// compressed matmul streams below memory speed (lm_head: 102400 rows, read every step for a few
+// rows of x). Few rows of x: one pass over the codes, dequantised in registers (on int8
+// activations with VNNI under the reduced-precision mode); many rows: panels dequantised once and
+// shared (moe_experts.hpp's tile routine, qmatmul.hpp).
+#pragma once
+
+#include "mla_tensor.hpp"
+#include "moe_experts.hpp"  // MoeCompute
+
+namespace mla {
+
+struct QLinearInputs {
+    TensorView x;                 // [..., K] f32 / bf16 / f16
+    TensorView w_q, w_s, w_zp;    // [N, K / per_byte] u8, [N, G] f32, [N, G] u8
+    bool zero_points_checked = false;  // int4 zero points already known to be <= 15 (qmatmul.hpp)
+};
+
+// Checks every input and the bits attribute (4 or 8), naming the bad one; returns the output
+// shape (x's leading dims, N).
+std::vector<int64_t> qlinear_shape(const QLinearInputs& in, int64_t bits);
+
+void qlinear(const QLinearInputs& in, int64_t bits, const TensorView& out, const Threading& threading,
+             MoeCompute compute = MoeCompute::f32);
+
+}  // namespace mla

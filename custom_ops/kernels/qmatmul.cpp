@@ -1,0 +1,195 @@
+// The shared tile routine of the integer-weight ops (see qmatmul.hpp).
+#include "qmatmul.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "validate.hpp"
+
+namespace mla {
+
+namespace {
+
+constexpr int64_t kBlockK = 2048;  // inputs per dequantised k-block (32 rows x 2048 f32 = 256 KiB, in L2)
+
+struct Scratch {
+    std::vector<float> panel;
+    std::vector<uint16_t> panel16;
+    std::vector<const float*> a, xs;
+    std::vector<const uint16_t*> a16;
+    std::vector<QRow> q8;
+};
+thread_local Scratch tls;
+
+void check_u8(const char* op, const TensorView& t, int64_t rank) {
+    check_rank(op, t, rank);
+    if (t.dtype != DType::u8) fail(op, t, std::string("must be u8, got ") + dtype_name(t.dtype));
+}
+
+}  // namespace
+
+void check_int4_zero_points(const char* op, const TensorView& zp) {
+    const uint8_t* z = zp.ptr<uint8_t>();
+    const int64_t n = zp.numel();
+    uint8_t worst = 0;
+    for (int64_t i = 0; i < n; ++i) worst = std::max(worst, z[i]);  // vectorised; the position only on failure
+    if (worst <= 15) return;
+    for (int64_t i = 0; i < n; ++i)
+        if (z[i] > 15) fail(op, zp, "holds a zero point above 15 for int4 codes (" + std::to_string(z[i]) + " at " + std::to_string(i) + ")");
+}
+
+int64_t check_qweights(const char* op, const TensorView& q, const TensorView& s, const TensorView& zp, int64_t experts,
+                       int64_t rows, int64_t in, int64_t bits, bool zp_checked) {
+    const int64_t rank = experts > 0 ? 3 : 2, r0 = rank - 2;
+    check_u8(op, q, rank);
+    check_rank(op, s, rank);
+    if (s.dtype != DType::f32) fail(op, s, std::string("must be f32, got ") + dtype_name(s.dtype));
+    check_u8(op, zp, rank);
+    const int64_t per_byte = bits == 4 ? 2 : 1;
+    if (rows <= 0 || rows % 4 != 0) fail(op, q, "needs a positive number of output rows divisible by 4, got " + std::to_string(rows));
+    if (in <= 0 || in % 32 != 0) fail(op, q, "needs a positive input size divisible by 32, got " + std::to_string(in));
+    for (const TensorView* t : {&q, &s, &zp}) {
+        if (experts > 0) check_dim(op, *t, 0, experts, "the number of experts");
+        check_dim(op, *t, r0, rows, "the projection's output rows");
+    }
+    check_dim(op, q, r0 + 1, in / per_byte, bits == 4 ? "the input size / 2 (two int4 codes per byte)" : "the input size");
+    const int64_t groups = s.dim(r0 + 1);
+    if (groups <= 0 || in % groups != 0 || (in / groups) % 32 != 0)
+        fail(op, s, "must have a group count G with input size / G a multiple of 32 (input size " + std::to_string(in) +
+                        ", G " + std::to_string(groups) + ")");
+    check_dim(op, zp, r0 + 1, groups, "the scales' group count");
+    if (bits == 4 && !zp_checked) check_int4_zero_points(op, zp);
+    return in / groups;
+}
+
+void quantize_row_q8(int64_t K, int64_t group, const float* x, int8_t* q, float* d, float* gsum) {
+    for (int64_t b = 0; b < K / 32; ++b) {
+        const float* xb = x + 32 * b;
+        float amax = 0.f;
+        for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(xb[j]));
+        const float scale = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
+        int32_t sum = 0;
+        for (int j = 0; j < 32; ++j) {
+            const int32_t v = static_cast<int32_t>(std::nearbyint(xb[j] * inv));
+            q[32 * b + j] = static_cast<int8_t>(std::clamp(v, -127, 127));
+            sum += q[32 * b + j];
+        }
+        d[b] = scale;
+        const int64_t g = (32 * b) / group;
+        if ((32 * b) % group == 0) gsum[g] = 0.f;
+        gsum[g] += scale * static_cast<float>(sum);
+    }
+}
+
+QMode qmode(bool reduced, const MoeIsa& isa) {
+    static const bool cpu_bf16 = __builtin_cpu_supports("avx512bf16");
+    static const bool cpu_vnni = __builtin_cpu_supports("avx512vnni");
+    QMode m;
+    m.bf16_panels = reduced && isa.to_bf16 != nullptr && cpu_bf16;
+    m.q8_dots = reduced && isa.qdot_q8[0][0] != nullptr && cpu_vnni;
+    return m;
+}
+
+QBlock QWeights::block(int64_t r0) const {
+    QBlock b;
+    b.q = q + r0 * row_bytes;  // blocks of 4 interleaved rows: the block starts at its first row's offset
+    for (int r = 0; r < 4; ++r) {
+        b.s[r] = s + (r0 + r) * groups;
+        b.zp[r] = zp + (r0 + r) * groups;
+    }
+    return b;
+}
+
+QActs::QActs(const float* x, int64_t n, int64_t K, int64_t group, const MoeIsa& isa, QMode mode, bool want_bf16,
+             bool want_q8)
+    : x_(x), K_(K), G_(K / group) {
+    if (want_q8 && mode.q8_dots) {
+        q_.resize(n * K);
+        d_.resize(n * (K / 32));
+        gsum_.resize(n * G_);
+        for (int64_t i = 0; i < n; ++i)
+            quantize_row_q8(K, group, x + i * K, q_.data() + i * K, d_.data() + i * (K / 32), gsum_.data() + i * G_);
+    } else {
+        sums_.resize(n * G_);  // the f32 dot products' zero-point term
+        for (int64_t i = 0; i < n; ++i)
+            for (int64_t g = 0; g < G_; ++g) {
+                float s = 0.f;
+                const float* p = x + i * K + g * group;
+                for (int64_t j = 0; j < group; ++j) s += p[j];
+                sums_[i * G_ + g] = s;
+            }
+    }
+    if (want_bf16 && mode.bf16_panels) {
+        x16_.resize(n * K);
+        isa.to_bf16(n * K, x, x16_.data());
+    }
+}
+
+QRow QActs::q8(int64_t i) const {
+    return QRow{q_.data() + i * K_, d_.data() + i * (K_ / 32), gsum_.data() + i * G_};
+}
+
+void qtile(const MoeIsa& isa, int bi, const QActs& acts, const int64_t* rows, int64_t m, const QBlock* blocks,
+           int64_t K, int64_t group, float* c) {
+    Scratch& s = tls;
+    if (m < kManyRows) {
+        // rows outside, tokens inside: a second chunk of tokens finds the 4 rows' codes in cache
+        if (acts.has_q8()) {
+            s.q8.resize(m);
+            for (int64_t t = 0; t < m; ++t) s.q8[t] = acts.q8(rows[t]);
+            for (int64_t r0 = 0; r0 < kTileRows; r0 += 4)
+                for (int64_t t0 = 0; t0 < m; t0 += 4) {
+                    const int64_t mt = std::min<int64_t>(4, m - t0);
+                    isa.qdot_q8[bi][mt - 1](K, group, s.q8.data() + t0, blocks[r0 / 4], c + t0 * kTileRows + r0,
+                                            kTileRows);
+                }
+            return;
+        }
+        s.a.resize(m);
+        s.xs.resize(m);
+        for (int64_t t = 0; t < m; ++t) s.a[t] = acts.row(rows[t]), s.xs[t] = acts.sums(rows[t]);
+        for (int64_t r0 = 0; r0 < kTileRows; r0 += 4)
+            for (int64_t t0 = 0; t0 < m; t0 += 4) {
+                const int64_t mt = std::min<int64_t>(4, m - t0);
+                isa.qdot[bi][mt - 1](K, group, s.a.data() + t0, s.xs.data() + t0, blocks[r0 / 4],
+                                     c + t0 * kTileRows + r0, kTileRows);
+            }
+        return;
+    }
+    std::fill(c, c + m * kTileRows, 0.f);
+    const int64_t kb_max = std::min<int64_t>(K, kBlockK);
+    if (static_cast<int64_t>(s.panel.size()) < kTileRows * kb_max) s.panel.resize(kTileRows * kb_max);
+    float* w = s.panel.data();
+    const bool bf16 = acts.has_bf16();
+    if (bf16) {
+        if (static_cast<int64_t>(s.panel16.size()) < kTileRows * kb_max) s.panel16.resize(kTileRows * kb_max);
+        s.a16.resize(m);
+        for (int64_t t = 0; t < m; ++t) s.a16[t] = acts.row16(rows[t]);
+    } else {
+        s.a.resize(m);
+        for (int64_t t = 0; t < m; ++t) s.a[t] = acts.row(rows[t]);
+    }
+    for (int64_t k0 = 0; k0 < K; k0 += kb_max) {
+        const int64_t kb = std::min(kb_max, K - k0);
+        isa.dequant[bi](kTileRows / 4, blocks, k0, kb, group, w);
+        if (bf16) {
+            uint16_t* w16 = s.panel16.data();
+            isa.to_bf16(kTileRows * kb, w, w16);
+            for (int64_t t0 = 0; t0 < m; t0 += 4) {
+                const int64_t mt = std::min<int64_t>(4, m - t0);
+                for (int64_t r0 = 0; r0 < kTileRows; r0 += 4)
+                    isa.fdot_bf16[mt - 1](k0, kb, s.a16.data() + t0, w16 + r0 * kb, c + t0 * kTileRows + r0,
+                                          kTileRows);
+            }
+            continue;
+        }
+        for (int64_t t0 = 0; t0 < m; t0 += 4) {
+            const int64_t mt = std::min<int64_t>(4, m - t0);
+            for (int64_t r0 = 0; r0 < kTileRows; r0 += 4)
+                isa.fdot[mt - 1](k0, kb, s.a.data() + t0, w + r0 * kb, c + t0 * kTileRows + r0, kTileRows);
+        }
+    }
+}
+
+}  // namespace mla

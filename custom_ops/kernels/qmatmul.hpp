@@ -1,0 +1,76 @@
+// Products of activation rows with integer weight rows (moe_isa.hpp's layout): the one tile routine
+// the fused MoE op and the quantized linear op share.
+//
+// A tile is 32 weight rows (8 blocks of 4) against m activation rows. Few rows (decode): dot
+// products on the codes, one pass over the weights, in f32 or, under the reduced-precision mode,
+// on int8 activations with VNNI. Many rows (prefill): a panel of the 32 rows is dequantised once
+// per k-block and every activation row runs dot products against it, in f32 or bf16 operands.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "mla_tensor.hpp"
+#include "moe_isa.hpp"
+
+namespace mla {
+
+constexpr int64_t kTileRows = 32;   // weight rows per tile
+constexpr int64_t kManyRows = 8;    // from this many activation rows a tile dequantises its panel once
+
+// How products run: exact f32, or the runtime's reduced precision (compute = bf16: bf16 panels,
+// int8 activations for few rows), each part only where the CPU has the instructions.
+struct QMode {
+    bool bf16_panels = false;
+    bool q8_dots = false;
+};
+QMode qmode(bool reduced, const MoeIsa& isa);
+
+// The weights of one projection: codes [rows, in / per_byte] (4-row interleaved), scales and zero
+// points [rows, groups]. Several experts' projections stack along rows.
+struct QWeights {
+    const uint8_t* q;
+    const float* s;
+    const uint8_t* zp;
+    int64_t row_bytes, groups;
+    QBlock block(int64_t r0) const;  // rows r0..r0+3, r0 % 4 == 0
+};
+
+// Checks one projection's codes/scales/zero points, [E, rows, in / per_byte] u8, [E, rows, G] f32
+// and [E, rows, G] u8 (experts >= 1; experts = 0: rank 2, no expert axis), naming the bad input
+// in op's error; returns the group size (in / G, a multiple of 32). int4 zero points must be <= 15:
+// scanned here unless zp_checked (the OpenVINO ops scan their Constant zero points once, when the
+// graph is built, instead of on every call, where the scan costs a few percent of a decode step).
+int64_t check_qweights(const char* op, const TensorView& q, const TensorView& s, const TensorView& zp, int64_t experts,
+                       int64_t rows, int64_t in, int64_t bits, bool zp_checked);
+void check_int4_zero_points(const char* op, const TensorView& zp);  // every code <= 15, else mla::Error
+
+// Activation rows [n, K] prepared once in the forms the tiles read: f32 rows and their group sums,
+// bf16 copies (when panels run in bf16 and some tile has many rows), int8 rows (when few-row tiles
+// run on int8 activations).
+class QActs {
+public:
+    QActs(const float* x, int64_t n, int64_t K, int64_t group, const MoeIsa& isa, QMode mode, bool want_bf16,
+          bool want_q8);
+    const float* row(int64_t i) const { return x_ + i * K_; }
+    const float* sums(int64_t i) const { return sums_.data() + i * G_; }
+    const uint16_t* row16(int64_t i) const { return x16_.empty() ? nullptr : x16_.data() + i * K_; }
+    QRow q8(int64_t i) const;
+    bool has_bf16() const { return !x16_.empty(); }
+    bool has_q8() const { return !q_.empty(); }
+
+private:
+    const float* x_;
+    int64_t K_, G_;
+    std::vector<float> sums_;
+    std::vector<uint16_t> x16_;
+    std::vector<int8_t> q_;
+    std::vector<float> d_, gsum_;
+};
+
+// c[t * 32 + r] = act(rows[t]) . w_r for the m activation rows `rows` (indices into acts) and the
+// 32 weight rows of `blocks`. bits_index: 0 = int8 codes, 1 = int4.
+void qtile(const MoeIsa& isa, int bits_index, const QActs& acts, const int64_t* rows, int64_t m,
+           const QBlock* blocks, int64_t K, int64_t group, float* c);
+
+}  // namespace mla

@@ -21,6 +21,7 @@ from ..config import MLAModelConfig
 from ..contract import graph_io
 from .graph import GraphBuilder, WeightFormat, WeightStore
 from .layers import attention, dense_mlp, norm, rope_tables
+from .qlinear import qlinear, qlinear_problem
 from .moe import moe
 from .weights import CheckpointReader
 
@@ -102,7 +103,7 @@ def _build(g: GraphBuilder, reader: CheckpointReader, cfg: MLAModelConfig,
             progress(i + 1, cfg.num_layers)
     picked = g.op("Gather", h, "logits_indices", axis=0)  # [B, hidden]: norm + lm_head on B rows only
     picked = norm(g, reader, "model.norm.weight", picked, cfg.hidden_size, cfg.rms_norm_eps)
-    g.op("Gemm", picked, _lm_head(g, reader, cfg, table), transB=1, name="logits")
+    _logits(g, reader, cfg, picked, table, moe_forms)
 
 
 def _inputs(g: GraphBuilder, cfg: MLAModelConfig) -> dict:
@@ -143,6 +144,23 @@ def _embed(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig) -> tuple[
     # the CPU plugin turns into one Gather over the compressed table (only T rows are decoded).
     deq = g.weight(name, table, kind="embedding")
     return g.op("Gather", deq, onnx_ops.CHECKED["input_ids"], axis=0), deq
+
+
+def _logits(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig, picked: str, table: str,
+            moe_forms: dict[str, str] | None) -> None:
+    """The `logits` node: our MlaQLinear where the graph variant already runs our integer-weight
+    ops (the fused MoE form) and the head has its own int8/int4 weight, else a Gemm."""
+    fmt = g.store.format
+    bits = fmt.bits("head")
+    ours = [v for v, form in (moe_forms or {}).items() if form == "fused"]
+    if (ours and not fmt.planning and rd.has("lm_head.weight")
+            and qlinear_problem(cfg.vocab_size, cfg.hidden_size, bits, fmt.group_size) is None):
+        qlinear(g.only(ours), "lm_head.weight", rd.get("lm_head.weight", (cfg.vocab_size, cfg.hidden_size)),
+                picked, bits, "logits")
+        g = g.only([v for v in g.variants if v not in ours])
+        if not g.variants:
+            return
+    g.op("Gemm", picked, _lm_head(g, rd, cfg, table), transB=1, name="logits")
 
 
 def _lm_head(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig, embedding: str) -> str:

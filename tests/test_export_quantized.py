@@ -57,9 +57,10 @@ def test_group_size_falls_back_to_a_divisor():
     assert pick_group(2048, -1) == 2048
 
 
-def _quantize_like_the_export(hf, fmt: str, group_size: int = 128) -> None:
+def _quantize_like_the_export(hf, fmt: str, group_size: int = 128, all_layers: bool = False) -> None:
     """Replace transformers' weights by what the export stores for them (matmul weights int8/int4,
-    embedding and lm_head int8; kv_b_proj feeds the attention op and stays float)."""
+    embedding and lm_head int8, or int4 with all_layers; kv_b_proj feeds the attention op and
+    stays float)."""
     import torch
 
     with torch.no_grad():
@@ -68,7 +69,7 @@ def _quantize_like_the_export(hf, fmt: str, group_size: int = 128) -> None:
                     ("proj.weight", "proj", "proj_with_mqa.weight", "embed_tokens.weight", "lm_head.weight")):
                 continue
             head = name.endswith(("embed_tokens.weight", "lm_head.weight"))
-            bits = 8 if fmt == "int8" or head else 4
+            bits = 8 if fmt == "int8" or (head and not all_layers) else 4
             w = p.detach().float().numpy()
             group = pick_group(w.shape[-1], group_size) if bits == 4 else None
             p.copy_(torch.from_numpy(dequantize(quantize(w, bits, group))))
@@ -88,23 +89,27 @@ def checkpoint(request, tmp_path_factory):
     return ckpt, load_hf(ckpt)
 
 
-@pytest.mark.parametrize("fmt,moe_form,group", [("int8", "fused", 32), ("int4", "fused", 32), ("int8", "grouped", 16),
-                                                 ("int4", "grouped", 16)])
-def test_quantized_export_is_exact_against_its_decoded_weights(tmp_path, rng, checkpoint, fmt, moe_form, group):
-    """Both MoE forms: fused (our MlaMoeExperts op on the codes; int4 groups of 32, the op's
-    smallest) and grouped (the plugin's compressed FullyConnected per expert)."""
+@pytest.mark.parametrize("fmt,moe_form,group,all_layers", [
+    ("int8", "fused", 32, False), ("int4", "fused", 32, False), ("int4", "fused", 32, True),
+    ("int8", "grouped", 16, False), ("int4", "grouped", 16, False)])
+def test_quantized_export_is_exact_against_its_decoded_weights(tmp_path, rng, checkpoint, fmt, moe_form, group,
+                                                               all_layers):
+    """Both MoE forms: fused (our MlaMoeExperts op on the codes, lm_head our MlaQLinear; int4 groups
+    of 32, the ops' smallest) and grouped (the plugin's compressed FullyConnected per expert); int4
+    with --all-layers (embedding and lm_head int4 as well)."""
     ckpt, hf_f32 = checkpoint
     out = tmp_path / fmt
     export_model(ckpt, out, fmt="openvino", block_size=BLOCK, kv_dtype="f32", weight_format=fmt, group_size=group,
-                 moe_form=moe_form)
+                 moe_form=moe_form, all_layers=all_layers)
     export = load_contract(out).raw["export"]
     assert export["weight_format"] == fmt and export["weight_dtype"] == "f32" and export["moe_form"] == moe_form
     assert export["weight_params"][fmt] > 0 and export["weight_params"]["f32"] > 0  # w_uk/w_uv stay float
     if fmt == "int4":
-        assert export["weight_params"]["int8"] > 0 and export["int4_group_sizes"]  # embedding, lm_head
+        assert export["int4_group_sizes"] and export["int4_all_layers"] == all_layers
+        assert ("int8" in export["weight_params"]) != all_layers  # embedding, lm_head int8 unless all layers
 
     hf = load_hf(ckpt)
-    _quantize_like_the_export(hf, fmt, group_size=group)
+    _quantize_like_the_export(hf, fmt, group_size=group, all_layers=all_layers)
     run, _ = _runner(out, hf.config)
     prompts = {s: np.random.default_rng(5).integers(2, hf.config.vocab_size, n) for s, n in PROMPT_LENS.items()}
     stats = drive_and_compare(run, hf, PagedSession(BLOCK, NUM_BLOCKS, rng), prompts, SCHEDULE, TOL)
@@ -162,6 +167,8 @@ def test_int4_ratio_moves_the_most_sensitive_weights_to_int8(tmp_path, checkpoin
         export_model(ckpt, tmp_path / "bad", weight_format="int8", ratio=0.5)
     with pytest.raises(ValueError, match="--ratio must be a number from 0 to 1"):
         export_model(ckpt, tmp_path / "bad", weight_format="int4", ratio=1.5)
+    with pytest.raises(ValueError, match="--all-layers applies to --weight-format int4 only"):
+        export_model(ckpt, tmp_path / "bad", weight_format="int8", all_layers=True)
 
 
 @pytest.mark.parametrize("fmt", ["int8", "int4"])

@@ -160,7 +160,7 @@ void moe_experts(const MoeInputs& in, MoeBits bits, const TensorView& out, const
             max_m = std::max(max_m, start[e + 1] - start[e]);
             min_m = std::min(min_m, start[e + 1] - start[e]);
         }
-    const bool some_many = max_m >= kManyRows, some_few = min_m < kManyRows;
+    const bool some_many = max_m >= many_rows(mode), some_few = min_m < many_rows(mode);
 
     const QWeights w13{in.w13_q.ptr<uint8_t>(), in.w13_s.ptr<float>(), in.w13_zp.ptr<uint8_t>(), in.w13_q.dim(2),
                        d.H / d.g13};

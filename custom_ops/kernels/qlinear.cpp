@@ -55,7 +55,7 @@ void qlinear(const QLinearInputs& in, int64_t bits, const TensorView& out, const
         to_f32(in.x.data, in.x.dtype, x_f32.data(), d.M * d.K);
         x = x_f32.data();
     }
-    const bool many = d.M >= kManyRows;
+    const bool many = d.M >= many_rows(mode);
     const QActs acts(x, d.M, d.K, d.group, isa, mode, many, !many);
     std::vector<int64_t> rows(d.M);
     for (int64_t i = 0; i < d.M; ++i) rows[i] = i;

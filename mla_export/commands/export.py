@@ -39,6 +39,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--ratio", type=float, default=1.0,
                    help="int4 only: share of the matmul weights (by parameters) kept int4, the rest int8, the most "
                         "int4-sensitive first (default 1.0; below 1 costs one more pass over the checkpoint)")
+    p.add_argument("--all-layers", action="store_true",
+                   help="int4 only (optimum-cli's flag): the embedding table and lm_head in int4 too, not int8. "
+                        "lm_head is the largest weight a decode step reads; in int4 it reads half the bytes, "
+                        "at a larger logits error (docs/WEIGHTS.md)")
     p.add_argument("--moe-form", choices=("auto", "fused", "grouped", "gather-matmul"), default="auto",
                    help="routed experts: fused (one MlaMoeExperts op per layer reading the int8/int4 codes of the "
                         "selected experts; IR and model.onnx), grouped (one dispatch, per-expert GEMMs on each "
@@ -97,7 +101,7 @@ def run(args) -> int:
                 model_dir = PRESETS[args.preset](preset_dir)
             result = export_model(model_dir, args.out_dir, fmt=args.fmt, portable=args.portable,
                                   block_size=args.block_size, kv_dtype=args.kv_dtype, weight_format=args.weight_format,
-                                  group_size=args.group_size, ratio=args.ratio, overwrite=args.overwrite,
+                                  group_size=args.group_size, ratio=args.ratio, all_layers=args.all_layers, overwrite=args.overwrite,
                                   progress=progress, moe_form=args.moe_form.replace("-", "_"))
     except BaseException as e:  # the exporter removed its partial output before this runs
         progress.close()

@@ -58,8 +58,11 @@ def _checkpoint_dtype(cfg: MLAModelConfig) -> str:
     return {"bfloat16": "bf16", "float16": "f16"}.get(saved, "f32")
 
 
-def _weight_format(requested: str, group_size: int, ratio: float, cfg: MLAModelConfig) -> WeightFormat:
+def _weight_format(requested: str, group_size: int, ratio: float, cfg: MLAModelConfig,
+                   all_layers: bool = False) -> WeightFormat:
     """auto = the checkpoint's float dtype; int formats keep the non-matmul weights in it."""
+    if all_layers and requested != "int4":
+        raise ExportError(f"--all-layers applies to --weight-format int4 only (got --weight-format {requested})")
     if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0.0 <= ratio <= 1.0:
         raise ExportError(f"--ratio must be a number from 0 to 1 (the share of matmul weights in int4), got {ratio!r}")
     if ratio != 1.0 and requested != "int4":
@@ -70,7 +73,7 @@ def _weight_format(requested: str, group_size: int, ratio: float, cfg: MLAModelC
         raise ExportError(f"--group-size must be a positive integer or -1 (one group per output channel), "
                           f"got {group_size!r}")
     if requested in INT_FORMATS:
-        return WeightFormat(requested, _checkpoint_dtype(cfg), group_size, ratio=float(ratio))
+        return WeightFormat(requested, _checkpoint_dtype(cfg), group_size, ratio=float(ratio), all_layers=all_layers)
     return WeightFormat(_checkpoint_dtype(cfg) if requested == "auto" else requested)
 
 
@@ -116,11 +119,12 @@ def _moe_form(requested: str, cfg, wformat: WeightFormat) -> str:
 def export_model(model_dir, out_dir, *, fmt: str = "openvino", portable: bool = False, block_size: int = 16,
                  kv_dtype: str = "f16", weight_format: str = "auto", group_size: int = 128, ratio: float = 1.0,
                  overwrite: bool = False, progress: ExportProgress | None = None,
-                 weight_dtype: str | None = None, moe_form: str = "auto") -> ExportResult:
+                 weight_dtype: str | None = None, moe_form: str = "auto", all_layers: bool = False) -> ExportResult:
     """weight_format: auto | f32 | f16 | bf16 | int8 | int4 (weight_dtype: its older name).
     moe_form: auto | fused | grouped | gather_matmul (see moe.py). auto = fused (our MlaMoeExperts op,
     IR and model.onnx) for int8/int4 weights it can hold, else grouped. gather_matmul applies to the
-    IR only; the portable ONNX is always grouped.
+    IR only; the portable ONNX is always grouped. all_layers (int4 only): the embedding table and
+    lm_head in int4 too (optimum-cli's --all-layers), else int8.
     `progress` (an `ExportProgress`, e.g. `TqdmProgress()`) is told every phase."""
     start = time.time()
     progress = progress or ExportProgress()
@@ -143,7 +147,8 @@ def export_model(model_dir, out_dir, *, fmt: str = "openvino", portable: bool = 
         raise ExportError(f"{model_dir}: no such checkpoint directory")
     _check_out_dir(out_dir, overwrite)
     cfg = MLAModelConfig.from_dir(model_dir)
-    wformat = _weight_format(weight_dtype if weight_dtype is not None else weight_format, group_size, ratio, cfg)
+    wformat = _weight_format(weight_dtype if weight_dtype is not None else weight_format, group_size, ratio, cfg,
+                             all_layers)
     moe_form = _moe_form(moe_form, cfg, wformat)
     reader = CheckpointReader(model_dir)
     # Phase weights in checkpoint bytes (see progress.py): layers, then head + save, then the IR.
@@ -215,6 +220,7 @@ def export_model(model_dir, out_dir, *, fmt: str = "openvino", portable: bool = 
                         weight_params=wformat.stats.get("params", {}),
                         int4_group_sizes=sorted(wformat.stats.get("int4_group_sizes", []), reverse=True),
                         int4_ratio=wformat.ratio if wformat.fmt == "int4" else None,
+                        int4_all_layers=wformat.all_layers if wformat.fmt == "int4" else None,
                         moe_form=moe_form,
                         exporter_version=__version__, source=str(model_dir.resolve()),
                         seconds=round(time.time() - start, 3), files=describe_files(tmp, tied)))

@@ -41,12 +41,14 @@ class WeightFormat:
     them for float formats; the attention op's absorbed w_uk/w_uv, which feed a custom op rather
     than a MatMul, for int formats). group_size: int4 inputs per scale (-1 = per output channel).
     int4 keeps the embedding table and lm_head in int8 (NNCF's default: they are the most
-    sensitive and a small share of the weights)."""
+    sensitive and a small share of the weights) unless all_layers (optimum-cli's --all-layers):
+    then they are int4 too."""
 
     fmt: str = "f32"
     float_dtype: str = "f32"
     group_size: int = 128
     ratio: float = 1.0  # int4: share of the matmul weights (by parameters) in int4, the rest int8
+    all_layers: bool = False  # int4: the embedding table and lm_head in int4 as well
     int8_names: frozenset = frozenset()  # int4 with ratio < 1: matmul weights planned into int8
     planning: bool = False  # a planning pass: record int4 sensitivities, store nothing
     sensitivity: dict = field(default_factory=dict)  # name -> (int4 relative error, parameters)
@@ -65,7 +67,9 @@ class WeightFormat:
         if self.fmt == "int8":
             return 8
         if self.fmt == "int4":
-            return 4 if kind == "matmul" and name not in self.int8_names else 8
+            if kind in ("embedding", "head") and not self.all_layers:
+                return 8
+            return 4 if name not in self.int8_names else 8  # --ratio's plan may move any of them to int8
         return None
 
     def plan(self) -> None:

@@ -171,7 +171,10 @@ void moe_experts(const MoeInputs& in, MoeBits bits, const TensorView& out, const
     const QActs xa(x, d.T, d.H, d.g13, isa, mode, some_many, some_few);
     std::unique_ptr<float[]> act(new float[P * d.I]);
     const int64_t col_blocks = d.I / 16;
-    dynamic_for(th, static_cast<int64_t>(active.size()) * col_blocks, [&](int64_t item) {
+    // Decode (no expert with many tokens): every item costs the same, and contiguous runs of items
+    // are contiguous runs of each expert's rows, which the cores' prefetchers stream (split_for).
+    const auto spread = some_many ? dynamic_for : split_for;
+    spread(th, static_cast<int64_t>(active.size()) * col_blocks, [&](int64_t item) {
         const int64_t e = active[item / col_blocks], i0 = (item % col_blocks) * 16;
         const int64_t p0 = start[e], m = start[e + 1] - p0;
         QBlock blocks[kPanel / 4];
@@ -192,7 +195,7 @@ void moe_experts(const MoeInputs& in, MoeBits bits, const TensorView& out, const
     // Phase 2: y[t, cols] = sum over t's pairs, experts ascending, of w_p * (act_p . down rows).
     const QActs aa(act.get(), P, d.I, d.g2, isa, mode, some_many, some_few);
     std::fill(y, y + d.T * d.H, 0.f);
-    dynamic_for(th, d.H / kPanel, [&](int64_t item) {
+    spread(th, d.H / kPanel, [&](int64_t item) {
         const int64_t c0 = item * kPanel;
         thread_local std::vector<float> tile;
         for (int64_t e : active) {

@@ -256,10 +256,12 @@ void qdot_q8(int64_t K, int64_t group, const QRow* x, const QBlock& blk, float* 
             out[t * ldo + r] = (lanes[4 * r] + lanes[4 * r + 1]) + (lanes[4 * r + 2] + lanes[4 * r + 3]);
     }
 }
-#define MLA_MOE_Q8 {{qdot_q8<8, 1>, qdot_q8<8, 2>, qdot_q8<8, 3>, qdot_q8<8, 4>}, \
-                    {qdot_q8<4, 1>, qdot_q8<4, 2>, qdot_q8<4, 3>, qdot_q8<4, 4>}}
+#define MLA_MOE_Q8 {{qdot_q8<8, 1>, qdot_q8<8, 2>, qdot_q8<8, 3>, qdot_q8<8, 4>,   \
+                     qdot_q8<8, 5>, qdot_q8<8, 6>, qdot_q8<8, 7>, qdot_q8<8, 8>},  \
+                    {qdot_q8<4, 1>, qdot_q8<4, 2>, qdot_q8<4, 3>, qdot_q8<4, 4>,   \
+                     qdot_q8<4, 5>, qdot_q8<4, 6>, qdot_q8<4, 7>, qdot_q8<4, 8>}}
 #else
-#define MLA_MOE_Q8 {{nullptr, nullptr, nullptr, nullptr}, {nullptr, nullptr, nullptr, nullptr}}
+#define MLA_MOE_Q8 {{}, {}}
 #endif
 
 #if defined(__AVX512BF16__)

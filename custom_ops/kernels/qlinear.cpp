@@ -1,6 +1,7 @@
 // MlaQLinear (see qlinear.hpp): work items are tiles of 32 output columns, each over every row of x.
 #include "qlinear.hpp"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -62,7 +63,8 @@ void qlinear(const QLinearInputs& in, int64_t bits, const TensorView& out, const
     const QWeights w{in.w_q.ptr<uint8_t>(), in.w_s.ptr<float>(), in.w_zp.ptr<uint8_t>(), in.w_q.dim(1), d.K / d.group};
     const int bi = bits == 4 ? 1 : 0;
     float* y = out.ptr<float>();
-    dynamic_for(th, d.N / kTileRows, [&](int64_t item) {
+    const bool few = d.M < many_rows(mode);  // one pass over the codes: stream them (split_for)
+    const auto tile_at = [&](int64_t item) {
         const int64_t n0 = item * kTileRows;
         QBlock blocks[kTileRows / 4];
         for (int64_t j = 0; j < kTileRows / 4; ++j) blocks[j] = w.block(n0 + 4 * j);
@@ -72,7 +74,11 @@ void qlinear(const QLinearInputs& in, int64_t bits, const TensorView& out, const
         qtile(isa, bi, acts, rows.data(), d.M, blocks, d.K, d.group, c);
         for (int64_t t = 0; t < d.M; ++t)
             for (int64_t j = 0; j < kTileRows; ++j) y[t * d.N + n0 + j] = c[t * kTileRows + j];
-    });
+    };
+    if (few)
+        split_for(th, d.N / kTileRows, tile_at);
+    else
+        dynamic_for(th, d.N / kTileRows, tile_at);
 }
 
 }  // namespace mla

@@ -82,6 +82,13 @@ void quantize_row_q8(int64_t K, int64_t group, const float* x, int8_t* q, float*
     }
 }
 
+void split_for(const Threading& th, int64_t n, const std::function<void(int64_t)>& body) {
+    const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(n, th.num_threads));
+    dynamic_for(th, parts, [&](int64_t part) {
+        for (int64_t i = n * part / parts; i < n * (part + 1) / parts; ++i) body(i);
+    });
+}
+
 QMode qmode(bool reduced, const MoeIsa& isa) {
     static const bool cpu_bf16 = __builtin_cpu_supports("avx512bf16");
     static const bool cpu_vnni = __builtin_cpu_supports("avx512vnni");
@@ -139,8 +146,8 @@ void qtile(const MoeIsa& isa, int bi, const QActs& acts, const int64_t* rows, in
             s.q8.resize(m);
             for (int64_t t = 0; t < m; ++t) s.q8[t] = acts.q8(rows[t]);
             for (int64_t r0 = 0; r0 < kTileRows; r0 += 4)
-                for (int64_t t0 = 0; t0 < m; t0 += 4) {
-                    const int64_t mt = std::min<int64_t>(4, m - t0);
+                for (int64_t t0 = 0; t0 < m; t0 += 8) {
+                    const int64_t mt = std::min<int64_t>(8, m - t0);
                     isa.qdot_q8[bi][mt - 1](K, group, s.q8.data() + t0, blocks[r0 / 4], c + t0 * kTileRows + r0,
                                             kTileRows);
                 }

@@ -7,6 +7,7 @@ the tables report medians and ranges over the rounds):
   ours-f32                 export with f32 weights and an f32 cache, f32 precision hint (exact)
   ours-bf16 / ours-f16     16-bit weights, the export's default cache, bf16 hint
   ours-int8 / ours-int4    `mla-export export --weight-format int8|int4` (when this build has it)
+  ours-int4-all            the same with --all-layers (embedding and lm_head int4 too)
   ours                     the export directory given with --export-dir, as it is
   transformers             transformers generate, torch eager f32: the greedy-token reference
   llamacpp-<TYPE>          llama.cpp's llama-batched-bench on a GGUF of TYPE (Q8_0, Q4_K_M, ...)
@@ -41,10 +42,11 @@ from .report import agreement, aggregate, kv_figures, markdown, plot, summary
 
 SCHEMA_VERSION = 2
 DEFAULT_SYSTEMS = "ours-bf16,ours-int8,ours-int4,llamacpp-Q8_0,llamacpp-Q4_K_M,vllm-bf16,transformers"
-OURS_WEIGHTS = {"ours-f32": "f32", "ours-bf16": "bf16", "ours-f16": "f16", "ours-int8": "int8", "ours-int4": "int4"}
+OURS_WEIGHTS = {"ours-f32": "f32", "ours-bf16": "bf16", "ours-f16": "f16", "ours-int8": "int8", "ours-int4": "int4",
+                "ours-int4-all": "int4"}  # int4-all: --all-layers (embedding and lm_head int4 too)
 # resident memory per checkpoint byte (bf16 file) + 1 GB, to wait for before starting a system:
 # rough figures seen here (ours at bf16 widens to f32 at compile: ~4x the bf16 file)
-MEM_FACTOR = {"ours-f32": 4.5, "ours-bf16": 4.5, "ours-f16": 4.5, "ours-int8": 1.5, "ours-int4": 1.0, "ours": 4.5,
+MEM_FACTOR = {"ours-f32": 4.5, "ours-bf16": 4.5, "ours-f16": 4.5, "ours-int8": 1.5, "ours-int4": 1.0, "ours-int4-all": 1.0, "ours": 4.5,
               "transformers": 3.5, "vllm-bf16": 2.5, "vllm-f32": 4.5, "optimum": 4.5, "optimum-int8": 1.5}
 
 
@@ -120,7 +122,7 @@ def _export_cmd(system: str, ckpt: Path, out: Path, has_wf: bool, extra: str, py
     if w == "f32":  # exact: f32 cache too; the others keep the export's default cache
         cmd += ["--kv-dtype", "f32"]
     if has_wf:
-        cmd += ["--weight-format", w]
+        cmd += ["--weight-format", w] + (["--all-layers"] if system.endswith("-all") else [])
     elif w in ("f32", "bf16", "f16"):
         cmd += ["--weight-dtype", w]
     else:

@@ -158,10 +158,15 @@ def paged_attention_expanded(q_nope, q_pe, kv_cache, w_uk, w_uv, query_start_loc
     return out
 
 
-def q8_activations(x, block: int = 32) -> np.ndarray:
+def q8_block(group: int) -> int:
+    """The activation block of the int8-activation path for a weight group (qmatmul: QRow)."""
+    return 128 if group % 128 == 0 else 64 if group % 64 == 0 else 32
+
+
+def q8_activations(x, block: int) -> np.ndarray:
     """Activation rows as the integer-weight ops see them in their reduced-precision mode on VNNI
-    CPUs (qmatmul.hpp, QRow): each block of 32 inputs scaled by d = max|x| / 127 and rounded to
-    int8 codes. Returns d * codes, float64, same shape."""
+    CPUs (moe_isa.hpp, QRow): each block of `block` inputs scaled by d = max|x| / 127 and rounded
+    to int8 codes. Returns d * codes, float64, same shape."""
     x = _f64(x)
     blocks = x.reshape(x.shape[:-1] + (x.shape[-1] // block, block))
     d = np.abs(blocks).max(axis=-1, keepdims=True) / 127.0
@@ -169,22 +174,23 @@ def q8_activations(x, block: int = 32) -> np.ndarray:
     return (codes * d).reshape(x.shape)
 
 
-def linear(x, w, q8: bool = False) -> np.ndarray:
-    """MlaQLinear: x [..., K] @ w[N, K]^T (w given already dequantised), float64; q8: the
-    activations as q8_activations leaves them."""
-    x = q8_activations(x) if q8 else _f64(x)
+def linear(x, w, q8_group: int | None = None) -> np.ndarray:
+    """MlaQLinear: x [..., K] @ w[N, K]^T (w given already dequantised), float64; q8_group: the
+    weight group of the int8-activation path (activations as q8_activations leaves them)."""
+    x = q8_activations(x, q8_block(q8_group)) if q8_group else _f64(x)
     return x @ _f64(w).T
 
 
-def moe_experts(x, topk_ids, topk_weights, w13, w2, q8: bool = False) -> np.ndarray:
+def moe_experts(x, topk_ids, topk_weights, w13, w2, q8_groups: tuple[int, int] | None = None) -> np.ndarray:
     """The routed experts of one MoE layer (MlaMoeExperts): for each token t and slot j, expert
     e = topk_ids[t, j] computes down_e(silu(gate_e(x_t)) * up_e(x_t)) with gate/up the rows [0, I)
     and [I, 2I) of w13[e] [2I, H] and down = w2[e] [H, I]; the results are summed with weights
-    topk_weights[t, j]. Returns [T, H] float64 (weights given already dequantised). q8: both
-    products' activations (x, and silu(gate) * up) as q8_activations leaves them."""
+    topk_weights[t, j]. Returns [T, H] float64 (weights given already dequantised). q8_groups: the
+    weight groups (w13, w2) of the int8-activation path: both products' activations (x, and
+    silu(gate) * up) as q8_activations leaves them."""
     x, w13, w2, wts = _f64(x), _f64(w13), _f64(w2), _f64(topk_weights)
-    if q8:
-        x = q8_activations(x)
+    if q8_groups:
+        x = q8_activations(x, q8_block(q8_groups[0]))
     inter = w13.shape[1] // 2
     out = np.zeros_like(x)
     for t in range(x.shape[0]):
@@ -192,7 +198,7 @@ def moe_experts(x, topk_ids, topk_weights, w13, w2, q8: bool = False) -> np.ndar
             h = w13[e] @ x[t]
             gate, up = h[:inter], h[inter:]
             act = gate / (1.0 + np.exp(-gate)) * up
-            if q8:
-                act = q8_activations(act)
+            if q8_groups:
+                act = q8_activations(act, q8_block(q8_groups[1]))
             out[t] += wts[t, j] * (w2[e] @ act)
     return out

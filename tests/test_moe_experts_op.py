@@ -233,14 +233,14 @@ def test_reduced_precision_compute(rng, runtime):
     else:
         assert err < TOL
     # few tokens per expert (decode): under compute="bf16" on a VNNI CPU the activations are
-    # quantised to int8 per 32 inputs (as the plugin's dynamic quantisation does) and the result
+    # quantised to int8 per block of inputs (as the plugin's dynamic quantisation does) and the result
     # is the reference's on those activations; elsewhere they stay f32-exact.
     small = {k: v[:3] for k, v in feeds.items()}
     got_small = RUNTIMES[runtime](_model(128, (8, 4), weights, compute="bf16"), small)
     scale = np.abs(want[:3]).max()
     err_f32 = np.abs(got_small - want[:3]).max() / scale
     if _cpu_has("avx512_vnni"):
-        want_q8 = ref.moe_experts(small["x"], small["ids"], small["wts"], w13, w2, q8=True)
+        want_q8 = ref.moe_experts(small["x"], small["ids"], small["wts"], w13, w2, q8_groups=(128, 32))
         assert np.abs(got_small - want_q8).max() / scale < 1e-4
         assert err_f32 > 1e-6, f"int8 activations expected on this CPU, but the result is f32-exact ({err_f32:.1e})"
     else:

@@ -25,16 +25,20 @@ struct QBlock {
 
 // One activation row quantised to int8 for the integer dot products (few tokens under a
 // reduced-precision hint, as the CPU plugin's own dynamic quantisation does for its compressed
-// matmuls on VNNI CPUs): x[k] ~= d[k / 32] * q[k], with d[b] = max|x over block b| / 127 and
-// blocks of 32 inputs (llama.cpp's q8_0 activation blocks); gsum[g] = sum of d[k / 32] * q[k] over
-// weight group g, which carries the zero points' term.
+// matmuls on VNNI CPUs): x[k] ~= d[k / block] * q[k], with d[b] = max|x over block b| / 127.
+// The block is the largest of 128, 64, 32 that divides the weight group (q8_block), so int32 sums
+// run over a whole block and are scaled once per block (llama.cpp's K-quant activations use 256);
+// gsum[g] = sum of d * q over weight group g, which carries the zero points' term.
 struct QRow {
     const int8_t* q;
     const float* d;
     const float* gsum;
+    int64_t block;
 };
 
-// Quantises x [K] into q [K], d [K / 32] and gsum [K / group] (K, group multiples of 32).
+inline int64_t q8_block(int64_t group) { return group % 128 == 0 ? 128 : group % 64 == 0 ? 64 : 32; }
+
+// Quantises x [K] into q [K], d [K / block] and gsum [K / group] (block = q8_block(group)).
 void quantize_row_q8(int64_t K, int64_t group, const float* x, int8_t* q, float* d, float* gsum);
 
 struct MoeIsa {
@@ -55,7 +59,7 @@ struct MoeIsa {
     // dst[i] = bf16(src[i]) rounded to nearest even, n % 32 == 0; null where not compiled.
     void (*to_bf16)(int64_t n, const float* src, uint16_t* dst);
     // qdot on int8 activation rows (u8 codes x s8 activations summed in int32 by AVX512_VNNI
-    // vpdpbusd, then scaled per 32-input block and per group in f32), M = 1..8 rows (one zmm of
+    // vpdpbusd, then scaled per activation block and per group in f32), M = 1..8 rows (one zmm of
     // sums per row: 8 fit the registers); null where not compiled.
     void (*qdot_q8[2][8])(int64_t K, int64_t group, const QRow* x, const QBlock& blk, float* out, int64_t ldo);
 };

@@ -208,38 +208,46 @@ void fdot(int64_t k0, int64_t kb, const float* const* a, const float* w, float* 
 // Four rows by M tokens on int8 activations. One 64-byte load holds 16 codes of each of the 4 rows
 // (int8: inputs 16c..16c+15 of chunk c; int4: the low nibbles are inputs 32c..32c+15 and the high
 // ones 32c+16..32c+31), so int32 lane 4r + j sums 4 products of row r; the token's 16 activations
-// of the same inputs are broadcast to the 4 rows' lanes. Each 32-input block's int32 sums are
-// scaled by the block's d into f32 group sums; at the group's end the row's scale and zero point
-// apply (the zero point's term subtracted a quarter in each of the row's 4 lanes).
+// of the same inputs are broadcast to the 4 rows' lanes. The int32 sums of an activation block
+// (a whole number of them per weight group) are scaled by its d into f32 group sums; at the
+// group's end the row's scale and zero point apply (the zero point's term subtracted a quarter in
+// each of the row's 4 lanes).
 template <int BITS, int M>
 void qdot_q8(int64_t K, int64_t group, const QRow* x, const QBlock& blk, float* out, int64_t ldo) {
     const __m512i row_of_lane = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     const __m512i nibble = _mm512_set1_epi8(0x0F);
+    const int64_t block = x[0].block;  // every row of a call has the same (q8_block(group))
     __m512 tot[M];
     for (int t = 0; t < M; ++t) tot[t] = _mm512_setzero_ps();
     const int64_t groups = K / group;
     for (int64_t g = 0; g < groups; ++g) {
         __m512 gacc[M];
         for (int t = 0; t < M; ++t) gacc[t] = _mm512_setzero_ps();
-        const int64_t k0 = g * group, k1 = k0 + group;
-        for (int64_t k = k0; k < k1; k += 32) {
-            __m512i lo, hi;  // the 4 rows' codes of inputs k..k+15 and k+16..k+31
-            _mm_prefetch(reinterpret_cast<const char*>(blk.q + (k / (BITS == 8 ? 16 : 32)) * 64 + MLA_PF), _MM_HINT_T0);
-            if (BITS == 8) {
-                lo = _mm512_loadu_si512(blk.q + (k / 16) * 64);
-                hi = _mm512_loadu_si512(blk.q + (k / 16) * 64 + 64);
-            } else {
-                const __m512i v = _mm512_loadu_si512(blk.q + (k / 32) * 64);
-                lo = _mm512_and_si512(v, nibble);
-                hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+        for (int64_t b0 = g * group; b0 < (g + 1) * group; b0 += block) {
+            __m512i acc[M];
+            for (int t = 0; t < M; ++t) acc[t] = _mm512_setzero_si512();
+            for (int64_t k = b0; k < b0 + block; k += 32) {
+                __m512i lo, hi;  // the 4 rows' codes of inputs k..k+15 and k+16..k+31
+                _mm_prefetch(reinterpret_cast<const char*>(blk.q + (k / (BITS == 8 ? 16 : 32)) * 64 + MLA_PF),
+                             _MM_HINT_T0);
+                if (BITS == 8) {
+                    lo = _mm512_loadu_si512(blk.q + (k / 16) * 64);
+                    hi = _mm512_loadu_si512(blk.q + (k / 16) * 64 + 64);
+                } else {
+                    const __m512i v = _mm512_loadu_si512(blk.q + (k / 32) * 64);
+                    lo = _mm512_and_si512(v, nibble);
+                    hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+                }
+                for (int t = 0; t < M; ++t) {
+                    const __m512i xl =
+                        _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[t].q + k)));
+                    const __m512i xh =
+                        _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[t].q + k + 16)));
+                    acc[t] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(acc[t], lo, xl), hi, xh);
+                }
             }
-            for (int t = 0; t < M; ++t) {
-                const __m512i xl = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[t].q + k)));
-                const __m512i xh =
-                    _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[t].q + k + 16)));
-                const __m512i acc = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xl), hi, xh);
-                gacc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_set1_ps(x[t].d[k / 32]), gacc[t]);
-            }
+            for (int t = 0; t < M; ++t)
+                gacc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[t]), _mm512_set1_ps(x[t].d[b0 / block]), gacc[t]);
         }
         const __m512 s = _mm512_permutexvar_ps(
             row_of_lane, _mm512_castps128_ps512(_mm_setr_ps(blk.s[0][g], blk.s[1][g], blk.s[2][g], blk.s[3][g])));

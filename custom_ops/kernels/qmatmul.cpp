@@ -64,20 +64,21 @@ int64_t check_qweights(const char* op, const TensorView& q, const TensorView& s,
 }
 
 void quantize_row_q8(int64_t K, int64_t group, const float* x, int8_t* q, float* d, float* gsum) {
-    for (int64_t b = 0; b < K / 32; ++b) {
-        const float* xb = x + 32 * b;
+    const int64_t block = q8_block(group);
+    for (int64_t b = 0; b < K / block; ++b) {
+        const float* xb = x + block * b;
         float amax = 0.f;
-        for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(xb[j]));
+        for (int64_t j = 0; j < block; ++j) amax = std::max(amax, std::fabs(xb[j]));
         const float scale = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
         int32_t sum = 0;
-        for (int j = 0; j < 32; ++j) {
-            const int32_t v = static_cast<int32_t>(std::nearbyint(xb[j] * inv));
-            q[32 * b + j] = static_cast<int8_t>(std::clamp(v, -127, 127));
-            sum += q[32 * b + j];
+        for (int64_t j = 0; j < block; ++j) {
+            const int32_t v = std::clamp(static_cast<int32_t>(std::nearbyint(xb[j] * inv)), -127, 127);
+            q[block * b + j] = static_cast<int8_t>(v);
+            sum += v;
         }
         d[b] = scale;
-        const int64_t g = (32 * b) / group;
-        if ((32 * b) % group == 0) gsum[g] = 0.f;
+        const int64_t g = (block * b) / group;
+        if ((block * b) % group == 0) gsum[g] = 0.f;
         gsum[g] += scale * static_cast<float>(sum);
     }
 }
@@ -113,10 +114,12 @@ QActs::QActs(const float* x, int64_t n, int64_t K, int64_t group, const MoeIsa& 
     : x_(x), K_(K), G_(K / group) {
     if (want_q8 && mode.q8_dots) {
         q_.resize(n * K);
-        d_.resize(n * (K / 32));
+        block_ = q8_block(group);
+        d_.resize(n * (K / block_));
         gsum_.resize(n * G_);
         for (int64_t i = 0; i < n; ++i)
-            quantize_row_q8(K, group, x + i * K, q_.data() + i * K, d_.data() + i * (K / 32), gsum_.data() + i * G_);
+            quantize_row_q8(K, group, x + i * K, q_.data() + i * K, d_.data() + i * (K / block_),
+                            gsum_.data() + i * G_);
     } else {
         sums_.resize(n * G_);  // the f32 dot products' zero-point term
         for (int64_t i = 0; i < n; ++i)
@@ -134,7 +137,7 @@ QActs::QActs(const float* x, int64_t n, int64_t K, int64_t group, const MoeIsa& 
 }
 
 QRow QActs::q8(int64_t i) const {
-    return QRow{q_.data() + i * K_, d_.data() + i * (K_ / 32), gsum_.data() + i * G_};
+    return QRow{q_.data() + i * K_, d_.data() + i * (K_ / block_), gsum_.data() + i * G_, block_};
 }
 
 void qtile(const MoeIsa& isa, int bi, const QActs& acts, const int64_t* rows, int64_t m, const QBlock* blocks,

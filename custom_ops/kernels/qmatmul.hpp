@@ -67,7 +67,7 @@ public:
 
 private:
     const float* x_;
-    int64_t K_, G_;
+    int64_t K_, G_, block_ = 32;
     std::vector<float> sums_;
     std::vector<uint16_t> x16_;
     std::vector<int8_t> q_;

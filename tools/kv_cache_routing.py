@@ -39,8 +39,8 @@ from kv_dtype_accuracy import CONFIGS, SEEDS  # noqa: E402  (the same models and
 
 def _round_rows(x, kv_dtype: str, part: str):
     """x (any shape, last axis = the kv_c or k_pe part of rows) as the cache stores it, in f32.
-    int8/fp8 quantise kv_c by mla_export.kv_formats (kv_dtype "int8@G" / "fp8@G": G equal groups,
-    each with its own scale, simulated here) and keep k_pe bf16."""
+    int8/fp8 quantise kv_c by mla_export.kv_formats in the shipped layout's groups (int8 4, fp8 1), or
+    in G equal groups for "int8@G" / "fp8@G"; k_pe stays bf16."""
     import torch
 
     from mla_export import kv_formats as kf
@@ -49,7 +49,7 @@ def _round_rows(x, kv_dtype: str, part: str):
         return x.to(torch.float16).to(torch.float32)
     if base == "bf16" or part == "k_pe":
         return x.to(torch.bfloat16).to(torch.float32)
-    g = int(groups or 1)
+    g = int(groups) if groups else kf.scale_groups(base, x.shape[-1])  # default: the shipped layout's groups
     flat = x.detach().reshape(-1, x.shape[-1] // g).numpy().astype(np.float32)
     codes, scales = kf.quantise_rows(flat, base)
     return torch.from_numpy(kf.dequantise_rows(codes, scales).astype(np.float32)).reshape(x.shape)
@@ -64,35 +64,45 @@ class Patched:
     def __enter__(self):
         import torch
 
-        import transformers.models.deepseek_v3.modeling_deepseek_v3 as m
+        v2 = self.model.config.model_type == "deepseek_v2"
+        if v2:
+            import transformers.models.deepseek_v2.modeling_deepseek_v2 as m
+            self.rope_names = ("apply_rotary_emb",)
+        else:
+            import transformers.models.deepseek_v3.modeling_deepseek_v3 as m
+            self.rope_names = ("apply_rotary_pos_emb", "apply_rotary_pos_emb_interleave")
         self.m = m
-        self.saved = (m.apply_rotary_pos_emb, m.apply_rotary_pos_emb_interleave)
+        self.saved = [getattr(m, n) for n in self.rope_names]
         self.hooks = []
         kv = self.kv
+        # kv: a format name ("f16", "int8@4", ...) or a callable (x, part) -> x as stored (tools/kv_quant_sweep.py)
+        rnd = kv if callable(kv) else (lambda x, part: _round_rows(x, kv, part))
         if kv is not None:
             def wrap(fn):
                 def rope(q, k, *a, **kw):
                     q2, k2 = fn(q, k, *a, **kw)
-                    return q2, _round_rows(k2, kv, "k_pe").to(k2.dtype)  # k_pe as stored (after RoPE)
+                    return q2, rnd(k2, "k_pe").to(k2.dtype)  # k_pe as stored (after RoPE)
                 return rope
-            m.apply_rotary_pos_emb = wrap(self.saved[0])
-            m.apply_rotary_pos_emb_interleave = wrap(self.saved[1])
+            for n, fn in zip(self.rope_names, self.saved):
+                setattr(m, n, wrap(fn))
             for layer in self.model.model.layers:
                 self.hooks.append(layer.self_attn.kv_a_layernorm.register_forward_hook(
-                    lambda mod, inp, out: _round_rows(out, kv, "kv_c").to(out.dtype)))  # kv_c as stored
+                    lambda mod, inp, out: rnd(out, "kv_c").to(out.dtype)))  # kv_c as stored
         routers = [layer.mlp.gate for layer in self.model.model.layers if hasattr(layer.mlp, "gate")]
         self.routers = routers
         self.orig_forward = [r.forward for r in routers]
         for li, r in enumerate(routers):
             def fwd(hidden, r=r, li=li, orig=r.forward):
                 logits, weights, idx = orig(hidden)
-                scores = torch.sigmoid(logits.float()) + r.e_score_correction_bias
+                # the score the router ranks: softmax (V2 greedy) or sigmoid + bias (V3)
+                probs = logits.float().softmax(dim=-1) if v2 else torch.sigmoid(logits.float())
+                scores = probs if v2 else probs + r.e_score_correction_bias
                 if self.record is not None:
                     self.record.append((li, idx.sort(dim=-1).values.clone(), scores.detach().clone()))
                 if self.pin is not None:
                     idx = self.pin[li]
-                    w = torch.sigmoid(logits.float()).gather(1, idx)
-                    if r.norm_topk_prob:
+                    w = probs.gather(1, idx)
+                    if getattr(r, "norm_topk_prob", False):
                         w = w / (w.sum(dim=-1, keepdim=True) + 1e-20)
                     weights = w * r.routed_scaling_factor
                 return logits, weights, idx
@@ -100,7 +110,8 @@ class Patched:
         return self
 
     def __exit__(self, *exc):
-        self.m.apply_rotary_pos_emb, self.m.apply_rotary_pos_emb_interleave = self.saved
+        for n, fn in zip(self.rope_names, self.saved):
+            setattr(self.m, n, fn)
         for h in self.hooks:
             h.remove()
         for r, f in zip(self.routers, self.orig_forward):
@@ -120,14 +131,12 @@ def study(name: str, work: Path, kv_dtypes, prompt_len: int = 96, decode_steps: 
 
     from mla_export.presets import make_checkpoint
     model_type, overrides = CONFIGS[name]
-    if model_type != "deepseek_v3":
-        raise SystemExit(f"{name}: only the deepseek_v3 configs (v3-like, kimi-like) are patched here")
     ckpt = make_checkpoint(work / name / "ckpt", model_type, seed=SEEDS[name], **overrides)
     vocab = json.loads((ckpt / "config.json").read_text())["vocab_size"]
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
     rng = np.random.default_rng(SEEDS[name])
-    prompts = [rng.integers(2, vocab, prompt_len + 7 * i).tolist() for i in range(num_seqs)]
+    prompts = [rng.integers(2, vocab, prompt_len + 7 * (i % 8)).tolist() for i in range(num_seqs)]
     out = {}
     seqs = []
     for p in prompts:  # f32 greedy continuation (the teacher-forced tokens)
@@ -144,6 +153,11 @@ def study(name: str, work: Path, kv_dtypes, prompt_len: int = 96, decode_steps: 
             recq: list = []
             lq = forward(model, toks, kv=kv, record=recq)
             lp = forward(model, toks, kv=kv, pin=pin)
+            # positions where some layer's router chose differently from f32's: rows at or after the
+            # first of them can inherit the changed choice through attention (a row before it cannot)
+            changed = [p for p in range(len(toks)) if any(not torch.equal(i32[p], iq[p])
+                                                          for (_, i32, _), (_, iq, _) in zip(rec32, recq))]
+            first_change = min(changed, default=len(toks))
             for pos in range(first, len(toks) - 1):
                 ref = l32[pos]
                 err = np.abs(lq[pos] - ref).max() / np.abs(ref).max()
@@ -159,7 +173,8 @@ def study(name: str, work: Path, kv_dtypes, prompt_len: int = 96, decode_steps: 
                 rows.append(dict(seq=s, pos=pos, err=float(err), err_pinned=float(err_pin), flipped_layers=flips,
                                  flip_margins=margins, decisive=bool(top2[1] - top2[0] > 0.05),
                                  agree=bool(np.argmax(lq[pos]) == np.argmax(ref)),
-                                 agree_pinned=bool(np.argmax(lp[pos]) == np.argmax(ref))))
+                                 agree_pinned=bool(np.argmax(lp[pos]) == np.argmax(ref)),
+                                 routing_clean=pos < first_change))
         errs = np.array([r["err"] for r in rows])
         pins = np.array([r["err_pinned"] for r in rows])
         worst = max(rows, key=lambda r: r["err"])
@@ -171,14 +186,19 @@ def study(name: str, work: Path, kv_dtypes, prompt_len: int = 96, decode_steps: 
                    agree_decisive_pinned=sum(r["decisive"] and r["agree_pinned"] for r in rows), rows_with_flips=sum(bool(r["flipped_layers"]) for r in rows),
                    worst_row=worst,
                    # rows whose own router choices all match f32's (earlier tokens' may not)
-                   worst_without_flip=float(max([r["err"] for r in rows if not r["flipped_layers"]], default=0)))
+                   worst_without_flip=float(max([r["err"] for r in rows if not r["flipped_layers"]], default=0)),
+                   # rows with no changed router choice at or before them in their sequence: unpinned,
+                   # their error is the cache's own
+                   clean_rows=sum(r["routing_clean"] for r in rows),
+                   worst_clean=float(max([r["err"] for r in rows if r["routing_clean"]], default=0)))
         out[kv] = res
         log(f"{name:<10} {kv:<5} rounded: worst {res['worst']:.2e} p90 {res['p90']:.2e} | routing pinned to f32's: "
             f"worst {res['worst_pinned']:.2e} p90 {res['p90_pinned']:.2e} | greedy = f32 on decisive rows "
             f"{res['agree_decisive']}/{res['decisive']} (pinned {res['agree_decisive_pinned']}) | router choices changed: {n_flip} "
             f"(in {res['rows_with_flips']}/{len(rows)} rows); worst row seq {worst['seq']} pos {worst['pos']} "
             f"flipped layers {worst['flipped_layers']} f32 margins {[round(m, 6) for m in worst['flip_margins']]}; "
-            f"worst row without a flip {res['worst_without_flip']:.2e}")
+            f"worst row without a flip {res['worst_without_flip']:.2e}; worst of the {res['clean_rows']} rows with no "
+            f"changed choice up to them {res['worst_clean']:.2e}")
     return out
 
 
@@ -186,12 +206,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--configs", default="v3-like,kimi-like")
     ap.add_argument("--kv-dtypes", default="f16,bf16,int8,fp8")
+    ap.add_argument("--num-seqs", type=int, default=4, help="prompts (seed: the checkpoint's, as kv_dtype_accuracy)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     results = {}
     with tempfile.TemporaryDirectory(prefix="kv_routing_") as tmp:
         for name in args.configs.split(","):
-            results[name] = study(name, Path(tmp), args.kv_dtypes.split(","))
+            results[name] = study(name, Path(tmp), args.kv_dtypes.split(","), num_seqs=args.num_seqs)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
     return 0

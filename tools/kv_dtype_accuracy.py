@@ -110,8 +110,8 @@ def measure(name: str, work: Path, kv_dtypes=KV_DTYPES, prompt_len: int = 96, de
     cfg = json.loads((ckpt / "config.json").read_text())
     r, dr, layers, vocab = cfg["kv_lora_rank"], cfg["qk_rope_head_dim"], cfg["num_hidden_layers"], cfg["vocab_size"]
     rng = np.random.default_rng(SEEDS[name])
-    prompts = {f"s{i}": rng.integers(2, vocab, prompt_len + 7 * i).tolist() for i in range(num_seqs)}
-    num_blocks = num_seqs * ((prompt_len + 7 * num_seqs + decode_steps) // 16 + 2)
+    prompts = {f"s{i}": rng.integers(2, vocab, prompt_len + 7 * (i % 8)).tolist() for i in range(num_seqs)}
+    num_blocks = num_seqs * ((prompt_len + 7 * 7 + decode_steps) // 16 + 2)
     runners = {kv: Runner(export(ckpt, work / name / kv, kv), kv, layers, r, dr, num_blocks, seed=SEEDS[name])
                for kv in ("f32",) + tuple(k for k in kv_dtypes if k != "f32")}
 
@@ -156,12 +156,14 @@ def main(argv=None) -> int:
     ap.add_argument("--kv-dtypes", default=",".join(KV_DTYPES))
     ap.add_argument("--prompt-len", type=int, default=96)
     ap.add_argument("--decode-steps", type=int, default=24)
+    ap.add_argument("--num-seqs", type=int, default=4, help="sequences (prompt seed: the checkpoint seed)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     results = {}
     with tempfile.TemporaryDirectory(prefix="kv_accuracy_") as tmp:
         for name in args.configs.split(","):
-            results[name] = measure(name, Path(tmp), args.kv_dtypes.split(","), args.prompt_len, args.decode_steps)
+            results[name] = measure(name, Path(tmp), args.kv_dtypes.split(","), args.prompt_len, args.decode_steps,
+                                    args.num_seqs)
     print("\n| model | cache | bytes/token/layer (576 wide) | logits max rel err vs f32: median / p90 / worst | greedy = f32 (decisive steps) | largest margin flipped |")
     print("|---|---|---:|---|---:|---:|")
     from mla_export.kv_formats import row_bytes

@@ -3,13 +3,14 @@
 figures). Exported graphs at f32 inference precision with f32 weights, teacher-forced by the f32
 cache's greedy tokens, so the only difference between the runs is the cache's rounding.
 
-The bounds are the issue's targets where they hold on every step, and otherwise the measured
-behaviour with margin: a random-weight MoE model's routing is discontinuous, so any cache
-rounding (bf16 included) can flip an expert at a near-tie and move one step's logits by far
-more than the rounding itself (tools/kv_cache_routing.py shows it: the worst f16 step is one
-router choice at an f32 score margin of 7e-5); those rare steps are why f16 is held to 2e-3 at
-the 90th percentile rather than the worst step, and fp8 to most rather than all decisive steps.
-int8 (4 group scales per row) meets the issue's target: every decisive greedy token."""
+The bounds are measured behaviour with margin on this short schedule (4 sequences, 12 decode
+steps, ~40 decisive steps per model), not the issue's targets in general: a random-weight MoE
+model's routing is discontinuous, so any cache rounding can flip an expert at a near-tie and move
+a step's logits by far more than the rounding itself. Over 32 sequences (docs/KV_CACHE.md) int8
+flips 0 / 2 / 4 of ~640 decisive greedy tokens and fp8 2 / 10 / 19, all but two of them through
+routing (routers pinned to f32's choices: int8 none, fp8 2); f16 none. Here f16 and int8 keep
+every decisive token and fp8 95%; f16's 2e-3 is held at the 90th percentile
+(tests/test_kv_cache_routing.py holds it on every row where routing agrees)."""
 
 from __future__ import annotations
 
@@ -40,9 +41,12 @@ def test_cache_formats_against_f32(measured):
     # f16: 10 mantissa bits, well inside 2e-3 on most steps and several times closer than bf16.
     assert m["f16"]["p90_rel_err"] <= 2e-3, m["f16"]
     assert m["f16"]["median_rel_err"] <= m["bf16"]["median_rel_err"] / 4, (m["f16"], m["bf16"])
-    # int8 (7 bits + sign per group of r/4) and fp8 (3 mantissa bits): measured medians ~4e-3 / ~3e-2.
+    # int8 (7 bits + sign per group of r/4) and fp8 (3 mantissa bits): medians over 32 sequences
+    # 4.2e-3 .. 5.3e-3 and 2.5e-2 .. 3.2e-2.
     assert m["int8"]["median_rel_err"] <= 1e-2, m["int8"]
     assert m["fp8"]["median_rel_err"] <= 6e-2, m["fp8"]
+    assert m["f16"]["median_rel_err"] < m["bf16"]["median_rel_err"] < m["int8"]["median_rel_err"] \
+        < m["fp8"]["median_rel_err"], {k: v["median_rel_err"] for k, v in m.items()}
     assert m["fp8"]["agree_decisive"] >= 0.95 * m["fp8"]["decisive"], (name, m["fp8"])
     for kv in ("f16", "int8"):
         assert m[kv]["agree_decisive"] == m[kv]["decisive"], (name, kv, m[kv])

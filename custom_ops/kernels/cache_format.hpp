@@ -8,8 +8,8 @@
 //   fp8   r x e4m3fn    | 1 x f32 scale | dr x bf16 k_pe (r + 4 + 2dr bytes;  644)
 // int8/fp8 quantise only the latent part kv_c, in G = scale_groups() equal groups of r / G
 // values with one f32 scale each: int8 4 groups (128 values at r = 512: DeepSeek's own fp8 entry
-// layout; it removed the int8 cache's greedy flips on the test models), fp8 one per row (its 3
-// mantissa bits, not the range, limit it: groups did not help; docs/KV_CACHE.md). The scales sit
+// layout; a uniform step shrinks with the group's maximum), fp8 one per row (its 3 mantissa bits
+// are relative to each value, so a scale layout barely changes its error; docs/KV_CACHE.md). The scales sit
 // between codes and k_pe so that one row read brings everything. k_pe keeps bf16 as in
 // DeepSeek's entry: rotary keys need the range. Value = code * scale; the write picks
 // scale = max|group| / 127 (int8) or / 448 (fp8), so the largest value maps to the largest

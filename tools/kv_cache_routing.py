@@ -16,8 +16,11 @@ token and the decode steps): the worst and 90th-percentile logits error of `roun
 `pinned` against f32 (max |l - l32| / max |l32|), how many (row, layer) router choices differ
 from f32's, and for the worst row the f32 router's margin between its k-th and (k+1)-th
 expert (a near-tie is a margin far below the score change the rounding causes).
+It also prints the worst unpinned error over the rows with no changed router choice at or
+before them in their sequence: their error is the cache's own (a row after a changed choice can
+inherit it through attention even when its own choices match).
 
-    python tools/kv_cache_routing.py --configs kimi-like --kv-dtypes f16,bf16
+    python tools/kv_cache_routing.py --configs kimi-like,v3-like --kv-dtypes f16,bf16,int8,fp8 --num-seqs 32
 
 Needs torch + transformers (like the export). Precision: f32 throughout; the only rounding is the
 cache format's.

@@ -10,7 +10,7 @@ max relative error against the f32 cache (max |l - l32| / max |l32|) and whether
 token equals f32's; agreement is counted on the decisive steps, where f32's top-2 logit margin
 exceeds 0.05 (the f32 cache itself matches transformers to 1e-4, tests/test_export_models.py).
 
-    python tools/kv_dtype_accuracy.py                 # the table in docs/KV_CACHE.md
+    python tools/kv_dtype_accuracy.py --num-seqs 32   # the table in docs/KV_CACHE.md (4 by default)
     python tools/kv_dtype_accuracy.py --json out.json
 
 Needs torch + transformers (to make the checkpoints), like the export.

@@ -41,23 +41,34 @@ def offline(model_dir):
 
 @pytest.fixture(scope="module")
 def cluster(model_dir):
+    """As `mla-export serve --replicas 2` runs it: direct ingress on `port` (the Serve controller
+    reads its flags from the environment the local cluster inherits; flags.py)."""
     from mla_export.server.ray_serve.deployments import RaySettings, build_application
+    from mla_export.server.ray_serve.flags import serve_env
 
     port = free_port()
+    env = serve_env(port)
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     ray.init(num_cpus=4, include_dashboard=False, logging_level="ERROR", log_to_driver=False,
              object_store_memory=100 << 20)
     try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        serve.start(http_options={"host": "127.0.0.1", "port": free_port()})  # Ray Serve's proxy: idle
         settings = RaySettings(out_dir=str(model_dir), model_name="tiny", replicas=2, max_num_seqs=16, max_queue=64,
                                engine_kwargs={"precision": PRECISION, "num_threads": 1,
                                               "max_num_batched_tokens": 256},
-                               replica_cpus=1.0, shutdown_timeout_s=10.0)
+                               replica_cpus=1.0, shutdown_timeout_s=10.0, http_port=port)
         serve.run(build_application(settings), name="mla-test", route_prefix="/")
         yield f"http://127.0.0.1:{port}"
         serve.delete("mla-test")
         serve.shutdown()
     finally:
         ray.shutdown()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def replicas(base: str) -> dict[str, dict[str, float]]:

@@ -14,8 +14,13 @@ Policy per request (one `choose_replicas` call):
 1. The replicas that served the longest run of this prompt's leading blocks are the first
    rank, unless one of them is busier than the least busy replica by more than
    `imbalanced_threshold` ongoing requests (then affinity gives way to load).
-2. Everyone else is the next rank (Ray Serve takes the least loaded of a rank, and moves to
-   the next rank when the first is at max_ongoing_requests).
+2. Everyone else follows, least loaded first (Ray Serve takes the least loaded of a rank, and
+   moves to the next rank when the first is at max_ongoing_requests).
+A prompt no replica holds goes to the least loaded replicas first. Load is Ray Serve's own
+count of calls per replica as this router knows it (incremented as calls are sent); a replica
+with no count yet counts 0: Ray Serve would otherwise keep choosing the one replica it has a
+count for while it probes the other. Ties are broken at random (a burst of new streams is
+routed before any count comes back: in a fixed order all of it would land on one replica).
 A call without prompt ids (`describe`) goes to any replica.
 
 Per-replica stats (the replicas' `record_routing_stats`, delivered to routers by the Ray
@@ -25,6 +30,7 @@ Serve controller) are also what the ingress's /metrics shows (registry.py).
 from __future__ import annotations
 
 import collections
+import random
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
@@ -66,8 +72,8 @@ class PrefixAffinityRouter(RequestRouter):
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
         chain = self._prompt_chain(pending_request)
-        if not chain or len(candidate_replicas) < 2:
-            return [candidate_replicas]
+        if len(candidate_replicas) < 2 or pending_request is None or not pending_request.args:
+            return [random.sample(candidate_replicas, len(candidate_replicas))]
         by_id = {r.replica_id: r for r in candidate_replicas}
         best: set[ReplicaID] = set()
         for h in chain:  # the longest run of leading blocks some candidate holds
@@ -76,12 +82,23 @@ class PrefixAffinityRouter(RequestRouter):
                 break
             best = owners
         if not best:
-            return [candidate_replicas]
+            return self._by_load(candidate_replicas)
         least = min(self._load(r) for r in candidate_replicas)
         first = [by_id[rid] for rid in best if self._load(by_id[rid]) - least <= self._imbalanced_threshold]
         if not first:
-            return [candidate_replicas]
+            return self._by_load(candidate_replicas)
         rest = [r for r in candidate_replicas if r.replica_id not in best]
+        return [first, *self._by_load(rest)] if rest else [first]
+
+    def _by_load(self, replicas: list[RunningReplica]) -> list[list[RunningReplica]]:
+        """Ranks: the least loaded replicas, then the others; each in random order, because Ray
+        Serve breaks ties by order and a burst of calls is routed before any count comes back
+        (in order, every call of the burst would go to the first replica)."""
+        least = min(self._load(r) for r in replicas)
+        first = [r for r in replicas if self._load(r) == least]
+        rest = [r for r in replicas if self._load(r) != least]
+        random.shuffle(first)
+        random.shuffle(rest)
         return [first, rest] if rest else [first]
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result) -> None:

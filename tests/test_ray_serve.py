@@ -9,6 +9,7 @@ replica. Skipped only when ray is not installed (CI installs it with the test ex
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import time
@@ -256,3 +257,116 @@ def test_deltas_accumulate_into_the_engines_outputs():
     assert got[-1].num_prompt_tokens == 2 and got[0].num_prompt_tokens == 0
     none = Accumulator().add(delta_of(RequestOutput("s", [1], [5], [5], None, False, None, m)))
     assert none.text is None  # a model without a tokenizer has no text
+
+
+# ---- the output channel (channel.py), on this machine's loopback ---------------------------------
+
+def _out(rid, ids, new, fin=False):
+    from mla_export.runtime.engine import RequestMetrics, RequestOutput
+
+    return RequestOutput(rid, [1, 2, 3], list(ids), [new], None, fin, "length" if fin else None,
+                         RequestMetrics(0.0, None, None, 0, 0))
+
+
+async def _channel_pair(interval_s=0.0, token="t" * 32):
+    from mla_export.server.ray_serve.channel import ChannelServer
+
+    server = ChannelServer(interval_s)
+    await server.start("127.0.0.1")
+    return server, server.outbox(token)
+
+
+def _reader(address, token):
+    from mla_export.server.ray_serve.channel import ChannelReader
+
+    frames, closed = [], asyncio.get_running_loop().create_future()
+    reader = ChannelReader(address, token, frames.append,
+                           lambda reason: closed.done() or closed.set_result(reason))
+    return reader, frames, closed
+
+
+async def _until(cond, what):
+    for _ in range(500):
+        if cond():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_channel_sends_one_frame_per_engine_step_for_all_calls():
+    from mla_export.server.engine_loop import Aborted
+    from mla_export.server.ray_serve.channel import CallSink
+    from mla_export.server.ray_serve.wire import Delta
+
+    async def run():
+        server, box = await _channel_pair()
+        a, b = CallSink(box, ["a0", "a1"]), CallSink(box, ["b0"])
+        loop = asyncio.get_running_loop()
+        # Outputs put before the ingress connects wait in the outbox.
+        loop.call_soon(lambda: [a.put_nowait(_out("a0", [7], 7)), b.put_nowait(_out("b0", [5], 5))])
+        await asyncio.sleep(0.05)
+        reader, frames, closed = _reader(server.address, "t" * 32)
+        await _until(lambda: len(frames) == 1, "the buffered frame")
+        assert [(d.request_id, d.new_token_ids) for d in frames[0]] == [("a0", [7]), ("b0", [5])]
+        # One engine step's hand-over (one callback, as EngineLoop._deliver does) is one frame.
+        loop.call_soon(lambda: [a.put_nowait(_out("a0", [7, 8], 8, fin=True)),
+                                a.put_nowait(Aborted("a1", "error", "boom")),
+                                b.put_nowait(_out("b0", [5, 6], 6))])
+        await _until(lambda: len(frames) == 2, "the step's frame")
+        step = frames[1]
+        assert isinstance(step[0], Delta) and step[0].finished and step[0].text is None and step[0].num_prompt_tokens == 3
+        assert isinstance(step[1], Aborted) and (step[1].request_id, step[1].error) == ("a1", "boom")
+        assert a.done.is_set() and not b.done.is_set() and b.pending == {"b0"}
+        server.close()  # the replica goes away: the ingress hears it
+        assert await asyncio.wait_for(closed, 10) == "closed by the replica"
+        assert len(frames) == 2
+
+    asyncio.run(run())
+
+
+def test_channel_sends_nothing_to_a_wrong_token():
+    async def run():
+        server, box = await _channel_pair(token="right" * 8)
+        asyncio.get_running_loop().call_soon(lambda: box.put(_out("x", [1], 1)))
+        _, frames, closed = _reader(server.address, "wrong" * 8)
+        assert await asyncio.wait_for(closed, 10) == "closed by the replica"
+        assert frames == [] and not box.connected
+        _, frames, _ = _reader(server.address, "right" * 8)
+        await _until(lambda: frames, "the right token's frame")
+        assert frames[0][0].request_id == "x"
+        server.close()
+
+    asyncio.run(run())
+
+
+def test_channel_interval_holds_middle_steps_but_never_a_first_or_last_output():
+    async def run():
+        server, box = await _channel_pair(interval_s=60.0)  # far longer than the test: only urgency flushes
+        _, frames, _ = _reader(server.address, "t" * 32)
+        await _until(lambda: box.connected, "the connection")
+        loop = asyncio.get_running_loop()
+        loop.call_soon(box.put, _out("s", [1], 1))  # first output: at once
+        await _until(lambda: len(frames) == 1, "the first token")
+        for k in (2, 3):  # middle steps: held
+            loop.call_soon(box.put, _out("s", list(range(1, k + 1)), k))
+        await asyncio.sleep(0.2)
+        assert len(frames) == 1
+        loop.call_soon(box.put, _out("s", [1, 2, 3, 4], 4, fin=True))  # the last: flushes all held
+        await _until(lambda: len(frames) == 2, "the held steps")
+        assert [d.new_token_ids for d in frames[1]] == [[2], [3], [4]] and frames[1][-1].finished
+        server.close()
+
+    asyncio.run(run())
+
+
+def test_wire_items_round_trip_and_malformed_ones_are_named():
+    from mla_export.server.engine_loop import Aborted
+    from mla_export.server.ray_serve.wire import delta_of, from_wire, to_wire
+
+    d = delta_of(_out("r", [4, 5], 5, fin=True))
+    assert from_wire(json.loads(json.dumps(to_wire(d)))) == d
+    ab = Aborted("r", "error", "x")
+    assert from_wire(to_wire(ab)) == ab
+    for bad in (["z", 1], ["d", "r"], "d", ["d", "r", ["x"], None, False, None, None, None, 0]):
+        with pytest.raises(ValueError, match="output channel"):
+            from_wire(bad)

@@ -30,6 +30,9 @@ from .router import PrefixAffinityRouter
 __all__ = ["build_application", "app_builder", "RaySettings", "ENGINE_DEPLOYMENT", "INGRESS_DEPLOYMENT"]
 
 log = logging.getLogger("mla_export.server")
+# No access log line per call (as `mla-export serve`, whose uvicorn runs with access_log=False);
+# warnings and errors are still logged.
+_LOGGING = {"enable_access_log": False}
 ENGINE_DEPLOYMENT = "MLAEngine"
 INGRESS_DEPLOYMENT = "OpenAIIngress"
 
@@ -101,6 +104,7 @@ def build_application(settings: RaySettings):
         graceful_shutdown_timeout_s=settings.shutdown_timeout_s,
         graceful_shutdown_wait_loop_s=0.5,
         health_check_period_s=2.0,
+        logging_config=_LOGGING,
         request_router_config=RequestRouterConfig(
             request_router_class=PrefixAffinityRouter,
             request_router_kwargs={"block_size": facts.block_size,
@@ -114,7 +118,8 @@ def build_application(settings: RaySettings):
     ingress = serve.deployment(OpenAIIngress).options(
         name=INGRESS_DEPLOYMENT, num_replicas=1, ray_actor_options=settings.actor_options(num_cpus=0),
         max_ongoing_requests=max_replicas * settings.replica_capacity + 64,
-        graceful_shutdown_timeout_s=settings.shutdown_timeout_s, graceful_shutdown_wait_loop_s=0.5)
+        graceful_shutdown_timeout_s=settings.shutdown_timeout_s, graceful_shutdown_wait_loop_s=0.5,
+        logging_config=_LOGGING)
     return ingress.bind(engine, asdict(settings))
 
 

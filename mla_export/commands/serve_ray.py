@@ -55,7 +55,7 @@ def run_ray(args, out_dir: Path) -> int:
         print(f"mla-export serve: {missing_message(e.name or 'ray', '`mla-export serve --replicas`')}", file=sys.stderr)
         return 2
     if args.port == 0:
-        print("mla-export serve: --replicas needs a fixed --port (Ray Serve's proxy does not pick one)", file=sys.stderr)
+        print("mla-export serve: --replicas needs a fixed --port (the ingress replica serves that port)", file=sys.stderr)
         return 2
     if not 1 <= args.port <= 65534:
         print(f"mla-export serve: --port must be in 1..65534, got {args.port}", file=sys.stderr)
@@ -71,7 +71,7 @@ def run_ray(args, out_dir: Path) -> int:
         return 2
     settings = settings_from_args(args, out_dir)
     try:
-        app = build_application(settings)
+        build_application(settings)  # checks the export before Ray starts
     except (FileNotFoundError, ValueError) as e:
         print(f"mla-export serve: {e}", file=sys.stderr)
         return 2
@@ -85,6 +85,9 @@ def run_ray(args, out_dir: Path) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):  # after ray.init, which installs its own
         signal.signal(sig, lambda *_: stop.set())
     try:
+        # The endpoint is this machine's --host:--port: the ingress runs on this Ray node.
+        settings.ingress_node_ip = ray.util.get_node_ip_address()
+        app = build_application(settings)
         serve.start(http_options={"host": args.host, "port": free_port(args.host)})
         serve.run(app, name=APP_NAME, route_prefix="/")
         print(f"mla-export serve: model '{settings.model_name}' from {out_dir} on Ray Serve, {settings.replicas} "

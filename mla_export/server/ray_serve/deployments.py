@@ -57,6 +57,7 @@ class RaySettings:
     routing_stats_period_s: float = 1.0
     stream_interval_s: float = 0.0  # > 0: a replica sends a stream's later outputs at most this often (coalesced)
     http_port: int | None = None  # direct ingress on this port (flags.py); None: behind Ray Serve's proxy
+    ingress_node_ip: str | None = None  # pin the ingress (the HTTP endpoint) to this Ray node
 
     def actor_options(self, **kw) -> dict:
         """ray_actor_options of a deployment: with direct ingress, Ray Serve's flags in its runtime_env."""
@@ -116,7 +117,9 @@ def build_application(settings: RaySettings):
            stream_interval_s=settings.stream_interval_s)
     max_replicas = settings.autoscaling.get("max_replicas", settings.replicas) if settings.autoscaling else settings.replicas
     ingress = serve.deployment(OpenAIIngress).options(
-        name=INGRESS_DEPLOYMENT, num_replicas=1, ray_actor_options=settings.actor_options(num_cpus=0),
+        name=INGRESS_DEPLOYMENT, num_replicas=1,
+        ray_actor_options=settings.actor_options(num_cpus=0, **(
+            {"resources": {f"node:{settings.ingress_node_ip}": 0.001}} if settings.ingress_node_ip else {})),
         max_ongoing_requests=max_replicas * settings.replica_capacity + 64,
         graceful_shutdown_timeout_s=settings.shutdown_timeout_s, graceful_shutdown_wait_loop_s=0.5,
         logging_config=_LOGGING)

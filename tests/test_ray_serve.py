@@ -370,3 +370,22 @@ def test_wire_items_round_trip_and_malformed_ones_are_named():
     for bad in (["z", 1], ["d", "r"], "d", ["d", "r", ["x"], None, False, None, None, None, 0]):
         with pytest.raises(ValueError, match="output channel"):
             from_wire(bad)
+
+
+def test_channel_keeps_a_short_calls_outputs_until_its_ingress_connects():
+    from mla_export.server.ray_serve.channel import CallSink
+
+    async def run():
+        server, box = await _channel_pair()
+        sink = CallSink(box, ["s"])
+        box.calls += 1
+        asyncio.get_running_loop().call_soon(sink.put_nowait, _out("s", [3], 3, fin=True))
+        await sink.done.wait()
+        box.calls -= 1  # the call ended on the replica before the ingress connected
+        server.release("t" * 32)
+        _, frames, _ = _reader(server.address, "t" * 32)
+        await _until(lambda: frames, "the short call's outputs")
+        assert frames[0][0].finished
+        server.close()
+
+    asyncio.run(run())

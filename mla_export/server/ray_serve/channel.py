@@ -60,6 +60,7 @@ class Outbox:
         self._started: set[str] = set()  # sequences that have sent an output already
         self._last_flush = 0.0
         self.calls = 0  # calls of this ingress running on the replica
+        self.ever_connected = False
 
     def put(self, item) -> None:
         rid = item.request_id
@@ -80,6 +81,10 @@ class Outbox:
             delay = max(0.0, self._last_flush + self.interval_s - loop.time())
             self._handle = loop.call_later(delay, self._flush)
 
+    def forget(self, request_ids) -> None:
+        """Sequences aborted without a last output (their call was cancelled)."""
+        self._started.difference_update(request_ids)
+
     def _flush(self) -> None:
         self._handle = None
         self._urgent = False
@@ -96,6 +101,7 @@ class Outbox:
         if self._writer is not None and self._writer is not writer:
             self._writer.close()  # the ingress reconnected: the newer connection wins
         self._writer = writer
+        self.ever_connected = True
         self._flush()
 
     def detach(self, writer: asyncio.StreamWriter) -> None:
@@ -105,6 +111,11 @@ class Outbox:
     @property
     def connected(self) -> bool:
         return self._writer is not None
+
+    @property
+    def pending(self) -> int:
+        """Outputs not sent yet."""
+        return len(self._items)
 
     def close(self) -> None:
         if self._handle is not None:
@@ -159,9 +170,11 @@ class ChannelServer:
         return box
 
     def release(self, token: str) -> None:
-        """A call of this ingress ended: forget an outbox nobody is connected to or calling on."""
+        """Forget an outbox nobody is calling on or connected to any more. One that never had
+        its connection stays while it holds outputs: a short call can end before its ingress
+        has connected, and the ingress is about to fetch them."""
         box = self._outboxes.get(token)
-        if box is not None and box.calls == 0 and not box.connected:
+        if box is not None and box.calls == 0 and not box.connected and (box.ever_connected or not box.pending):
             box.close()
             del self._outboxes[token]
 

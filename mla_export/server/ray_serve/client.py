@@ -34,6 +34,7 @@ from ..engine_client import OutputQueue
 from ..engine_loop import Aborted, EngineDead, QueueFull, ShuttingDown
 from ..metrics import ServerMetrics
 from .channel import ChannelReader
+from . import registry
 from .registry import routing_stats_by_replica
 from .wire import Accumulator, EngineCall
 
@@ -154,6 +155,7 @@ class RayEngineClient:
             self._finish(key, call)
             raise
         call.replica = call.q.served_by = replica
+        registry.call_started(replica)  # the routers' load (router.py)
         self._open_channel(replica, address)
         call.task = asyncio.ensure_future(self._pump(key, call, gen))
         return call.q
@@ -275,6 +277,8 @@ class RayEngineClient:
     def _finish(self, key: int, call: _Call) -> None:
         if self._calls.pop(key, None) is None:
             return
+        if call.replica is not None:
+            registry.call_ended(call.replica)
         for rid in call.rids:
             if self._by_seq.get(rid) == key:
                 del self._by_seq[rid]

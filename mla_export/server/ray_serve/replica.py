@@ -88,6 +88,7 @@ class EngineReplica:
             finally:
                 if sink.pending:  # cancelled by the caller: free the engine's blocks
                     self.loop.abort(sorted(sink.pending))
+                    box.forget(sink.pending)
         finally:
             box.calls -= 1
             self.channel.release(call.channel)

@@ -16,11 +16,11 @@ Policy per request (one `choose_replicas` call):
    `imbalanced_threshold` ongoing requests (then affinity gives way to load).
 2. Everyone else follows, least loaded first (Ray Serve takes the least loaded of a rank, and
    moves to the next rank when the first is at max_ongoing_requests).
-A prompt no replica holds goes to the least loaded replicas first. Load is Ray Serve's own
-count of calls per replica as this router knows it (incremented as calls are sent); a replica
-with no count yet counts 0: Ray Serve would otherwise keep choosing the one replica it has a
-count for while it probes the other. Ties are broken at random (a burst of new streams is
-routed before any count comes back: in a fixed order all of it would land on one replica).
+A prompt no replica holds goes to the least loaded replica first. Load is the calls this
+ingress's client has running on the replica (registry.py: counted when accepted, until they
+end) plus the ones this router picked it for that it has not accepted yet. Not Ray Serve's own
+per-replica counts: a burst of new streams is routed before any of those come back, and on
+them the whole burst landed on one replica.
 A call without prompt ids (`describe`) goes to any replica.
 
 Per-replica stats (the replicas' `record_routing_stats`, delivered to routers by the Ray
@@ -66,8 +66,13 @@ class PrefixAffinityRouter(RequestRouter):
         return block_chain(ids, self._block_size) if ids else []
 
     def _load(self, r: RunningReplica) -> int:
-        q = self.replica_queue_len_cache.get(r.replica_id)
-        return 0 if q is None else q
+        """Calls on the replica: those this process's client has running there (exact, as they
+        are accepted and end) plus those the router picked it for that it has not accepted yet
+        (registry.py). Not Ray Serve's own count: a burst of calls is routed before any of its
+        counts come back, and on those the whole burst went to one replica."""
+        import mla_export.server.ray_serve.registry as registry  # by reference: see registry.py
+
+        return registry.load(r.replica_id.unique_id)
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
@@ -82,24 +87,25 @@ class PrefixAffinityRouter(RequestRouter):
                 break
             best = owners
         if not best:
-            return self._by_load(candidate_replicas)
+            return self._by_load(candidate_replicas, pending_request)
         least = min(self._load(r) for r in candidate_replicas)
         first = [by_id[rid] for rid in best if self._load(by_id[rid]) - least <= self._imbalanced_threshold]
         if not first:
-            return self._by_load(candidate_replicas)
+            return self._by_load(candidate_replicas, pending_request)
         rest = [r for r in candidate_replicas if r.replica_id not in best]
-        return [first, *self._by_load(rest)] if rest else [first]
+        return [first, *self._by_load(rest, None)] if rest else [first]  # affinity first: nothing to count
 
-    def _by_load(self, replicas: list[RunningReplica]) -> list[list[RunningReplica]]:
-        """Ranks: the least loaded replicas, then the others; each in random order, because Ray
-        Serve breaks ties by order and a burst of calls is routed before any count comes back
-        (in order, every call of the burst would go to the first replica)."""
-        least = min(self._load(r) for r in replicas)
-        first = [r for r in replicas if self._load(r) == least]
-        rest = [r for r in replicas if self._load(r) != least]
-        random.shuffle(first)
-        random.shuffle(rest)
-        return [first, rest] if rest else [first]
+    def _by_load(self, replicas: list[RunningReplica], pending_request: PendingRequest | None) -> list[list[RunningReplica]]:
+        """Ranks: the least loaded replica (ties broken at random), then the others by load.
+        The pick counts as load at once (once per call: Ray Serve asks again while it probes)."""
+        import mla_export.server.ray_serve.registry as registry  # by reference: see registry.py
+
+        loads = {r.replica_id: self._load(r) for r in replicas}
+        order = sorted(replicas, key=lambda r: (loads[r.replica_id], random.random()))
+        key = getattr(getattr(pending_request, "metadata", None), "internal_request_id", None)
+        if key is not None:
+            registry.picked(key, order[0].replica_id.unique_id)
+        return [[order[0]], order[1:]] if len(order) > 1 else [[order[0]]]
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result) -> None:
         for h in self._prompt_chain(pending_request):

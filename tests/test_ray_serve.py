@@ -389,3 +389,19 @@ def test_channel_keeps_a_short_calls_outputs_until_its_ingress_connects():
         server.close()
 
     asyncio.run(run())
+
+
+def test_router_load_counts_running_calls_and_picks_not_yet_accepted(monkeypatch):
+    from mla_export.server.ray_serve import registry
+
+    monkeypatch.setattr(registry, "_RUNNING", {})
+    monkeypatch.setattr(registry, "_PICKS", {})
+    for key, rep in (("q1", "A"), ("q2", "B"), ("q3", "A"), ("q1", "B")):  # q1 again: counted once
+        registry.picked(key, rep)
+    assert (registry.load("A"), registry.load("B")) == (2, 1)
+    registry.call_started("A")  # accepted: a pick of A becomes a running call there
+    assert registry.load("A") == 2 and len(registry._PICKS) == 2
+    registry.call_ended("A")
+    assert registry.load("A") == 1
+    monkeypatch.setattr(registry, "PICK_TTL_S", -1.0)  # picks never accepted (rejected, cancelled) stop counting
+    assert (registry.load("A"), registry.load("B")) == (0, 0) and registry._PICKS == {}

@@ -75,9 +75,12 @@ def run_ray(args, out_dir: Path) -> int:
     except (FileNotFoundError, ValueError) as e:
         print(f"mla-export serve: {e}", file=sys.stderr)
         return 2
-    from mla_export.server.ray_serve.flags import serve_env
+    from mla_export.server.ray_serve.flags import CONTROLLER_KEYS, serve_env
 
     env = serve_env(args.port)
+    if args.ray_address is not None:  # the running Serve controller read its flags when the head started
+        print("mla-export serve: joining a running cluster: its head node must have been started with "
+              + " ".join(f"{k}={env[k]}" for k in CONTROLLER_KEYS) + " (docs/RAY.md)", file=sys.stderr)
     os.environ.update(env)  # a local cluster started here inherits them (the Serve controller reads them)
     ray.init(address=args.ray_address, logging_level=args.log_level.upper(), include_dashboard=False,
              runtime_env={"env_vars": env})

@@ -405,3 +405,17 @@ def test_router_load_counts_running_calls_and_picks_not_yet_accepted(monkeypatch
     assert registry.load("A") == 1
     monkeypatch.setattr(registry, "PICK_TTL_S", -1.0)  # picks never accepted (rejected, cancelled) stop counting
     assert (registry.load("A"), registry.load("B")) == (0, 0) and registry._PICKS == {}
+
+
+def test_channel_to_an_address_nobody_serves_reports_why():
+    async def run():
+        import socket
+
+        with socket.socket() as s:  # a port that was free a moment ago: connection refused
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        _, frames, closed = _reader(f"127.0.0.1:{port}", "t" * 32)
+        reason = await asyncio.wait_for(closed, 20)
+        assert "ConnectionRefusedError" in reason and frames == []
+
+    asyncio.run(run())

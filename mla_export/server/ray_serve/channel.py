@@ -37,6 +37,7 @@ log = logging.getLogger("mla_export.server")
 HELLO = "MLA-CHANNEL-1"
 MAX_FRAME = 64 << 20  # a frame is one step's outputs: far below this; more is a broken peer
 _HELLO_TIMEOUT_S = 10.0
+CONNECT_TIMEOUT_S = 10.0  # an unreachable replica address fails its calls after this, not the OS's minutes
 
 
 def encode_frame(items: list) -> bytes:
@@ -235,7 +236,8 @@ class ChannelReader:
         reason = "closed by the replica"
         try:
             host, _, port = self.address.rpartition(":")
-            reader, self._writer = await asyncio.open_connection(host, int(port))
+            reader, self._writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)),
+                                                          CONNECT_TIMEOUT_S)
             self._writer.write(f"{HELLO} {self.token}\n".encode())
             await self._writer.drain()
             while True:
@@ -248,6 +250,8 @@ class ChannelReader:
             reason = "closed by the ingress"
         except asyncio.IncompleteReadError:
             reason = "closed by the replica"
+        except asyncio.TimeoutError:
+            reason = f"no connection to {self.address} within {CONNECT_TIMEOUT_S:g} s"
         except (OSError, ValueError) as e:
             reason = f"{type(e).__name__}: {e}"
         finally:

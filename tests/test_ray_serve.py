@@ -9,6 +9,7 @@ replica. Skipped only when ray is not installed (CI installs it with the test ex
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import time
@@ -41,23 +42,34 @@ def offline(model_dir):
 
 @pytest.fixture(scope="module")
 def cluster(model_dir):
+    """As `mla-export serve --replicas 2` runs it: direct ingress on `port` (the Serve controller
+    reads its flags from the environment the local cluster inherits; flags.py)."""
     from mla_export.server.ray_serve.deployments import RaySettings, build_application
+    from mla_export.server.ray_serve.flags import serve_env
 
     port = free_port()
+    env = serve_env(port)
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     ray.init(num_cpus=4, include_dashboard=False, logging_level="ERROR", log_to_driver=False,
              object_store_memory=100 << 20)
     try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        serve.start(http_options={"host": "127.0.0.1", "port": free_port()})  # Ray Serve's proxy: idle
         settings = RaySettings(out_dir=str(model_dir), model_name="tiny", replicas=2, max_num_seqs=16, max_queue=64,
                                engine_kwargs={"precision": PRECISION, "num_threads": 1,
                                               "max_num_batched_tokens": 256},
-                               replica_cpus=1.0, shutdown_timeout_s=10.0)
+                               replica_cpus=1.0, shutdown_timeout_s=10.0, http_port=port)
         serve.run(build_application(settings), name="mla-test", route_prefix="/")
         yield f"http://127.0.0.1:{port}"
         serve.delete("mla-test")
         serve.shutdown()
     finally:
         ray.shutdown()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def replicas(base: str) -> dict[str, dict[str, float]]:
@@ -245,3 +257,165 @@ def test_deltas_accumulate_into_the_engines_outputs():
     assert got[-1].num_prompt_tokens == 2 and got[0].num_prompt_tokens == 0
     none = Accumulator().add(delta_of(RequestOutput("s", [1], [5], [5], None, False, None, m)))
     assert none.text is None  # a model without a tokenizer has no text
+
+
+# ---- the output channel (channel.py), on this machine's loopback ---------------------------------
+
+def _out(rid, ids, new, fin=False):
+    from mla_export.runtime.engine import RequestMetrics, RequestOutput
+
+    return RequestOutput(rid, [1, 2, 3], list(ids), [new], None, fin, "length" if fin else None,
+                         RequestMetrics(0.0, None, None, 0, 0))
+
+
+async def _channel_pair(interval_s=0.0, token="t" * 32):
+    from mla_export.server.ray_serve.channel import ChannelServer
+
+    server = ChannelServer(interval_s)
+    await server.start("127.0.0.1")
+    return server, server.outbox(token)
+
+
+def _reader(address, token):
+    from mla_export.server.ray_serve.channel import ChannelReader
+
+    frames, closed = [], asyncio.get_running_loop().create_future()
+    reader = ChannelReader(address, token, frames.append,
+                           lambda reason: closed.done() or closed.set_result(reason))
+    return reader, frames, closed
+
+
+async def _until(cond, what):
+    for _ in range(500):
+        if cond():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_channel_sends_one_frame_per_engine_step_for_all_calls():
+    from mla_export.server.engine_loop import Aborted
+    from mla_export.server.ray_serve.channel import CallSink
+    from mla_export.server.ray_serve.wire import Delta
+
+    async def run():
+        server, box = await _channel_pair()
+        a, b = CallSink(box, ["a0", "a1"]), CallSink(box, ["b0"])
+        loop = asyncio.get_running_loop()
+        # Outputs put before the ingress connects wait in the outbox.
+        loop.call_soon(lambda: [a.put_nowait(_out("a0", [7], 7)), b.put_nowait(_out("b0", [5], 5))])
+        await asyncio.sleep(0.05)
+        reader, frames, closed = _reader(server.address, "t" * 32)
+        await _until(lambda: len(frames) == 1, "the buffered frame")
+        assert [(d.request_id, d.new_token_ids) for d in frames[0]] == [("a0", [7]), ("b0", [5])]
+        # One engine step's hand-over (one callback, as EngineLoop._deliver does) is one frame.
+        loop.call_soon(lambda: [a.put_nowait(_out("a0", [7, 8], 8, fin=True)),
+                                a.put_nowait(Aborted("a1", "error", "boom")),
+                                b.put_nowait(_out("b0", [5, 6], 6))])
+        await _until(lambda: len(frames) == 2, "the step's frame")
+        step = frames[1]
+        assert isinstance(step[0], Delta) and step[0].finished and step[0].text is None and step[0].num_prompt_tokens == 3
+        assert isinstance(step[1], Aborted) and (step[1].request_id, step[1].error) == ("a1", "boom")
+        assert a.done.is_set() and not b.done.is_set() and b.pending == {"b0"}
+        server.close()  # the replica goes away: the ingress hears it
+        assert await asyncio.wait_for(closed, 10) == "closed by the replica"
+        assert len(frames) == 2
+
+    asyncio.run(run())
+
+
+def test_channel_sends_nothing_to_a_wrong_token():
+    async def run():
+        server, box = await _channel_pair(token="right" * 8)
+        asyncio.get_running_loop().call_soon(lambda: box.put(_out("x", [1], 1)))
+        _, frames, closed = _reader(server.address, "wrong" * 8)
+        assert await asyncio.wait_for(closed, 10) == "closed by the replica"
+        assert frames == [] and not box.connected
+        _, frames, _ = _reader(server.address, "right" * 8)
+        await _until(lambda: frames, "the right token's frame")
+        assert frames[0][0].request_id == "x"
+        server.close()
+
+    asyncio.run(run())
+
+
+def test_channel_interval_holds_middle_steps_but_never_a_first_or_last_output():
+    async def run():
+        server, box = await _channel_pair(interval_s=60.0)  # far longer than the test: only urgency flushes
+        _, frames, _ = _reader(server.address, "t" * 32)
+        await _until(lambda: box.connected, "the connection")
+        loop = asyncio.get_running_loop()
+        loop.call_soon(box.put, _out("s", [1], 1))  # first output: at once
+        await _until(lambda: len(frames) == 1, "the first token")
+        for k in (2, 3):  # middle steps: held
+            loop.call_soon(box.put, _out("s", list(range(1, k + 1)), k))
+        await asyncio.sleep(0.2)
+        assert len(frames) == 1
+        loop.call_soon(box.put, _out("s", [1, 2, 3, 4], 4, fin=True))  # the last: flushes all held
+        await _until(lambda: len(frames) == 2, "the held steps")
+        assert [d.new_token_ids for d in frames[1]] == [[2], [3], [4]] and frames[1][-1].finished
+        server.close()
+
+    asyncio.run(run())
+
+
+def test_wire_items_round_trip_and_malformed_ones_are_named():
+    from mla_export.server.engine_loop import Aborted
+    from mla_export.server.ray_serve.wire import delta_of, from_wire, to_wire
+
+    d = delta_of(_out("r", [4, 5], 5, fin=True))
+    assert from_wire(json.loads(json.dumps(to_wire(d)))) == d
+    ab = Aborted("r", "error", "x")
+    assert from_wire(to_wire(ab)) == ab
+    for bad in (["z", 1], ["d", "r"], "d", ["d", "r", ["x"], None, False, None, None, None, 0]):
+        with pytest.raises(ValueError, match="output channel"):
+            from_wire(bad)
+
+
+def test_channel_keeps_a_short_calls_outputs_until_its_ingress_connects():
+    from mla_export.server.ray_serve.channel import CallSink
+
+    async def run():
+        server, box = await _channel_pair()
+        sink = CallSink(box, ["s"])
+        box.calls += 1
+        asyncio.get_running_loop().call_soon(sink.put_nowait, _out("s", [3], 3, fin=True))
+        await sink.done.wait()
+        box.calls -= 1  # the call ended on the replica before the ingress connected
+        server.release("t" * 32)
+        _, frames, _ = _reader(server.address, "t" * 32)
+        await _until(lambda: frames, "the short call's outputs")
+        assert frames[0][0].finished
+        server.close()
+
+    asyncio.run(run())
+
+
+def test_router_load_counts_running_calls_and_picks_not_yet_accepted(monkeypatch):
+    from mla_export.server.ray_serve import registry
+
+    monkeypatch.setattr(registry, "_RUNNING", {})
+    monkeypatch.setattr(registry, "_PICKS", {})
+    for key, rep in (("q1", "A"), ("q2", "B"), ("q3", "A"), ("q1", "B")):  # q1 again: counted once
+        registry.picked(key, rep)
+    assert (registry.load("A"), registry.load("B")) == (2, 1)
+    registry.call_started("A")  # accepted: a pick of A becomes a running call there
+    assert registry.load("A") == 2 and len(registry._PICKS) == 2
+    registry.call_ended("A")
+    assert registry.load("A") == 1
+    monkeypatch.setattr(registry, "PICK_TTL_S", -1.0)  # picks never accepted (rejected, cancelled) stop counting
+    assert (registry.load("A"), registry.load("B")) == (0, 0) and registry._PICKS == {}
+
+
+def test_channel_to_an_address_nobody_serves_reports_why():
+    async def run():
+        import socket
+
+        with socket.socket() as s:  # a port that was free a moment ago: connection refused
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        _, frames, closed = _reader(f"127.0.0.1:{port}", "t" * 32)
+        reason = await asyncio.wait_for(closed, 20)
+        assert "ConnectionRefusedError" in reason and frames == []
+
+    asyncio.run(run())

@@ -141,10 +141,14 @@ class EngineLoop:
         return {}
 
     # ---- asyncio side ----------------------------------------------------------------------
-    async def submit(self, seqs: list[SeqRequest]) -> asyncio.Queue:
+    async def submit(self, seqs: list[SeqRequest], queue=None):
         """Add the sequences to the engine (all or none); their outputs (`RequestOutput`, or
         `Aborted`) arrive on the one queue returned. Raises QueueFull, ShuttingDown,
-        EngineDead, or the engine's own ValueError for a request it rejects."""
+        EngineDead, or the engine's own ValueError for a request it rejects.
+
+        `queue`: where to put the outputs instead of a new `OutputQueue` (anything with
+        `put_nowait`, called on this event loop; the Ray replica passes its output channel,
+        which turns one engine step's outputs of every call into one message)."""
         if self._stopping:
             raise ShuttingDown()
         if self._dead is not None:
@@ -154,7 +158,7 @@ class EngineLoop:
                 raise QueueFull()
             self._in_flight += len(seqs)
         loop = asyncio.get_running_loop()
-        q: asyncio.Queue = OutputQueue()
+        q = OutputQueue() if queue is None else queue
         fut: concurrent.futures.Future = concurrent.futures.Future()
         self._cmds.put(("add", [(s, q, loop) for s in seqs], fut))
         try:

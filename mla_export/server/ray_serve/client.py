@@ -2,13 +2,19 @@
 through a Ray Serve deployment handle (routed by `PrefixAffinityRouter`), outputs come back on
 the `OutputQueue` the HTTP handlers read, exactly as from an in-process `EngineLoop`.
 
+Each call is a Ray Serve streaming call whose stream says only "accepted" (naming the replica
+and its output channel) and, at the end, the replica's stats; the outputs arrive on the one
+output channel per replica (channel.py), a frame per engine step for all calls, and are
+handed to each call's queue here.
+
 Admission: the client counts the sequences in flight against the sum of the replicas'
 capacities (QueueFull -> 429 as in `mla-export serve`); each replica still checks its own.
 
 Faults: a call whose replica dies before it accepted is sent again (nothing was generated,
 so a retry is invisible; Ray Serve routes it to a live replica); a replica that dies after
-accepting ends only that call's sequences, each with an `Aborted(reason="error")` (the HTTP
-layer sends it as one SSE error event). Cancelling (abort, disconnect) cancels the call's
+accepting ends only its calls' sequences, each with an `Aborted(reason="error")` (the HTTP
+layer sends it as one SSE error event): its call streams fail and its channel closes,
+whichever is noticed first. Cancelling (abort, disconnect) cancels the call's
 stream, which aborts its sequences in the replica's engine.
 
 Metrics: time to first token, token gaps and ends are observed here, at the ingress (so they
@@ -19,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import threading
 import time
 from dataclasses import dataclass, field
@@ -26,6 +33,8 @@ from dataclasses import dataclass, field
 from ..engine_client import OutputQueue
 from ..engine_loop import Aborted, EngineDead, QueueFull, ShuttingDown
 from ..metrics import ServerMetrics
+from .channel import ChannelReader
+from . import registry
 from .registry import routing_stats_by_replica
 from .wire import Accumulator, EngineCall
 
@@ -42,11 +51,16 @@ ACCEPT_ATTEMPTS = 4  # a call whose replica died before accepting is re-routed t
 class _Call:
     ids: set[str]  # its sequences not yet ended
     n: int  # its sequences, counted against the capacity until the call ends
+    rids: tuple  # all its sequences
     arrival: float
+    q: OutputQueue
     task: asyncio.Task | None = None
+    replica: str | None = None  # once accepted
     aborted: set[str] = field(default_factory=set)
     first: dict[str, float] = field(default_factory=dict)
     last: dict[str, float] = field(default_factory=dict)
+    acc: Accumulator = field(default_factory=Accumulator)
+    ended: asyncio.Event = field(default_factory=asyncio.Event)  # set once `ids` is empty
 
 
 class RayEngineClient:
@@ -62,6 +76,8 @@ class RayEngineClient:
         self._snapshots: dict[str, dict] = {}  # replica -> its latest stats (from a call's end)
         self._lock = threading.Lock()  # stats() runs in the metrics handler, snapshots in pumps
         self._next = 0
+        self._token = secrets.token_hex(16)  # names this ingress to the replicas' output channels
+        self._channels: dict[str, ChannelReader] = {}  # replica id -> its output channel
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -74,6 +90,8 @@ class RayEngineClient:
         for call in list(self._calls.values()):
             if call.task is not None:
                 call.task.get_loop().call_soon_threadsafe(call.task.cancel)
+        for ch in list(self._channels.values()):
+            ch.task.get_loop().call_soon_threadsafe(ch.close)
         return self.stats()
 
     @property
@@ -123,20 +141,24 @@ class RayEngineClient:
         if self._in_flight + len(seqs) > self.capacity:
             raise QueueFull()
         self._in_flight += len(seqs)
-        try:
-            gen, replica = await self._accepted(EngineCall(list(seqs)))
-        except BaseException:
-            self._in_flight -= len(seqs)
-            raise
-        q = OutputQueue()
-        q.served_by = replica
         key = self._next = self._next + 1
-        call = _Call(ids={s.request_id for s in seqs}, n=len(seqs), arrival=time.monotonic())
+        call = _Call(ids={s.request_id for s in seqs}, n=len(seqs), rids=tuple(s.request_id for s in seqs),
+                     arrival=time.monotonic(), q=OutputQueue())
+        # Registered before the call is sent: its first outputs may come on a channel that is
+        # already open before the call's "accepted" is read.
         self._calls[key] = call
         for s in seqs:
             self._by_seq[s.request_id] = key
-        call.task = asyncio.ensure_future(self._pump(key, call, gen, q, replica))
-        return q
+        try:
+            gen, replica, address = await self._accepted(EngineCall(list(seqs), self._token))
+        except BaseException:
+            self._finish(key, call)
+            raise
+        call.replica = call.q.served_by = replica
+        registry.call_started(replica)  # the routers' load (router.py)
+        self._open_channel(replica, address)
+        call.task = asyncio.ensure_future(self._pump(key, call, gen))
+        return call.q
 
     async def _accepted(self, ec: EngineCall):
         from ray.exceptions import ActorUnavailableError, RayActorError
@@ -153,7 +175,7 @@ class RayEngineClient:
             except StopAsyncIteration:
                 raise EngineDead("the engine replica ended the call without an answer") from None
             if kind == "accepted":
-                return gen, a
+                return gen, a, b
             if kind == "rejected":
                 if a == "queue_full":
                     raise QueueFull()
@@ -165,32 +187,69 @@ class RayEngineClient:
             raise EngineDead(f"unexpected first message from an engine replica: {kind!r}")
         raise EngineDead(f"no engine replica accepted the request after {ACCEPT_ATTEMPTS} attempts")
 
-    async def _pump(self, key: int, call: _Call, gen, q: OutputQueue, replica: str) -> None:
-        acc = Accumulator()
+    # ---- output channels ---------------------------------------------------------------------
+    def _open_channel(self, replica: str, address: str) -> None:
+        if replica not in self._channels and not self._stopping:
+            self._channels[replica] = ChannelReader(
+                address, self._token, self._on_items,
+                lambda reason, replica=replica: self._on_channel_closed(replica, reason))
+
+    def _on_items(self, items: list) -> None:
+        """One frame: one engine step's outputs of this ingress's calls on one replica."""
+        by_call: dict[int, list] = {}
+        for it in items:
+            key = self._by_seq.get(it.request_id)
+            if key is not None:
+                by_call.setdefault(key, []).append(it)
+        for key, its in by_call.items():
+            call = self._calls.get(key)
+            if call is not None:
+                self._deliver(call, its)
+
+    def _deliver(self, call: _Call, items: list) -> None:
+        outs = [it if isinstance(it, Aborted) else call.acc.add(it) for it in items]
+        self._observe(call, outs)
+        for item in outs:
+            if item.request_id in call.aborted:
+                continue
+            if isinstance(item, Aborted) or item.finished:
+                call.ids.discard(item.request_id)
+            call.q.put_nowait(item)
+        if not call.ids - call.aborted:
+            call.ended.set()
+
+    def _on_channel_closed(self, replica: str, reason: str) -> None:
+        self._channels.pop(replica, None)
+        if self._stopping:
+            return
+        for call in list(self._calls.values()):
+            if call.replica == replica:
+                self._fail(call, f"engine replica {replica} failed: its output channel closed ({reason})")
+                if call.task is not None:
+                    call.task.cancel()  # and the call (if the replica still runs it, it aborts there)
+
+    def _fail(self, call: _Call, reason: str) -> None:
+        """End the call's unfinished sequences with an error (the replica died or broke)."""
+        for rid in sorted(call.ids - call.aborted):
+            self.metrics.observe_end("error", None, 0)
+            call.q.put_nowait(Aborted(rid, "error", reason))
+        call.ids.clear()
+        call.ended.set()
+
+    async def _pump(self, key: int, call: _Call, gen) -> None:
+        """The call's control stream: ends with the replica's stats once every sequence ended
+        there; the outputs themselves come on the channel (which may still be delivering)."""
         try:
             async for msg in gen:
-                kind, payload = msg[0], msg[1]
-                if kind == "out":
-                    payload = [it if isinstance(it, Aborted) else acc.add(it) for it in payload]
-                    self._observe(call, payload)
-                    for item in payload:
-                        if item.request_id in call.aborted:
-                            continue
-                        if isinstance(item, Aborted) or item.finished:
-                            call.ids.discard(item.request_id)
-                        q.put_nowait(item)
-                elif kind == "stats":
+                if msg[0] == "stats":
                     with self._lock:
-                        self._snapshots[replica] = dict(payload)
+                        self._snapshots[call.replica] = dict(msg[1])
+            await call.ended.wait()
         except asyncio.CancelledError:
             gen.cancel()
         except Exception as e:  # the replica died or failed mid-call: only this call's sequences end
-            log.warning("engine replica %s failed during a call: %s", replica, e)
-            reason = f"engine replica {replica} failed: {type(e).__name__}"
-            for rid in sorted(call.ids - call.aborted):
-                self.metrics.observe_end("error", None, 0)
-                q.put_nowait(Aborted(rid, "error", reason))
-            call.ids.clear()
+            log.warning("engine replica %s failed during a call: %s", call.replica, e)
+            self._fail(call, f"engine replica {call.replica} failed: {type(e).__name__}")
         finally:
             self._finish(key, call)
 
@@ -218,8 +277,10 @@ class RayEngineClient:
     def _finish(self, key: int, call: _Call) -> None:
         if self._calls.pop(key, None) is None:
             return
-        for rid in list(self._by_seq):
-            if self._by_seq[rid] == key:
+        if call.replica is not None:
+            registry.call_ended(call.replica)
+        for rid in call.rids:
+            if self._by_seq.get(rid) == key:
                 del self._by_seq[rid]
         self._in_flight -= call.n
 

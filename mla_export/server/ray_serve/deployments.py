@@ -23,12 +23,16 @@ from ..engine_client import ModelView
 from ..metrics import ServerMetrics
 from ..state import ServerState
 from .client import RayEngineClient
+from .flags import serve_env
 from .replica import EngineReplica
 from .router import PrefixAffinityRouter
 
 __all__ = ["build_application", "app_builder", "RaySettings", "ENGINE_DEPLOYMENT", "INGRESS_DEPLOYMENT"]
 
 log = logging.getLogger("mla_export.server")
+# No access log line per call (as `mla-export serve`, whose uvicorn runs with access_log=False);
+# warnings and errors are still logged.
+_LOGGING = {"enable_access_log": False}
 ENGINE_DEPLOYMENT = "MLAEngine"
 INGRESS_DEPLOYMENT = "OpenAIIngress"
 
@@ -52,6 +56,14 @@ class RaySettings:
     imbalanced_threshold: int = 4  # calls: more than this above the least busy replica ends affinity
     routing_stats_period_s: float = 1.0
     stream_interval_s: float = 0.0  # > 0: a replica sends a stream's later outputs at most this often (coalesced)
+    http_port: int | None = None  # direct ingress on this port (flags.py); None: behind Ray Serve's proxy
+    ingress_node_ip: str | None = None  # pin the ingress (the HTTP endpoint) to this Ray node
+
+    def actor_options(self, **kw) -> dict:
+        """ray_actor_options of a deployment: with direct ingress, Ray Serve's flags in its runtime_env."""
+        if self.http_port is not None:
+            kw["runtime_env"] = {"env_vars": serve_env(self.http_port)}
+        return kw
 
     @property
     def replica_capacity(self) -> int:
@@ -89,10 +101,11 @@ def build_application(settings: RaySettings):
     engine = serve.deployment(EngineReplica).options(
         name=ENGINE_DEPLOYMENT,
         max_ongoing_requests=settings.replica_capacity,
-        ray_actor_options={"num_cpus": settings.replica_cpus},
+        ray_actor_options=settings.actor_options(num_cpus=settings.replica_cpus),
         graceful_shutdown_timeout_s=settings.shutdown_timeout_s,
         graceful_shutdown_wait_loop_s=0.5,
         health_check_period_s=2.0,
+        logging_config=_LOGGING,
         request_router_config=RequestRouterConfig(
             request_router_class=PrefixAffinityRouter,
             request_router_kwargs={"block_size": facts.block_size,
@@ -104,16 +117,19 @@ def build_application(settings: RaySettings):
            stream_interval_s=settings.stream_interval_s)
     max_replicas = settings.autoscaling.get("max_replicas", settings.replicas) if settings.autoscaling else settings.replicas
     ingress = serve.deployment(OpenAIIngress).options(
-        name=INGRESS_DEPLOYMENT, num_replicas=1, ray_actor_options={"num_cpus": 0},
+        name=INGRESS_DEPLOYMENT, num_replicas=1,
+        ray_actor_options=settings.actor_options(num_cpus=0, **(
+            {"resources": {f"node:{settings.ingress_node_ip}": 0.001}} if settings.ingress_node_ip else {})),
         max_ongoing_requests=max_replicas * settings.replica_capacity + 64,
-        graceful_shutdown_timeout_s=settings.shutdown_timeout_s, graceful_shutdown_wait_loop_s=0.5)
+        graceful_shutdown_timeout_s=settings.shutdown_timeout_s, graceful_shutdown_wait_loop_s=0.5,
+        logging_config=_LOGGING)
     return ingress.bind(engine, asdict(settings))
 
 
 def app_builder(args: dict):
     """`serve run mla_export.server.ray_serve.deployments:app_builder out_dir=out/tiny replicas=2`."""
     known = {k: v for k, v in args.items() if k in RaySettings.__dataclass_fields__}
-    for k in ("replicas", "max_num_seqs", "max_queue", "imbalanced_threshold"):
+    for k in ("replicas", "max_num_seqs", "max_queue", "imbalanced_threshold", "http_port"):
         if k in known:
             known[k] = int(known[k])
     if "stream_interval_s" in known:

@@ -1,9 +1,11 @@
 """`EngineReplica`: one Ray Serve replica = one `LLMEngine` stepping in an `EngineLoop` thread.
 
-`generate(call)` is a streaming method (an async generator): it admits the call's sequences,
-then yields their outputs as the engine produces them. When the caller goes away (client
-disconnect, stop string, the ingress cancels) Ray cancels the generator, and its `finally`
-aborts what is still in the engine, so the blocks come back.
+`generate(call)` is a streaming method (an async generator) that admits the call's sequences,
+answers "accepted" (with the address of this replica's output channel), and ends with the
+replica's stats once every sequence has ended. The outputs go to the calling ingress's outbox
+on the output channel (channel.py): one frame per engine step for all of that ingress's calls.
+When the caller goes away (client disconnect, stop string, the ingress cancels) Ray cancels
+the generator, and its `finally` aborts what is still in the engine, so the blocks come back.
 
 `record_routing_stats` is Ray Serve's hook: the controller polls it and hands the result to the
 routers (our router and the ingress's per-replica metrics read it). `check_health` fails when
@@ -13,14 +15,14 @@ running calls (graceful_shutdown_timeout_s), then `__del__` stops the engine loo
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import time
 
-from ..engine_loop import Aborted, EngineDead, EngineLoop, QueueFull, ShuttingDown
+from ..engine_loop import EngineDead, EngineLoop, QueueFull, ShuttingDown
 from ..metrics import ServerMetrics
-from .wire import EngineCall, delta_of
+from .channel import CallSink, ChannelServer
+from .wire import EngineCall
 
 __all__ = ["EngineReplica"]
 
@@ -28,8 +30,9 @@ log = logging.getLogger("mla_export.server")
 
 
 class EngineReplica:
-    def __init__(self, out_dir: str, engine_kwargs: dict, *, max_num_seqs: int, max_queue: int, model_name: str,
-                 stream_interval_s: float = 0.0):
+    async def __init__(self, out_dir: str, engine_kwargs: dict, *, max_num_seqs: int, max_queue: int, model_name: str,
+                       stream_interval_s: float = 0.0):
+        import ray
         from ray import serve
 
         from mla_export.runtime.engine import LLMEngine
@@ -40,7 +43,8 @@ class EngineReplica:
         self.loop.start()
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         self.requests = 0
-        self.stream_interval_s = float(stream_interval_s)
+        self.channel = ChannelServer(float(stream_interval_s))
+        await self.channel.start(ray.util.get_node_ip_address())
 
     def describe(self) -> dict:
         """What the ingress needs before it serves: the context length this replica's cache
@@ -55,59 +59,39 @@ class EngineReplica:
         return s
 
     async def generate(self, call: EngineCall):
-        if not isinstance(call, EngineCall) or not call.seqs:
-            yield ("rejected", "invalid", "an engine call needs at least one sequence")
+        if not isinstance(call, EngineCall) or not call.seqs or not call.channel:
+            yield ("rejected", "invalid", "an engine call needs at least one sequence and the ingress's channel token")
             return
+        box = self.channel.outbox(call.channel)
+        sink = CallSink(box, [s.request_id for s in call.seqs])
+        box.calls += 1
         try:
-            q = await self.loop.submit(call.seqs)
-        except QueueFull:
-            yield ("rejected", "queue_full", f"replica {self.replica_id} is at capacity")
-            return
-        except ShuttingDown:
-            yield ("rejected", "shutting_down", f"replica {self.replica_id} is shutting down")
-            return
-        except EngineDead as e:
-            yield ("rejected", "engine_dead", str(e))
-            return
-        except ValueError as e:  # the engine's own validation of the request
-            yield ("rejected", "invalid", str(e))
-            return
-        self.requests += 1
-        pending = {s.request_id for s in call.seqs}
-        try:
-            yield ("accepted", self.replica_id, None)
-            sent_any = False
-            while pending:
-                items = [await q.get()]
-                while not q.empty():
-                    items.append(q.get_nowait())
-                if sent_any and self.stream_interval_s > 0:
-                    # Coalesce steps into one message (the first one goes at once: TTFT):
-                    # each message costs a hop to the ingress and one more to the proxy.
-                    await self._gather_for(q, items)
-                sent_any = True
-                for it in items:
-                    if isinstance(it, Aborted) or it.finished:
-                        pending.discard(it.request_id)
-                yield ("out", [it if isinstance(it, Aborted) else delta_of(it) for it in items])
-            yield ("stats", self.snapshot())
-        finally:
-            if pending:  # cancelled by the caller: free the engine's blocks
-                self.loop.abort(sorted(pending))
-
-    async def _gather_for(self, q, items: list) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.stream_interval_s
-        while not any(isinstance(it, Aborted) or it.finished for it in items):
-            left = deadline - loop.time()
-            if left <= 0:
-                return
             try:
-                items.append(await asyncio.wait_for(q.get(), left))
-            except asyncio.TimeoutError:
+                await self.loop.submit(call.seqs, queue=sink)
+            except QueueFull:
+                yield ("rejected", "queue_full", f"replica {self.replica_id} is at capacity")
                 return
-            while not q.empty():
-                items.append(q.get_nowait())
+            except ShuttingDown:
+                yield ("rejected", "shutting_down", f"replica {self.replica_id} is shutting down")
+                return
+            except EngineDead as e:
+                yield ("rejected", "engine_dead", str(e))
+                return
+            except ValueError as e:  # the engine's own validation of the request
+                yield ("rejected", "invalid", str(e))
+                return
+            self.requests += 1
+            try:
+                yield ("accepted", self.replica_id, self.channel.address)
+                await sink.done.wait()
+                yield ("stats", self.snapshot())
+            finally:
+                if sink.pending:  # cancelled by the caller: free the engine's blocks
+                    self.loop.abort(sorted(sink.pending))
+                    box.forget(sink.pending)
+        finally:
+            box.calls -= 1
+            self.channel.release(call.channel)
 
     def record_routing_stats(self) -> dict:
         return self.snapshot()
@@ -117,6 +101,9 @@ class EngineReplica:
             raise RuntimeError(f"engine loop of replica {self.replica_id} is down: {self.loop.dead_reason}")
 
     def __del__(self):
+        channel = getattr(self, "channel", None)
+        if channel is not None:
+            channel.close()
         loop = getattr(self, "loop", None)
         if loop is not None and not loop.stopping:
             stats = loop.stop(60.0)

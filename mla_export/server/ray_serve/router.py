@@ -14,8 +14,13 @@ Policy per request (one `choose_replicas` call):
 1. The replicas that served the longest run of this prompt's leading blocks are the first
    rank, unless one of them is busier than the least busy replica by more than
    `imbalanced_threshold` ongoing requests (then affinity gives way to load).
-2. Everyone else is the next rank (Ray Serve takes the least loaded of a rank, and moves to
-   the next rank when the first is at max_ongoing_requests).
+2. Everyone else follows, least loaded first (Ray Serve takes the least loaded of a rank, and
+   moves to the next rank when the first is at max_ongoing_requests).
+A prompt no replica holds goes to the least loaded replica first. Load is the calls this
+ingress's client has running on the replica (registry.py: counted when accepted, until they
+end) plus the ones this router picked it for that it has not accepted yet. Not Ray Serve's own
+per-replica counts: a burst of new streams is routed before any of those come back, and on
+them the whole burst landed on one replica.
 A call without prompt ids (`describe`) goes to any replica.
 
 Per-replica stats (the replicas' `record_routing_stats`, delivered to routers by the Ray
@@ -25,6 +30,7 @@ Serve controller) are also what the ingress's /metrics shows (registry.py).
 from __future__ import annotations
 
 import collections
+import random
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
@@ -60,14 +66,19 @@ class PrefixAffinityRouter(RequestRouter):
         return block_chain(ids, self._block_size) if ids else []
 
     def _load(self, r: RunningReplica) -> int:
-        q = self.replica_queue_len_cache.get(r.replica_id)
-        return 0 if q is None else q
+        """Calls on the replica: those this process's client has running there (exact, as they
+        are accepted and end) plus those the router picked it for that it has not accepted yet
+        (registry.py). Not Ray Serve's own count: a burst of calls is routed before any of its
+        counts come back, and on those the whole burst went to one replica."""
+        import mla_export.server.ray_serve.registry as registry  # by reference: see registry.py
+
+        return registry.load(r.replica_id.unique_id)
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
         chain = self._prompt_chain(pending_request)
-        if not chain or len(candidate_replicas) < 2:
-            return [candidate_replicas]
+        if len(candidate_replicas) < 2 or pending_request is None or not pending_request.args:
+            return [random.sample(candidate_replicas, len(candidate_replicas))]
         by_id = {r.replica_id: r for r in candidate_replicas}
         best: set[ReplicaID] = set()
         for h in chain:  # the longest run of leading blocks some candidate holds
@@ -76,13 +87,25 @@ class PrefixAffinityRouter(RequestRouter):
                 break
             best = owners
         if not best:
-            return [candidate_replicas]
+            return self._by_load(candidate_replicas, pending_request)
         least = min(self._load(r) for r in candidate_replicas)
         first = [by_id[rid] for rid in best if self._load(by_id[rid]) - least <= self._imbalanced_threshold]
         if not first:
-            return [candidate_replicas]
+            return self._by_load(candidate_replicas, pending_request)
         rest = [r for r in candidate_replicas if r.replica_id not in best]
-        return [first, rest] if rest else [first]
+        return [first, *self._by_load(rest, None)] if rest else [first]  # affinity first: nothing to count
+
+    def _by_load(self, replicas: list[RunningReplica], pending_request: PendingRequest | None) -> list[list[RunningReplica]]:
+        """Ranks: the least loaded replica (ties broken at random), then the others by load.
+        The pick counts as load at once (once per call: Ray Serve asks again while it probes)."""
+        import mla_export.server.ray_serve.registry as registry  # by reference: see registry.py
+
+        loads = {r.replica_id: self._load(r) for r in replicas}
+        order = sorted(replicas, key=lambda r: (loads[r.replica_id], random.random()))
+        key = getattr(getattr(pending_request, "metadata", None), "internal_request_id", None)
+        if key is not None:
+            registry.picked(key, order[0].replica_id.unique_id)
+        return [[order[0]], order[1:]] if len(order) > 1 else [[order[0]]]
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result) -> None:
         for h in self._prompt_chain(pending_request):

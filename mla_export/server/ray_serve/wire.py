@@ -1,20 +1,26 @@
-"""What the ingress sends an engine replica and what comes back (pickled by Ray).
+"""What the ingress sends an engine replica and what comes back.
 
 A call is one HTTP generation request: its sequences (n choices of one or more prompts) go to
-one replica together, so the choices share the prompt's prefix-cached blocks. The replica's
-stream is a series of messages:
+one replica together, so the choices share the prompt's prefix-cached blocks. The call is a
+Ray Serve streaming call (routed, counted, cancelled and drained by Ray Serve; pickled by Ray)
+whose stream carries only its control messages:
 
-    ("accepted", replica_id, None)              first, once the sequences are in its engine
+    ("accepted", replica_id, channel_address)   first, once the sequences are in its engine
     ("rejected", kind, message)                 or instead: kind in REJECT_KINDS
-    ("out", [Delta | Aborted, ...])             the engine's outputs of one or more steps, as deltas
-    ("stats", snapshot)                         last: the replica's stats after the call ended
+    ("stats", snapshot)                         last, once every sequence ended: the replica's stats
+
+The outputs themselves (`Delta` / `Aborted`) travel on the replica's output channel to that
+ingress (channel.py): one frame per engine step for all of the ingress's calls on the replica,
+each item encoded by `to_wire` as a JSON list.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["EngineCall", "REJECT_KINDS", "Delta", "delta_of", "Accumulator"]
+from ..engine_loop import Aborted
+
+__all__ = ["EngineCall", "REJECT_KINDS", "Delta", "delta_of", "Accumulator", "to_wire", "from_wire"]
 
 REJECT_KINDS = ("queue_full", "shutting_down", "engine_dead", "invalid")
 
@@ -22,6 +28,7 @@ REJECT_KINDS = ("queue_full", "shutting_down", "engine_dead", "invalid")
 @dataclass
 class EngineCall:
     seqs: list  # SeqRequest
+    channel: str = ""  # the calling ingress's channel token: where the replica sends the outputs
 
     @property
     def prompt_ids(self) -> list[int]:
@@ -82,3 +89,26 @@ class Accumulator:
         self._text[d.request_id] = text
         return Output(d.request_id, list(ids), list(d.new_token_ids), text, d.finished, d.finish_reason, d.error,
                       d.num_prompt_tokens)
+
+
+def to_wire(item) -> list:
+    """One output as a JSON-able list: ["d", Delta fields...] or ["a", request_id, reason, error]."""
+    if isinstance(item, Aborted):
+        return ["a", item.request_id, item.reason, item.error]
+    d = item if isinstance(item, Delta) else delta_of(item)
+    return ["d", d.request_id, d.new_token_ids, d.new_text, d.finished, d.finish_reason, d.error, d.text,
+            d.num_prompt_tokens]
+
+
+def from_wire(w: list):
+    """The inverse of `to_wire`; a ValueError names what is malformed (the frame came over a socket)."""
+    if not isinstance(w, list) or not w or w[0] not in ("d", "a"):
+        raise ValueError(f"output channel: not an output item: {str(w)[:80]!r}")
+    try:
+        if w[0] == "a":
+            _, rid, reason, error = w
+            return Aborted(str(rid), str(reason), error)
+        _, rid, ids, new_text, fin, reason, error, text, n_prompt = w
+        return Delta(str(rid), [int(t) for t in ids], new_text, bool(fin), reason, error, text, int(n_prompt))
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"output channel: malformed item {str(w)[:80]!r}: {e}") from None

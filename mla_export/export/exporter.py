@@ -177,9 +177,12 @@ def export_model(model_dir, out_dir, *, fmt: str = "openvino", portable: bool = 
         os.umask(umask)
         tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private; the export is an ordinary directory
         want_ir, want_onnx = fmt in ("openvino", "both"), fmt in ("onnx", "both")
-        # The IR's source graph: model.onnx itself, or its own graph when its MoE form is one only
-        # OpenVINO runs (gather_matmul). The fused op runs in both runtimes; portable is grouped.
-        ir_source = "openvino" if want_ir and moe_form == "gather_matmul" else "custom"
+        # The IR's source graph: model.onnx itself, or its own graph where the IR differs from it:
+        # the gather_matmul MoE form (only OpenVINO runs it), and lm_head next to the fused MoE op,
+        # which model.onnx holds as our MlaQLinear (onnxruntime would fold a dequantised Gemm to an
+        # f32 copy) and the IR as the plugin's compressed MatMul (as fast or faster here, measured:
+        # docs/WEIGHTS.md). The fused op runs in both runtimes; portable is grouped.
+        ir_source = "openvino" if want_ir and moe_form in ("gather_matmul", "fused") else "custom"
         variants = (["custom"] if want_onnx or ir_source == "custom" else []) + \
             (["openvino"] if ir_source == "openvino" else []) + (["portable"] if portable else [])
         moe_forms = {v: "grouped" if v == "portable" or (v == "custom" and moe_form == "gather_matmul") else moe_form

@@ -4,8 +4,8 @@ time from the checkpoint, final norm on the rows `logits_indices` picks, lm_head
 `build_onnx(...)` writes `model.onnx` (custom MLA ops) and/or `model_portable.onnx` (portable
 functions, updated caches as outputs) into a directory, both pointing at one external weights
 file, and returns their paths. A third variant, "openvino" (`openvino_source.onnx`, custom MLA
-ops), is the OpenVINO IR's source when the IR's MoE form differs from model.onnx's (see moe.py);
-the exporter deletes it after the conversion.
+ops), is the OpenVINO IR's source when the IR's MoE form or lm_head differs from model.onnx's (see
+moe.py and `_logits`); the exporter deletes it after the conversion.
 """
 
 from __future__ import annotations
@@ -148,11 +148,13 @@ def _embed(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig) -> tuple[
 
 def _logits(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig, picked: str, table: str,
             moe_forms: dict[str, str] | None) -> None:
-    """The `logits` node: our MlaQLinear where the graph variant already runs our integer-weight
-    ops (the fused MoE form) and the head has its own int8/int4 weight, else a Gemm."""
+    """The `logits` node: in model.onnx our MlaQLinear where it already runs our integer-weight ops
+    (the fused MoE form) and the head has its own int8/int4 weight, else a Gemm. The IR's own
+    source graph ("openvino") keeps the Gemm: the CPU plugin's compressed MatMul on the same codes
+    is as fast or faster (docs/WEIGHTS.md); onnxruntime would fold that Gemm to an f32 copy."""
     fmt = g.store.format
     bits = fmt.bits("head")
-    ours = [v for v, form in (moe_forms or {}).items() if form == "fused"]
+    ours = [v for v, form in (moe_forms or {}).items() if form == "fused" and v == "custom"]
     if (ours and not fmt.planning and rd.has("lm_head.weight")
             and qlinear_problem(cfg.vocab_size, cfg.hidden_size, bits, fmt.group_size) is None):
         qlinear(g.only(ours), "lm_head.weight", rd.get("lm_head.weight", (cfg.vocab_size, cfg.hidden_size)),

@@ -264,6 +264,8 @@ def run_bench(args) -> int:
                         results.append({**base, "ok": False, "not_available": unavailable[system]})
                     continue
                 need = MEM_FACTOR.get(system, 1.0) * ckpt_gb + 1
+                if system_kind(system) == "ours" and system in ours_dirs:
+                    need = _ours_resident_gb(ours_dirs[system], _precision(system, ours_dirs)) + 1
                 if system_kind(system) == "llamacpp":
                     need = ggufs[system].stat().st_size / 2**30 + 1
                 ok, avail = wait_for_memory(need, args.mem_wait)
@@ -342,6 +344,20 @@ def run_bench(args) -> int:
     print(markdown(doc))
     print(json.dumps(doc["summary"]))
     return 0
+
+
+def _ours_resident_gb(export_dir: Path, precision: str) -> float:
+    """What an export's compiled weights hold (the runtime's own estimate from its contract, as the
+    engine checks before compiling), for the wait for free memory; the weights file's size where
+    the contract cannot say (an export from another version)."""
+    from ..runtime.memory_plan import native_float_types, resident_weight_bytes
+
+    bins = sum(f.stat().st_size for f in Path(export_dir).glob("*.bin"))
+    try:
+        export = json.loads((Path(export_dir) / "mla_graph.json").read_text())["export"]
+        return resident_weight_bytes(export, precision, bins, native_float_types()) / 2**30
+    except Exception:  # noqa: BLE001 - an estimate only; the engine itself checks before compiling
+        return bins / 2**30
 
 
 def _precision(system: str, ours_dirs: dict) -> str:

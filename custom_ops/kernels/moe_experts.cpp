@@ -185,7 +185,7 @@ void moe_experts(const MoeInputs& in, MoeBits bits, const TensorView& out, const
         thread_local std::vector<float> tile;
         if (static_cast<int64_t>(tile.size()) < m * kPanel) tile.resize(m * kPanel);
         float* c = tile.data();
-        qtile(isa, bi13, xa, pair_tok.data() + p0, m, blocks, d.H, d.g13, c);
+        qtile(isa, bi13, xa, pair_tok.data() + p0, m, blocks, d.H, d.g13, c, many_rows(mode));
         for (int64_t t = 0; t < m; ++t) {
             float* dst = act.get() + (p0 + t) * d.I + i0;
             for (int64_t j = 0; j < 16; ++j) dst[j] = silu(c[t * kPanel + j]) * c[t * kPanel + 16 + j];
@@ -204,7 +204,7 @@ void moe_experts(const MoeInputs& in, MoeBits bits, const TensorView& out, const
             for (int64_t j = 0; j < kPanel / 4; ++j) blocks[j] = w2.block(e * d.H + c0 + 4 * j);
             if (static_cast<int64_t>(tile.size()) < m * kPanel) tile.resize(m * kPanel);
             float* c = tile.data();
-            qtile(isa, bi2, aa, pair_row.data() + p0, m, blocks, d.I, d.g2, c);
+            qtile(isa, bi2, aa, pair_row.data() + p0, m, blocks, d.I, d.g2, c, many_rows(mode));
             for (int64_t t = 0; t < m; ++t) {
                 float* dst = y + pair_tok[p0 + t] * d.H + c0;
                 const float wt = pair_w[p0 + t];

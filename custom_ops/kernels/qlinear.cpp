@@ -56,14 +56,15 @@ void qlinear(const QLinearInputs& in, int64_t bits, const TensorView& out, const
         to_f32(in.x.data, in.x.dtype, x_f32.data(), d.M * d.K);
         x = x_f32.data();
     }
-    const bool many = d.M >= many_rows(mode);
+    const int64_t many_from = many_rows(mode, kManyRowsQ8Linear);
+    const bool many = d.M >= many_from;
     const QActs acts(x, d.M, d.K, d.group, isa, mode, many, !many);
     std::vector<int64_t> rows(d.M);
     for (int64_t i = 0; i < d.M; ++i) rows[i] = i;
     const QWeights w{in.w_q.ptr<uint8_t>(), in.w_s.ptr<float>(), in.w_zp.ptr<uint8_t>(), in.w_q.dim(1), d.K / d.group};
     const int bi = bits == 4 ? 1 : 0;
     float* y = out.ptr<float>();
-    const bool few = d.M < many_rows(mode);  // one pass over the codes: stream them (split_for)
+    const bool few = !many;  // one pass over the codes: stream them (split_for)
     const auto tile_at = [&](int64_t item) {
         const int64_t n0 = item * kTileRows;
         QBlock blocks[kTileRows / 4];
@@ -71,7 +72,7 @@ void qlinear(const QLinearInputs& in, int64_t bits, const TensorView& out, const
         thread_local std::vector<float> tile;
         if (static_cast<int64_t>(tile.size()) < d.M * kTileRows) tile.resize(d.M * kTileRows);
         float* c = tile.data();
-        qtile(isa, bi, acts, rows.data(), d.M, blocks, d.K, d.group, c);
+        qtile(isa, bi, acts, rows.data(), d.M, blocks, d.K, d.group, c, many_from);
         for (int64_t t = 0; t < d.M; ++t)
             for (int64_t j = 0; j < kTileRows; ++j) y[t * d.N + n0 + j] = c[t * kTileRows + j];
     };

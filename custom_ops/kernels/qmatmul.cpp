@@ -141,9 +141,9 @@ QRow QActs::q8(int64_t i) const {
 }
 
 void qtile(const MoeIsa& isa, int bi, const QActs& acts, const int64_t* rows, int64_t m, const QBlock* blocks,
-           int64_t K, int64_t group, float* c) {
+           int64_t K, int64_t group, float* c, int64_t many_from) {
     Scratch& s = tls;
-    if (m < (acts.has_q8() ? kManyRowsQ8 : kManyRows)) {
+    if (m < many_from) {
         // rows outside, tokens inside: a second chunk of tokens finds the 4 rows' codes in cache
         if (acts.has_q8()) {
             s.q8.resize(m);

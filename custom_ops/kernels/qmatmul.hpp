@@ -22,6 +22,10 @@ constexpr int64_t kTileRows = 32;   // weight rows per tile
 // on the codes: 8 in f32; 16 on int8 activations, whose VNNI dots cost a fifth of the f32 ones'
 // per weight, so they stay memory-bound (and ahead of the panels) up to ~16 rows.
 constexpr int64_t kManyRows = 8, kManyRowsQ8 = 16;
+// MlaQLinear's own bound for int8-activation dots. Its rows are the sequences of a step (lm_head
+// reads only the rows logits_indices picks), never a prompt, and its k-blocked panels cost ~2x the
+// plugin's compressed MatMul at 16-32 rows (int4 lm_head, 2 cores), where the dots cost ~1.1-1.2x.
+constexpr int64_t kManyRowsQ8Linear = 64;
 
 // How products run: exact f32, or the runtime's reduced precision (compute = bf16: bf16 panels,
 // int8 activations for few rows), each part only where the CPU has the instructions.
@@ -30,7 +34,9 @@ struct QMode {
     bool q8_dots = false;
 };
 QMode qmode(bool reduced, const MoeIsa& isa);
-inline int64_t many_rows(const QMode& mode) { return mode.q8_dots ? kManyRowsQ8 : kManyRows; }
+inline int64_t many_rows(const QMode& mode, int64_t q8_bound = kManyRowsQ8) {
+    return mode.q8_dots ? q8_bound : kManyRows;
+}
 
 // The weights of one projection: codes [rows, in / per_byte] (4-row interleaved), scales and zero
 // points [rows, groups]. Several experts' projections stack along rows.
@@ -81,8 +87,10 @@ private:
 void split_for(const Threading& th, int64_t n, const std::function<void(int64_t)>& body);
 
 // c[t * 32 + r] = act(rows[t]) . w_r for the m activation rows `rows` (indices into acts) and the
-// 32 weight rows of `blocks`. bits_index: 0 = int8 codes, 1 = int4.
+// 32 weight rows of `blocks`. bits_index: 0 = int8 codes, 1 = int4. Dot products on the codes for
+// m below many_from (the caller's many_rows bound; acts must hold the int8 or f32 rows they read),
+// dequantised panels from there.
 void qtile(const MoeIsa& isa, int bits_index, const QActs& acts, const int64_t* rows, int64_t m,
-           const QBlock* blocks, int64_t K, int64_t group, float* c);
+           const QBlock* blocks, int64_t K, int64_t group, float* c, int64_t many_from);
 
 }  // namespace mla

@@ -148,13 +148,19 @@ def _embed(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig) -> tuple[
 
 def _logits(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig, picked: str, table: str,
             moe_forms: dict[str, str] | None) -> None:
-    """The `logits` node: in model.onnx our MlaQLinear where it already runs our integer-weight ops
-    (the fused MoE form) and the head has its own int8/int4 weight, else a Gemm. The IR's own
-    source graph ("openvino") keeps the Gemm: the CPU plugin's compressed MatMul on the same codes
-    is as fast or faster (docs/WEIGHTS.md); onnxruntime would fold that Gemm to an f32 copy."""
+    """The `logits` node: our MlaQLinear where it is the faster or the only compact choice, else a Gemm.
+
+    lm_head multiplies only the B rows `logits_indices` picks (one per sequence of the step), so it
+    is a decode-sized product at every step. model.onnx uses MlaQLinear wherever it already runs our
+    integer-weight ops (the fused MoE form): onnxruntime would fold a dequantised Gemm into an f32
+    copy of the table. The graph the IR is made from uses it for an int4 head: there the plugin's
+    compressed MatMul decodes every u4 code to bf16 on each call, measured 1.7x slower than our VNNI
+    dots at 1 row and even at 8; for an int8 head the plugin is as fast at 1 row and faster at 8
+    (docs/WEIGHTS.md has the figures), so the IR keeps its MatMul there."""
     fmt = g.store.format
     bits = fmt.bits("head")
-    ours = [v for v, form in (moe_forms or {}).items() if form == "fused" and v == "custom"]
+    fused = {v for v, form in (moe_forms or {}).items() if form == "fused"}
+    ours = [v for v in ("custom", "openvino") if v in g.variants and ((v == "custom" and v in fused) or bits == 4)]
     if (ours and not fmt.planning and rd.has("lm_head.weight")
             and qlinear_problem(cfg.vocab_size, cfg.hidden_size, bits, fmt.group_size) is None):
         qlinear(g.only(ours), "lm_head.weight", rd.get("lm_head.weight", (cfg.vocab_size, cfg.hidden_size)),

@@ -265,7 +265,8 @@ def run_bench(args) -> int:
                     continue
                 need = MEM_FACTOR.get(system, 1.0) * ckpt_gb + 1
                 if system_kind(system) == "ours" and system in ours_dirs:
-                    need = _ours_resident_gb(ours_dirs[system], _precision(system, ours_dirs)) + 1
+                    # the compiled model, plus ~1 GB for its KV cache and the Python process
+                    need = _ours_need_gb(ours_dirs[system], _precision(system, ours_dirs)) + 1
                 if system_kind(system) == "llamacpp":
                     need = ggufs[system].stat().st_size / 2**30 + 1
                 ok, avail = wait_for_memory(need, args.mem_wait)
@@ -346,16 +347,16 @@ def run_bench(args) -> int:
     return 0
 
 
-def _ours_resident_gb(export_dir: Path, precision: str) -> float:
-    """What an export's compiled weights hold (the runtime's own estimate from its contract, as the
-    engine checks before compiling), for the wait for free memory; the weights file's size where
-    the contract cannot say (an export from another version)."""
-    from ..runtime.memory_plan import native_float_types, resident_weight_bytes
+def _ours_need_gb(export_dir: Path, precision: str) -> float:
+    """GiB an export's compiled model needs besides its cache: the runtime's own estimate from its
+    contract (memory_plan.compiled_need_bytes, what the engine checks before compiling); the
+    weights file's size where the contract cannot say (an export from another version)."""
+    from ..runtime.memory_plan import compiled_need_bytes
 
     bins = sum(f.stat().st_size for f in Path(export_dir).glob("*.bin"))
     try:
         export = json.loads((Path(export_dir) / "mla_graph.json").read_text())["export"]
-        return resident_weight_bytes(export, precision, bins, native_float_types()) / 2**30
+        return compiled_need_bytes(export, precision, bins) / 2**30
     except Exception:  # noqa: BLE001 - an estimate only; the engine itself checks before compiling
         return bins / 2**30
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["InsufficientMemoryError", "resident_weight_bytes", "available_bytes", "check_fits", "native_float_types",
+__all__ = ["InsufficientMemoryError", "resident_weight_bytes", "compiled_need_bytes", "available_bytes", "check_fits", "native_float_types",
            "SKIP_ENV"]
 
 SKIP_ENV = "MLA_EXPORT_SKIP_MEMORY_CHECK"
@@ -68,12 +68,20 @@ def available_bytes() -> int | None:
     return None
 
 
+def compiled_need_bytes(export: dict, precision: str, weights_file_bytes: int, native: set[str] | None = None) -> int:
+    """Memory a compiled model takes besides its KV cache: the resident weights plus the plugin's
+    own share (repacked layouts, scratch, the runtime). The one estimate check_fits holds against
+    MemAvailable and the benchmark waits for."""
+    resident = resident_weight_bytes(export, precision, weights_file_bytes,
+                                     native_float_types() if native is None else native)
+    return int(resident * _OVERHEAD) + _FIXED
+
+
 def check_fits(export: dict, precision: str, weights_file: Path, native: set[str] | None = None) -> int:
     """Raise InsufficientMemoryError when the compiled weights cannot fit; returns the estimate.
     Call it after the cache arrays are allocated (MemAvailable then already excludes them)."""
     size = weights_file.stat().st_size if weights_file.is_file() else 0
-    need = int(resident_weight_bytes(export, precision, size, native_float_types() if native is None else native)
-               * _OVERHEAD) + _FIXED
+    need = compiled_need_bytes(export, precision, size, native)
     have = available_bytes()
     if have is not None and need > have and os.environ.get(SKIP_ENV) != "1":
         gib = 1 << 30

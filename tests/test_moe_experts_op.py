@@ -208,6 +208,29 @@ def test_bad_weights_name_the_input(rng):
         _run_openvino(_model(64, (5, 4), weights), feeds)
 
 
+def test_openvino_scans_int4_zero_points_before_any_inference(rng):
+    """OpenVINO: a bad int4 zero point is refused when the model is read or compiled (never in the
+    middle of a step), and the node keeps the scan's result across its re-validations: the plugin
+    validates our nodes again on every inference, and a good model in the same process, read
+    between bad ones (addresses get reused), must run and match every time."""
+    from mla_export import ov_core
+
+    core = ov_core()
+    weights, feeds, expect = _case(rng, 8, 64, 32, 2, 4, (4, 4), 32)
+    bad = list(weights)
+    bad[2] = bad[2].copy()
+    bad[2][5, 3, 0] = 16
+    for _ in range(3):
+        with pytest.raises(Exception, match="w13_zp.*above 15"):
+            core.compile_model(core.read_model(_model(64, (4, 4), bad).SerializeToString()), "CPU",
+                               {"INFERENCE_PRECISION_HINT": "f32"})
+        compiled = core.compile_model(core.read_model(_model(64, (4, 4), weights).SerializeToString()), "CPU",
+                                      {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": 2})
+        for _ in range(3):
+            got = compiled(feeds)[0]
+            assert np.abs(got - expect).max() / np.abs(expect).max() < TOL
+
+
 def _cpu_has(flag: str) -> bool:
     try:
         return flag in open("/proc/cpuinfo").read().split()

@@ -38,23 +38,59 @@ mla::TensorView view(const ov::Tensor& t, const char* name) {
     return v;
 }
 
-// Scans the int4 zero points of the given inputs once, when the node is made, if they are all
-// Constants (the exported graphs' case), so the kernels need not scan them on every call; throws
-// the kernel's error (naming the input) for a bad one. False when some input is not a Constant:
-// the kernel then scans per call.
-bool constant_zero_points_checked(const ov::Node& node, const std::vector<std::pair<size_t, const char*>>& inputs) {
+// The zero-point inputs' Constant bytes (and the Constants), or nothing when one is not a u8
+// Constant (then the kernels scan per call, and a wrong dtype is named by them).
+ZeroPointScan::Bytes constant_bytes(const ov::Node& node, const std::vector<std::pair<size_t, const char*>>& inputs,
+                                    std::vector<std::shared_ptr<ov::Node>>* owners = nullptr) {
+    ZeroPointScan::Bytes out;
     for (const auto& [index, name] : inputs) {
         const auto c = ov::as_type_ptr<ov::op::v0::Constant>(node.get_input_node_shared_ptr(index));
-        if (!c || c->get_element_type() != ov::element::u8) return false;  // a wrong dtype: the kernel names it
-        mla::TensorView v;
-        v.name = name;
-        v.data = const_cast<void*>(c->get_data_ptr());
-        v.dtype = mla::DType::u8;
-        for (auto d : c->get_shape()) v.shape.push_back(static_cast<int64_t>(d));
-        mla::check_int4_zero_points(node.get_type_name(), v);
+        if (!c || c->get_element_type() != ov::element::u8) return {};
+        out.emplace_back(c->get_data_ptr(), c->get_byte_size());
+        if (owners) owners->push_back(c);
     }
-    return true;
+    return out;
 }
+
+}  // namespace
+
+void ZeroPointScan::update(const ov::Node& node, const std::vector<std::pair<size_t, const char*>>& inputs) {
+    Bytes from_source;
+    from_source.swap(inherited);  // one use only
+    std::vector<std::shared_ptr<ov::Node>> now_owners;
+    const Bytes now = constant_bytes(node, inputs, &now_owners);
+    // Bytes scanned before: by this node, which still holds their Constants (so no other tensor
+    // can sit at those addresses), or by the node it was cloned from, alive while it cloned.
+    const bool known = !now.empty() && ((checked && now == scanned) || now == from_source);
+    // A node nothing consumes yet is being made: by a reader (validated again once wired) or by
+    // the plugin's shape inference (never run): a scan there would be wasted work.
+    const bool unwired = node.get_output_size() > 0 && node.get_output_target_inputs(0).empty();
+    if (inputs.empty() || known) {
+        checked = true;
+    } else if (now.empty() || unwired) {
+        checked = false;
+    } else {
+        for (size_t i = 0; i < inputs.size(); ++i) {
+            mla::TensorView v;
+            v.name = inputs[i].second;
+            v.data = const_cast<void*>(now[i].first);
+            v.dtype = mla::DType::u8;
+            for (auto d : now_owners[i]->get_output_shape(0)) v.shape.push_back(static_cast<int64_t>(d));
+            mla::check_int4_zero_points(node.get_type_name(), v);
+        }
+        checked = true;
+    }
+    scanned = checked ? now : Bytes{};
+    owners = checked ? std::move(now_owners) : std::vector<std::shared_ptr<ov::Node>>{};
+}
+
+ZeroPointScan::Bytes ZeroPointScan::for_clone(const ov::Node& node,
+                                              const std::vector<std::pair<size_t, const char*>>& inputs) const {
+    if (!checked || scanned.empty() || constant_bytes(node, inputs) != scanned) return {};
+    return scanned;
+}
+
+namespace {
 
 // OpenVINO's CPU plugin loses an exception thrown by a node when it runs the graph on one thread
 // (INFERENCE_NUM_THREADS=1: infer() returns as if the step had run, with stale or zero outputs;
@@ -290,9 +326,18 @@ bool MlaStepCheck::evaluate(ov::TensorVector& outputs, const ov::TensorVector& i
 
 // ---------------------------------------------------------------- MlaMoeExperts
 
-MlaMoeExperts::MlaMoeExperts(const ov::OutputVector& args, int64_t w13_bits, int64_t w2_bits, std::string compute)
+MlaMoeExperts::MlaMoeExperts(const ov::OutputVector& args, int64_t w13_bits, int64_t w2_bits, std::string compute,
+                             ZeroPointScan::Bytes inherited)
     : Op(args), m_w13_bits(w13_bits), m_w2_bits(w2_bits), m_compute(std::move(compute)) {
+    m_zp.inherited = std::move(inherited);
     constructor_validate_and_infer_types();
+}
+
+std::vector<std::pair<size_t, const char*>> MlaMoeExperts::int4_zero_points() const {
+    std::vector<std::pair<size_t, const char*>> zps;
+    if (m_w13_bits == 4) zps.emplace_back(5, "w13_zp");
+    if (m_w2_bits == 4) zps.emplace_back(8, "w2_zp");
+    return zps;
 }
 
 void MlaMoeExperts::validate_and_infer_types() {
@@ -303,11 +348,8 @@ void MlaMoeExperts::validate_and_infer_types() {
                           m_w2_bits);
     NODE_VALIDATION_CHECK(this, m_compute == "f32" || m_compute == "bf16",
                           "MlaMoeExperts attribute 'compute' must be f32 or bf16, got '", m_compute, "'");
-    std::vector<std::pair<size_t, const char*>> int4_zps;
-    if (m_w13_bits == 4) int4_zps.emplace_back(5, "w13_zp");
-    if (m_w2_bits == 4) int4_zps.emplace_back(8, "w2_zp");
     try {
-        m_zp_checked = constant_zero_points_checked(*this, int4_zps);
+        m_zp.update(*this, int4_zero_points());
     } catch (const mla::Error& e) {
         NODE_VALIDATION_CHECK(this, false, e.what());
     }
@@ -318,7 +360,8 @@ void MlaMoeExperts::validate_and_infer_types() {
 }
 
 std::shared_ptr<ov::Node> MlaMoeExperts::clone_with_new_inputs(const ov::OutputVector& args) const {
-    return std::make_shared<MlaMoeExperts>(args, m_w13_bits, m_w2_bits, m_compute);
+    return std::make_shared<MlaMoeExperts>(args, m_w13_bits, m_w2_bits, m_compute,
+                                           m_zp.for_clone(*this, int4_zero_points()));
 }
 
 bool MlaMoeExperts::visit_attributes(ov::AttributeVisitor& visitor) {
@@ -333,7 +376,7 @@ bool MlaMoeExperts::evaluate(ov::TensorVector& outputs, const ov::TensorVector& 
         const mla::MoeInputs in{view(inputs[0], "x"),      view(inputs[1], "topk_ids"), view(inputs[2], "topk_weights"),
                                 view(inputs[3], "w13_q"),  view(inputs[4], "w13_s"),    view(inputs[5], "w13_zp"),
                                 view(inputs[6], "w2_q"),   view(inputs[7], "w2_s"),     view(inputs[8], "w2_zp"),
-                                m_zp_checked};
+                                m_zp.checked};
         const mla::MoeBits bits{m_w13_bits, m_w2_bits};
         const mla::MoeShapes s = mla::moe_experts_shapes(in, bits);
         outputs[0].set_shape(ov::Shape{size_t(s.tokens), size_t(s.hidden)});
@@ -343,9 +386,15 @@ bool MlaMoeExperts::evaluate(ov::TensorVector& outputs, const ov::TensorVector& 
 
 // ---------------------------------------------------------------- MlaQLinear
 
-MlaQLinear::MlaQLinear(const ov::OutputVector& args, int64_t bits, std::string compute)
+MlaQLinear::MlaQLinear(const ov::OutputVector& args, int64_t bits, std::string compute, ZeroPointScan::Bytes inherited)
     : Op(args), m_bits(bits), m_compute(std::move(compute)) {
+    m_zp.inherited = std::move(inherited);
     constructor_validate_and_infer_types();
+}
+
+std::vector<std::pair<size_t, const char*>> MlaQLinear::int4_zero_points() const {
+    if (m_bits != 4) return {};
+    return {{3, "w_zp"}};
 }
 
 void MlaQLinear::validate_and_infer_types() {
@@ -354,7 +403,7 @@ void MlaQLinear::validate_and_infer_types() {
     NODE_VALIDATION_CHECK(this, m_compute == "f32" || m_compute == "bf16",
                           "MlaQLinear attribute 'compute' must be f32 or bf16, got '", m_compute, "'");
     try {
-        m_zp_checked = m_bits != 4 || constant_zero_points_checked(*this, {{3, "w_zp"}});
+        m_zp.update(*this, int4_zero_points());
     } catch (const mla::Error& e) {
         NODE_VALIDATION_CHECK(this, false, e.what());
     }
@@ -369,7 +418,7 @@ void MlaQLinear::validate_and_infer_types() {
 }
 
 std::shared_ptr<ov::Node> MlaQLinear::clone_with_new_inputs(const ov::OutputVector& args) const {
-    return std::make_shared<MlaQLinear>(args, m_bits, m_compute);
+    return std::make_shared<MlaQLinear>(args, m_bits, m_compute, m_zp.for_clone(*this, int4_zero_points()));
 }
 
 bool MlaQLinear::visit_attributes(ov::AttributeVisitor& visitor) {
@@ -381,7 +430,7 @@ bool MlaQLinear::visit_attributes(ov::AttributeVisitor& visitor) {
 bool MlaQLinear::evaluate(ov::TensorVector& outputs, const ov::TensorVector& inputs) const {
     return recorded([&] {
         const mla::QLinearInputs in{view(inputs[0], "x"), view(inputs[1], "w_q"), view(inputs[2], "w_s"),
-                                    view(inputs[3], "w_zp"), m_zp_checked};
+                                    view(inputs[3], "w_zp"), m_zp.checked};
         const std::vector<int64_t> shape = mla::qlinear_shape(in, m_bits);
         outputs[0].set_shape(ov::Shape(shape.begin(), shape.end()));
         mla::qlinear(in, m_bits, view(outputs[0], "output"), ov_threading(), mla::moe_compute_from_name(m_compute));

@@ -125,17 +125,27 @@ def test_quantized_export_is_exact_against_its_decoded_weights(tmp_path, rng, ch
 
 
 def test_compiled_model_keeps_weights_compressed(tmp_path, checkpoint):
-    """The CPU plugin must run FullyConnected / Gather on the stored codes (decompressed on the fly),
-    not on an f32 copy made at compile: every projection, expert and lm_head reads a u8/u4 constant."""
+    """Nothing runs on an f32 copy of an integer weight made at compile: the CPU plugin's
+    FullyConnected / Gather read the stored codes (decompressed on the fly), and our MlaQLinear /
+    MlaMoeExperts nodes read u8 codes. int4 projections are MlaQLinear nodes (layers.linear);
+    int8 ones the plugin's compressed FullyConnected."""
+    import openvino as ov
+
     from mla_export import ov_core
 
     ckpt, hf = checkpoint
     core = ov_core()
+    n_layers = hf.config.num_hidden_layers
     for fmt, code in (("int8", "u8"), ("int4", "u4")):
         out = tmp_path / fmt
         export_model(ckpt, out, fmt="openvino", block_size=BLOCK, kv_dtype="f32", weight_format=fmt)
-        compiled = core.compile_model(core.read_model(str(out / "openvino_model.xml")), "CPU",
-                                      {"INFERENCE_PRECISION_HINT": "f32"})
+        model = core.read_model(str(out / "openvino_model.xml"))
+        ours = [op for op in model.get_ops() if op.get_type_name() in ("MlaQLinear", "MlaMoeExperts")]
+        for op in ours:  # codes: MlaQLinear input 1; MlaMoeExperts inputs 3 (w13) and 6 (w2)
+            for i in ((1,) if op.get_type_name() == "MlaQLinear" else (3, 6)):
+                assert op.get_input_element_type(i) == ov.Type.u8, (op.get_friendly_name(), i)
+        n_qlinear = sum(op.get_type_name() == "MlaQLinear" for op in ours)
+        compiled = core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
         fc_weights = []
         for node in compiled.get_runtime_model().get_ordered_ops():
             rt = node.get_rt_info()
@@ -143,11 +153,13 @@ def test_compiled_model_keeps_weights_compressed(tmp_path, checkpoint):
                 continue
             src = node.input(1).get_source_output().get_node().get_rt_info()
             fc_weights.append(src["outputPrecisions"].astype(str))
-        n_experts = hf.config.n_routed_experts
         # f32 FullyConnected weights may only be the routers (one per MoE layer).
-        n_moe = sum(1 for i in range(hf.config.num_hidden_layers) if i >= hf.config.first_k_dense_replace)
+        n_moe = sum(1 for i in range(n_layers) if i >= hf.config.first_k_dense_replace)
         assert fc_weights.count("f32") <= n_moe, fc_weights
-        assert fc_weights.count(code) >= n_experts, fc_weights
+        assert set(fc_weights) <= {"f32", "u8", "u4"}, fc_weights
+        # every layer's attention has at least 3 projections (q or q_a/q_b, kv_a, o_proj)
+        projections = n_qlinear if fmt == "int4" else fc_weights.count(code)
+        assert projections >= 3 * n_layers, (fmt, n_qlinear, fc_weights)
 
 
 @pytest.mark.parametrize("fmt,all_layers,moe_form,head_op", [

@@ -44,6 +44,8 @@ SHAPES = [  # N, K, bits, int4 group, rows of x
     (128, 256, 8, None, 9),
     (64, 128, 4, 128, 20),
     (320, 64, 4, 32, 7),
+    (64, 128, 4, 32, 300),  # many rows: two row blocks of the work split (256 + 44)
+    (96, 64, 8, None, 513),
 ]
 
 

@@ -65,21 +65,27 @@ void qlinear(const QLinearInputs& in, int64_t bits, const TensorView& out, const
     const int bi = bits == 4 ? 1 : 0;
     float* y = out.ptr<float>();
     const bool few = !many;  // one pass over the codes: stream them (split_for)
+    // Many rows: work items are (block of rows, tile), so a tile's activation rows stay in L2
+    // while its panel is applied to them (all of a 2048-token prefill chunk's rows, 8 MB in bf16,
+    // streamed from L3 once per tile and took 1.6x the plugin's time against 1.26x at 1024 rows).
+    const int64_t row_block = few ? d.M : std::min<int64_t>(d.M, kQLinearRowBlock);
+    const int64_t n_row_blocks = (d.M + row_block - 1) / row_block, n_tiles = d.N / kTileRows;
     const auto tile_at = [&](int64_t item) {
-        const int64_t n0 = item * kTileRows;
+        const int64_t n0 = (item % n_tiles) * kTileRows, r0 = (item / n_tiles) * row_block;
+        const int64_t m = std::min(row_block, d.M - r0);
         QBlock blocks[kTileRows / 4];
         for (int64_t j = 0; j < kTileRows / 4; ++j) blocks[j] = w.block(n0 + 4 * j);
         thread_local std::vector<float> tile;
-        if (static_cast<int64_t>(tile.size()) < d.M * kTileRows) tile.resize(d.M * kTileRows);
+        if (static_cast<int64_t>(tile.size()) < m * kTileRows) tile.resize(m * kTileRows);
         float* c = tile.data();
-        qtile(isa, bi, acts, rows.data(), d.M, blocks, d.K, d.group, c, many_from);
-        for (int64_t t = 0; t < d.M; ++t)
-            for (int64_t j = 0; j < kTileRows; ++j) y[t * d.N + n0 + j] = c[t * kTileRows + j];
+        qtile(isa, bi, acts, rows.data() + r0, m, blocks, d.K, d.group, c, many_from);
+        for (int64_t t = 0; t < m; ++t)
+            for (int64_t j = 0; j < kTileRows; ++j) y[(r0 + t) * d.N + n0 + j] = c[t * kTileRows + j];
     };
     if (few)
-        split_for(th, d.N / kTileRows, tile_at);
+        split_for(th, n_tiles, tile_at);
     else
-        dynamic_for(th, d.N / kTileRows, tile_at);
+        dynamic_for(th, n_row_blocks * n_tiles, tile_at);
 }
 
 }  // namespace mla

@@ -26,6 +26,11 @@ constexpr int64_t kManyRows = 8, kManyRowsQ8 = 16;
 // reads only the rows logits_indices picks), never a prompt, and its k-blocked panels cost ~2x the
 // plugin's compressed MatMul at 16-32 rows (int4 lm_head, 2 cores), where the dots cost ~1.1-1.2x.
 constexpr int64_t kManyRowsQ8Linear = 64;
+// MlaQLinear's rows per work item when they are many (its panels are dequantised once per block).
+#ifndef MLA_QLINEAR_ROW_BLOCK
+#define MLA_QLINEAR_ROW_BLOCK 256
+#endif
+constexpr int64_t kQLinearRowBlock = MLA_QLINEAR_ROW_BLOCK;
 
 // How products run: exact f32, or the runtime's reduced precision (compute = bf16: bf16 panels,
 // int8 activations for few rows), each part only where the CPU has the instructions.

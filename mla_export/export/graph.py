@@ -217,11 +217,12 @@ class GraphBuilder:
         return self._consts[key]
 
     # weights
-    def weight(self, name: str, array: np.ndarray, kind: str = "matmul") -> str:
+    def weight(self, name: str, array: np.ndarray, kind: str = "matmul", record: bool = True) -> str:
         """A weight [..., out, in] (input axis last) in the export's weight format, as an f32 value.
 
         kind: matmul (a Gemm/MatMul operand), embedding (a Gather table), head (lm_head), or
-        float (always kept float: operands of the custom attention op)."""
+        float (always kept float: operands of the custom attention op). record: count it in the
+        export's stats (False when another variant's node on the same weight already counts it)."""
         fmt = self.store.format
         bits = None if kind == "float" else fmt.bits(kind, name)
         if fmt.planning:
@@ -229,14 +230,16 @@ class GraphBuilder:
                 fmt.sensitivity[name] = (_int4_error(array, fmt.group_size), array.size)
             return name  # the planning graph is never saved
         if bits is None:
-            fmt.record(fmt.float_dtype, array.size)
+            if record:
+                fmt.record(fmt.float_dtype, array.size)
             stored = self.store.add(name, array, fmt.float_dtype)
             if fmt.float_dtype == "f32":
                 return stored
             return self.op("Cast", stored, name=f"{name}.to_f32", to=TensorProto.FLOAT)
         group = pick_group(array.shape[-1], fmt.group_size) if bits == 4 else None
         qw = quantize(array, bits, group)
-        fmt.record(f"int{bits}", array.size, group if bits == 4 else None)
+        if record:
+            fmt.record(f"int{bits}", array.size, group if bits == 4 else None)
         return self._dequantized(name, qw)
 
     def _dequantized(self, name: str, qw: Quantized) -> str:

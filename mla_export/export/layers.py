@@ -19,6 +19,7 @@ import numpy as np
 from ..config import MLAModelConfig
 from ..onnx_ops import (cache_update_node, cache_write_node, paged_attention_node, portable_attention_node)
 from .graph import GraphBuilder
+from .qlinear import qlinear, qlinear_problem
 from .weights import CheckpointReader
 
 __all__ = ["rms_norm", "linear", "attention", "dense_mlp", "deinterleave_perm", "rope_tables", "CUSTOM_OP_VARIANTS"]
@@ -59,12 +60,26 @@ def norm(g: GraphBuilder, rd: CheckpointReader, name: str, x: str, size: int, ep
 
 def linear(g: GraphBuilder, rd: CheckpointReader, prefix: str, x: str, n_out: int, n_in: int,
            bias: bool = False, rows: np.ndarray | None = None) -> str:
-    """x @ W.T (+ b); `rows` reorders the output features (RoPE permutation)."""
-    w = rd.get(f"{prefix}.weight", (n_out, n_in))
-    inputs = [x, None]
+    """x @ W.T (+ b); `rows` reorders the output features (RoPE permutation).
+
+    An int4 weight without bias is one MlaQLinear node in the graphs with our ops (the IR's and
+    model.onnx): the CPU plugin's compressed MatMul decodes every u4 code to bf16 per call, which
+    made a V2-Lite decode step 1.17-1.2x longer (docs/WEIGHTS.md); onnxruntime would fold the
+    dequantised Gemm into an f32 copy. The portable graph keeps the Gemm."""
+    name = f"{prefix}.weight"
+    w = rd.get(name, (n_out, n_in))
     if rows is not None:
         w = w[rows]
-    inputs[1] = g.weight(f"{prefix}.weight", w)
+    fmt = g.store.format
+    ours = [v for v in ("custom", "openvino") if v in g.variants]
+    if (ours and not bias and not fmt.planning and fmt.bits("matmul", name) == 4
+            and qlinear_problem(n_out, n_in, 4, fmt.group_size) is None):
+        rest = [v for v in g.variants if v not in ours]
+        y = qlinear(g.only(ours), name, w, x, 4, prefix, record=True)
+        if rest:
+            g.only(rest).op("Gemm", x, g.only(rest).weight(name, w, record=False), transB=1, name=prefix)
+        return y
+    inputs = [x, g.weight(name, w)]
     if bias:
         b = rd.get(f"{prefix}.bias", (n_out,))
         inputs.append(g.f32_tensor(f"{prefix}.bias", b[rows] if rows is not None else b))

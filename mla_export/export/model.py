@@ -149,6 +149,7 @@ def _embed(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig) -> tuple[
 def _logits(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig, picked: str, table: str,
             moe_forms: dict[str, str] | None) -> None:
     """The `logits` node: our MlaQLinear where it is the faster or the only compact choice, else a Gemm.
+    (The int4 projections follow the same rule: layers.linear.)
 
     lm_head multiplies only the B rows `logits_indices` picks (one per sequence of the step), so it
     is a decode-sized product at every step. model.onnx uses MlaQLinear wherever it already runs our
@@ -168,12 +169,15 @@ def _logits(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig, picked: 
         g = g.only([v for v in g.variants if v not in ours])
         if not g.variants:
             return
+        g.op("Gemm", picked, _lm_head(g, rd, cfg, table, record=False), transB=1, name="logits")  # counted once
+        return
     g.op("Gemm", picked, _lm_head(g, rd, cfg, table), transB=1, name="logits")
 
 
-def _lm_head(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig, embedding: str) -> str:
+def _lm_head(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig, embedding: str, record: bool = True) -> str:
     if rd.has("lm_head.weight"):
-        return g.weight("lm_head.weight", rd.get("lm_head.weight", (cfg.vocab_size, cfg.hidden_size)), kind="head")
+        return g.weight("lm_head.weight", rd.get("lm_head.weight", (cfg.vocab_size, cfg.hidden_size)), kind="head",
+                        record=record)
     if cfg.tie_word_embeddings:  # the stored embedding table serves as lm_head
         return embedding
     return g.weight("lm_head.weight", rd.get("lm_head.weight"))  # raises the missing-tensor error

@@ -1,4 +1,4 @@
-"""lm_head as one MlaQLinear node of our extension (custom_ops/kernels/qlinear.hpp).
+"""lm_head and the int4 projections as MlaQLinear nodes of our extension (custom_ops/kernels/qlinear.hpp).
 
 lm_head is the largest single weight a decode step reads (V2-Lite: 102400 x 2048, 210 MB in int8)
 and it only ever sees a few rows (one per sequence), so its speed is the speed of streaming its
@@ -29,13 +29,16 @@ def qlinear_problem(n_out: int, n_in: int, bits: int | None, group_size: int) ->
     return None
 
 
-def qlinear(g: GraphBuilder, name: str, w: np.ndarray, x: str, bits: int, out: str) -> str:
-    """x @ w^T as one MlaQLinear node named `out`, w [N, K] stored as its int codes."""
+def qlinear(g: GraphBuilder, name: str, w: np.ndarray, x: str, bits: int, out: str, record: bool = True) -> str:
+    """x @ w^T as one MlaQLinear node named `out` (its output too), w [N, K] stored as its int
+    codes. record: count the weight in the export's stats (False when another variant's Gemm
+    on the same weight already counts it)."""
     fmt = g.store.format
     n_in = w.shape[-1]
     group = pick_group(n_in, fmt.group_size) if bits == 4 else n_in
     codes, scales, zeros = moe_operands(quantize(w, bits, group))
-    fmt.record(f"int{bits}", w.size, group if bits == 4 else None)
+    if record:
+        fmt.record(f"int{bits}", w.size, group if bits == 4 else None)
     operands = [g.store.add(f"{name}.qlinear.q", codes), g.store.add(f"{name}.qlinear.scale", scales),
                 g.store.add(f"{name}.qlinear.zp", zeros)]
     return g.op("MlaQLinear", x, *operands, domain="mla_export", name=out, bits=bits)

@@ -56,6 +56,27 @@ def test_dtypes(rng, act, cache_dtype):
     run_case(rng, [33, 80], [33, 4], SMALL, act=act, cache_dtype=cache_dtype, weight_dtype=act, form="auto")
 
 
+@pytest.mark.parametrize("dims", [DEEPSEEK, ODD], ids=["deepseek", "odd"])
+@pytest.mark.parametrize("form", ["absorbed", "expanded"])
+def test_bf16_weights_f32_exact(rng, dims, form):
+    """bf16 W_UK / W_UV (a bf16 export feeds them as stored) with f32 activations and cache: the
+    absorbed form widens them in registers (gemm_bf16b), the expanded form through an f32 view;
+    both must match the float64 reference on the same bf16 values to f32 accuracy. Decode rows,
+    a multi-token row run and NaN-poisoned free slots."""
+    h, dn, dr, r, dv = dims["h"], dims["dn"], dims["dr"], dims["r"], dims["dv"]
+    p = make_problem(rng, [70, 1, 19], [1, 1, 5], r + dr, 16, "f32")
+    t = int(p.qlens.sum())
+    q_nope, q_pe = randn(rng, (t, h, dn), "f32"), randn(rng, (t, h, dr), "f32")
+    w_uk = randn(rng, (h, dn, r), "bf16", scale=dn ** -0.5)
+    w_uv = randn(rng, (h, r, dv), "bf16", scale=r ** -0.5)
+    scale = (dn + dr) ** -0.5
+    args = (q_nope, q_pe, p.kv_cache, w_uk, w_uv, p.query_start_loc, p.seq_lens, p.block_tables, scale)
+    out = kernels.paged_attention(*args, form=form)
+    assert out.dtype == np.float32 and not np.isnan(out).any()
+    err = rel_err(out, ref.paged_attention_expanded(*args))
+    assert err <= TOL["f32"], f"{form}: relative error {err:.3g}"
+
+
 @pytest.mark.parametrize("h", [1, 128])
 def test_head_counts(rng, h):
     run_case(rng, [20, 5], [6, 5], dict(SMALL, h=h))

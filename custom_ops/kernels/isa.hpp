@@ -71,6 +71,11 @@ struct IsaKernels {
     // weights and chunks (512 floats and more) map every row of a panel to one or two cache sets.
     void (*gemm_packed)(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* bp,
                         int64_t b_ps, float* c, int64_t c_rs, int64_t c_ps, bool accumulate);
+    // gemm with B in bf16 (row-major, ldb): the attention's absorbed up-projections W_UK / W_UV
+    // as a bf16 export stores them, read at half the bytes of an f32 copy (decode streams them
+    // once per step and layer). Products and sums in f32.
+    void (*gemm_bf16b)(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const uint16_t* b,
+                       int64_t ldb, float* c, int64_t ldc, bool accumulate);
     // dst[i] = float(src[i]) for src in f32/bf16/f16.
     void (*load_f32)(const void* src, DType dtype, float* dst, int64_t n);
     // x[i] *= scale for i < n; returns max_i x[i] (-inf when n == 0).

@@ -543,11 +543,45 @@ static void row_axpy(int64_t m, int64_t n, int64_t width, const float* p, int64_
     axpy_rows_tail<kAxpyRows - 1>(m - i, n, width, p + i * ldp, ldp, rows, o + i * ldo, ldo, pf);
 }
 
+// C[m, n] (+)= A[m, k] . B[k, n] with B bf16: per row of A, blocks of 4 vectors of columns are
+// summed over k in registers, each B row segment widened as it is loaded (one pass over B per row
+// of A: decode has one row per sequence and head).
+static void gemm_bf16b(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const uint16_t* b,
+                       int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+    constexpr int V = 4;
+    for (int64_t i = 0; i < m; ++i) {
+        const float* ai = a + i * lda;
+        float* ci = c + i * ldc;
+        int64_t j = 0;
+        for (; j + V * L <= n; j += V * L) {
+            vf acc[V];
+            for (int v = 0; v < V; ++v) acc[v] = accumulate ? loadu(ci + j + v * L) : vf{};
+            for (int64_t p = 0; p < k; ++p) {
+                const vf av = splat(ai[p]);
+                const uint16_t* bp = b + p * ldb + j;
+                for (int v = 0; v < V; ++v) acc[v] += av * widen_bf16(bp + v * L);
+            }
+            for (int v = 0; v < V; ++v) storeu(ci + j + v * L, acc[v]);
+        }
+        for (; j + L <= n; j += L) {
+            vf acc = accumulate ? loadu(ci + j) : vf{};
+            for (int64_t p = 0; p < k; ++p) acc += splat(ai[p]) * widen_bf16(b + p * ldb + j);
+            storeu(ci + j, acc);
+        }
+        for (; j < n; ++j) {
+            float s = accumulate ? ci[j] : 0.f;
+            for (int64_t p = 0; p < k; ++p) s += ai[p] * bf16_to_f32(b[p * ldb + j]);
+            ci[j] = s;
+        }
+    }
+}
+
 static const IsaKernels table = {MLA_ISA_NAME,
                                  L,
                                  TileShape{kDotRows, kDotKeys, kAxpyRows, int64_t(L) * kAxpyVecs},
                                  gemm,
                                  gemm_packed,
+                                 gemm_bf16b,
                                  load_f32,
                                  scale_max,
                                  exp_sum,

@@ -471,8 +471,18 @@ void run_attention(const AttentionPlan& plan, const TensorView& out, const Threa
     const float scale = plan.scale;
     const float* qn = as_f32(*plan.q_nope, ws.q_f32[0]);
     const float* qp = as_f32(*plan.q_pe, ws.q_f32[1]);
-    const float* wuk = as_f32(*plan.w_uk, ws.w_f32[0]);
-    const float* wuv = as_f32(*plan.w_uv, ws.w_f32[1]);
+    // bf16 up-projections (a bf16 export's) are read as they are by the absorbed form, at half an
+    // f32 copy's bytes; f32 views are made only for the expanded form (or f16 weights).
+    const bool w_bf16 = plan.w_uk->dtype == DType::bf16 && plan.w_uv->dtype == DType::bf16;
+    const uint16_t* wuk16 = w_bf16 ? plan.w_uk->ptr<uint16_t>() : nullptr;
+    const uint16_t* wuv16 = w_bf16 ? plan.w_uv->ptr<uint16_t>() : nullptr;
+    const float* wuk = nullptr;
+    const float* wuv = nullptr;
+    const auto f32_weights = [&] {
+        if (wuk) return;
+        wuk = as_f32(*plan.w_uk, ws.w_f32[0]);
+        wuv = as_f32(*plan.w_uv, ws.w_f32[1]);
+    };
     float* of = out.dtype == DType::f32 ? out.ptr<float>() : grow(ws.out_f32, shp.tokens * heads * dv);
     const IsaKernels& K = isa();
 
@@ -494,6 +504,7 @@ void run_attention(const AttentionPlan& plan, const TensorView& out, const Threa
     }
 
     if (!absorbed.empty()) {
+        if (!w_bf16) f32_weights();
         // q_lat = [q_nope @ W_UK | q_pe] for every (token, head) of the absorbed sequences.
         float* q_lat = grow(ws.q_lat, absorbed_rows * w);
         float* lat = grow(ws.lat, absorbed_rows * r);
@@ -502,7 +513,12 @@ void run_attention(const AttentionPlan& plan, const TensorView& out, const Threa
             const AbsorbedRef& a = absorbed[k / heads];
             const int64_t h = k % heads;
             float* dst = q_lat + (a.offset + h) * w;
-            K.gemm(a.qlen, r, dn, qn + (a.start * heads + h) * dn, heads * dn, wuk + h * dn * r, r, dst, heads * w, false);
+            if (w_bf16)
+                K.gemm_bf16b(a.qlen, r, dn, qn + (a.start * heads + h) * dn, heads * dn, wuk16 + h * dn * r, r, dst,
+                             heads * w, false);
+            else
+                K.gemm(a.qlen, r, dn, qn + (a.start * heads + h) * dn, heads * dn, wuk + h * dn * r, r, dst, heads * w,
+                       false);
             for (int64_t t = 0; t < a.qlen; ++t)
                 std::copy_n(qp + ((a.start + t) * heads + h) * dr, dr, dst + t * heads * w + r);
         });
@@ -515,11 +531,16 @@ void run_attention(const AttentionPlan& plan, const TensorView& out, const Threa
         th.parallel_for(n_abs * heads, [&](int64_t k) {
             const AbsorbedRef& a = absorbed[k / heads];
             const int64_t h = k % heads;
-            K.gemm(a.qlen, dv, r, lat + (a.offset + h) * r, heads * r, wuv + h * r * dv, dv,
-                   of + (a.start * heads + h) * dv, heads * dv, false);
+            if (w_bf16)
+                K.gemm_bf16b(a.qlen, dv, r, lat + (a.offset + h) * r, heads * r, wuv16 + h * r * dv, dv,
+                             of + (a.start * heads + h) * dv, heads * dv, false);
+            else
+                K.gemm(a.qlen, dv, r, lat + (a.offset + h) * r, heads * r, wuv + h * r * dv, dv,
+                       of + (a.start * heads + h) * dv, heads * dv, false);
         });
     }
     if (!expanded.empty()) {
+        f32_weights();
         const int64_t n_exp = static_cast<int64_t>(expanded.size());
         // Largest sequences first (their heads are the longest tasks).
         std::stable_sort(expanded.begin(), expanded.end(), [](const ExpandedSeq& a, const ExpandedSeq& b) {

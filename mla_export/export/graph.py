@@ -242,6 +242,22 @@ class GraphBuilder:
             fmt.record(f"int{bits}", array.size, group if bits == 4 else None)
         return self._dequantized(name, qw)
 
+    def attention_weight(self, name: str, array: np.ndarray, ours: list[str]) -> tuple[str, str | None]:
+        """An operand of the attention op, kept float in every format: (the value the variants
+        `ours` (our op) read, the f32 value the other variants' standard ops read, None if there
+        are none). Our op reads bf16 as stored: its absorbed products widen it in registers, at
+        half the bytes of the f32 copy the plugin folds a Cast into. f16/f32: the f32 value."""
+        fmt = self.store.format
+        rest = [v for v in self.variants if v not in ours]
+        if fmt.float_dtype != "bf16" or fmt.planning:
+            f32 = self.weight(name, array, kind="float")
+            return f32, (f32 if rest else None)
+        fmt.record("bf16", array.size)
+        stored = self.store.add(name, array, "bf16")
+        if not rest:
+            return stored, None
+        return stored, self.only(rest).op("Cast", stored, name=f"{name}.to_f32", to=TensorProto.FLOAT)
+
     def _dequantized(self, name: str, qw: Quantized) -> str:
         """Stored codes/zero points/scales and the decompression chain, (q - zp) * s -> f32 [..., out, in]."""
         if qw.bits == 8:  # one group per row: drop the group axis, as the plugin's per-channel form has it

@@ -117,9 +117,12 @@ def attention(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig, i: int
 
     # Absorbed up-projections from kv_b_proj [H * (dn + dv), r]: per head rows [k_nope (dn) | v (dv)].
     wkv = rd.get(f"{p}.kv_b_proj.weight", (h * (dn + dv), r)).reshape(h, dn + dv, r)
-    # Operands of the custom attention op, not of a MatMul: kept float in every weight format.
-    w_uk = g.weight(f"{p}.w_uk", np.ascontiguousarray(wkv[:, :dn, :]), kind="float")  # [H, dn, r]
-    w_uv = g.weight(f"{p}.w_uv", np.ascontiguousarray(wkv[:, dn:, :].transpose(0, 2, 1)), kind="float")  # [H, r, dv]
+    # Operands of the custom attention op, not of a MatMul: kept float in every weight format
+    # (ours: as stored when bf16; the portable graph's standard ops: f32).
+    ours = [v for v in CUSTOM_OP_VARIANTS if v in g.variants]
+    w_uk, w_uk_f32 = g.attention_weight(f"{p}.w_uk", np.ascontiguousarray(wkv[:, :dn, :]), ours)  # [H, dn, r]
+    w_uv, w_uv_f32 = g.attention_weight(f"{p}.w_uv", np.ascontiguousarray(wkv[:, dn:, :].transpose(0, 2, 1)),
+                                        ours)  # [H, r, dv]
     meta = [io["query_start_loc"], io["seq_lens"], io["block_tables"]]
     attn = f"layers.{i}.attn"
     cache = f"kv_cache.{i}"
@@ -134,7 +137,7 @@ def attention(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig, i: int
     if "portable" in g.variants:
         updated = f"kv_cache_out.{i}"
         g.add_node("portable", cache_update_node(kv_c, k_pe, cache, io["slot_mapping"], updated, f"layers.{i}.cache_update"))
-        g.add_node("portable", portable_attention_node(q_nope, q_pe, updated, w_uk, w_uv, *meta, attn,
+        g.add_node("portable", portable_attention_node(q_nope, q_pe, updated, w_uk_f32, w_uv_f32, *meta, attn,
                                                        f"layers.{i}.paged_attention", scale=cfg.softmax_scale))
     o = g.op("Reshape", attn, g.i64(-1, h * dv))
     return linear(g, rd, f"{p}.o_proj", o, hidden, h * dv, bias=cfg.attention_bias)

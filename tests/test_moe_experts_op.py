@@ -231,6 +231,31 @@ def test_openvino_scans_int4_zero_points_before_any_inference(rng):
             assert np.abs(got - expect).max() / np.abs(expect).max() < TOL
 
 
+def test_onnxruntime_scans_constant_int4_zero_points_when_the_session_is_made(rng):
+    """onnxruntime: int4 zero points given as initializers are scanned once, when the session is
+    made (a bad one fails its creation, naming the input), not on every call; good ones run and
+    match on every call."""
+    import onnxruntime as ort
+
+    from mla_export import ort_ops_path
+
+    lib = ort_ops_path()
+    if lib is None:
+        pytest.skip("the onnxruntime custom-op library was not built (no onnxruntime headers)")
+    weights, feeds, expect = _case(rng, 8, 64, 32, 2, 4, (4, 4), 32)
+    bad = list(weights)
+    bad[5] = bad[5].copy()
+    bad[5][2, 7, 0] = 200
+    so = ort.SessionOptions()
+    so.register_custom_ops_library(lib)
+    with pytest.raises(Exception, match="w2_zp.*above 15"):
+        ort.InferenceSession(_model(64, (4, 4), bad).SerializeToString(), so, providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(_model(64, (4, 4), weights).SerializeToString(), so, providers=["CPUExecutionProvider"])
+    for _ in range(3):
+        got = sess.run(None, feeds)[0]
+        assert np.abs(got - expect).max() / np.abs(expect).max() < TOL
+
+
 def _cpu_has(flag: str) -> bool:
     try:
         return flag in open("/proc/cpuinfo").read().split()

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "../kernels/mla_kernels.hpp"
+#include "../kernels/qmatmul.hpp"
 #include "../kernels/moe_experts.hpp"
 #include "../kernels/qlinear.hpp"
 
@@ -181,6 +182,44 @@ mla::KvDtype kv_dtype_attr(const OrtApi& api, const OrtKernelInfo* info, const c
     value.resize(size > 0 ? size - 1 : 0);  // size counts the terminating NUL
     return mla::kv_dtype_from_name(op, value);
 }
+
+// int4 zero points given as constant initializers, scanned once when the kernel is made (a bad
+// one fails the session's creation, naming the input) instead of on every call (a V2-Lite MoE
+// layer's 4.3 MB each time). A call skips the scan only when its inputs are those very buffers.
+struct ConstantZeroPoints {
+    std::vector<std::pair<size_t, const void*>> scanned;  // (input index, data) of each scanned one
+    bool all_constant = false;
+
+    void scan(const OrtApi& api, const OrtKernelInfo* info, const char* op,
+              const std::vector<std::pair<size_t, const char*>>& inputs) {
+        for (const auto& [index, name] : inputs) {
+            int is_constant = 0;
+            const OrtValue* value = nullptr;
+            if (OrtStatus* st = api.KernelInfoGetConstantInput_tensor(info, index, &is_constant, &value)) {
+                api.ReleaseStatus(st);
+                return;
+            }
+            if (!is_constant || value == nullptr) return;
+            Ort::ConstValue v{value};
+            auto ti = v.GetTensorTypeAndShapeInfo();
+            if (ti.GetElementType() != ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8) return;  // the kernel names it per call
+            mla::TensorView t;
+            t.name = name;
+            t.dtype = mla::DType::u8;
+            t.shape = ti.GetShape();
+            t.data = const_cast<void*>(v.GetTensorRawData());
+            mla::check_int4_zero_points(op, t);
+            scanned.emplace_back(index, t.data);
+        }
+        all_constant = !inputs.empty();
+    }
+    bool covers(Ort::KernelContext& ctx) const {
+        if (!all_constant) return false;
+        for (const auto& [index, data] : scanned)
+            if (ctx.GetInput(index).GetTensorRawData() != data) return false;
+        return true;
+    }
+};
 
 // ------------------------------------------------------------------ op base
 
@@ -419,6 +458,10 @@ struct MoeExpertsKernel {
             if (b != 4 && b != 8)
                 throw mla::Error(std::string("MlaMoeExperts: attribute '") + name + "' must be 4 or 8, got " +
                                  std::to_string(b));
+        std::vector<std::pair<size_t, const char*>> zps;
+        if (bits_.w13 == 4) zps.emplace_back(5, "w13_zp");
+        if (bits_.w2 == 4) zps.emplace_back(8, "w2_zp");
+        zero_points_.scan(api, info, "MlaMoeExperts", zps);
     }
     OrtStatusPtr ComputeV2(OrtKernelContext* context) {
         return guarded("MlaMoeExperts", [&] {
@@ -427,7 +470,7 @@ struct MoeExpertsKernel {
                                     input_view(ctx, 2, "topk_weights"), input_view(ctx, 3, "w13_q"),
                                     input_view(ctx, 4, "w13_s"), input_view(ctx, 5, "w13_zp"),
                                     input_view(ctx, 6, "w2_q"),  input_view(ctx, 7, "w2_s"),
-                                    input_view(ctx, 8, "w2_zp")};
+                                    input_view(ctx, 8, "w2_zp"), zero_points_.covers(ctx)};
             const mla::MoeShapes s = mla::moe_experts_shapes(in, bits_);
             const int64_t shape[2] = {s.tokens, s.hidden};
             auto out = ctx.GetOutput(0, shape, 2);
@@ -437,6 +480,7 @@ struct MoeExpertsKernel {
     mla::MoeBits bits_;
     mla::MoeCompute compute_;
     int num_threads_;
+    ConstantZeroPoints zero_points_;
 };
 
 struct MoeExpertsOp : MlaOp<MoeExpertsOp, MoeExpertsKernel> {
@@ -459,12 +503,13 @@ struct QLinearKernel {
           num_threads_(num_threads) {
         if (bits_ != 4 && bits_ != 8)
             throw mla::Error("MlaQLinear: attribute 'bits' must be 4 or 8, got " + std::to_string(bits_));
+        if (bits_ == 4) zero_points_.scan(api, info, "MlaQLinear", {{3, "w_zp"}});
     }
     OrtStatusPtr ComputeV2(OrtKernelContext* context) {
         return guarded("MlaQLinear", [&] {
             Ort::KernelContext ctx(context);
             const mla::QLinearInputs in{input_view(ctx, 0, "x"), input_view(ctx, 1, "w_q"), input_view(ctx, 2, "w_s"),
-                                        input_view(ctx, 3, "w_zp")};
+                                        input_view(ctx, 3, "w_zp"), zero_points_.covers(ctx)};
             const std::vector<int64_t> shape = mla::qlinear_shape(in, bits_);
             auto out = ctx.GetOutput(0, shape.data(), shape.size());
             mla::qlinear(in, bits_, output_view(out, "output"), ort_threading(context, num_threads_), compute_);
@@ -473,6 +518,7 @@ struct QLinearKernel {
     int64_t bits_;
     mla::MoeCompute compute_;
     int num_threads_;
+    ConstantZeroPoints zero_points_;
 };
 
 struct QLinearOp : MlaOp<QLinearOp, QLinearKernel> {

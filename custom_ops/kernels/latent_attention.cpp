@@ -471,6 +471,7 @@ void run_attention(const AttentionPlan& plan, const TensorView& out, const Threa
     const float scale = plan.scale;
     const float* qn = as_f32(*plan.q_nope, ws.q_f32[0]);
     const float* qp = as_f32(*plan.q_pe, ws.q_f32[1]);
+    const IsaKernels& K = isa();
     // bf16 up-projections (a bf16 export's) are read as they are by the absorbed form, at half an
     // f32 copy's bytes; f32 views are made only for the expanded form (or f16 weights).
     const bool w_bf16 = plan.w_uk->dtype == DType::bf16 && plan.w_uv->dtype == DType::bf16;
@@ -483,8 +484,15 @@ void run_attention(const AttentionPlan& plan, const TensorView& out, const Threa
         wuk = as_f32(*plan.w_uk, ws.w_f32[0]);
         wuv = as_f32(*plan.w_uv, ws.w_f32[1]);
     };
+    // C[m, n] = A[m, k] . W[k, n] for a head's W at element offset `at` of W_UK or W_UV.
+    const auto up_project = [&](int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* wf,
+                                const uint16_t* wb, int64_t at, float* c, int64_t ldc) {
+        if (w_bf16)
+            K.gemm_bf16b(m, n, k, a, lda, wb + at, n, c, ldc, false);
+        else
+            K.gemm(m, n, k, a, lda, wf + at, n, c, ldc, false);
+    };
     float* of = out.dtype == DType::f32 ? out.ptr<float>() : grow(ws.out_f32, shp.tokens * heads * dv);
-    const IsaKernels& K = isa();
 
     std::vector<ExpandedSeq>& expanded = ws.expanded;
     std::vector<AbsorbedRef>& absorbed = ws.refs;
@@ -513,12 +521,7 @@ void run_attention(const AttentionPlan& plan, const TensorView& out, const Threa
             const AbsorbedRef& a = absorbed[k / heads];
             const int64_t h = k % heads;
             float* dst = q_lat + (a.offset + h) * w;
-            if (w_bf16)
-                K.gemm_bf16b(a.qlen, r, dn, qn + (a.start * heads + h) * dn, heads * dn, wuk16 + h * dn * r, r, dst,
-                             heads * w, false);
-            else
-                K.gemm(a.qlen, r, dn, qn + (a.start * heads + h) * dn, heads * dn, wuk + h * dn * r, r, dst, heads * w,
-                       false);
+            up_project(a.qlen, r, dn, qn + (a.start * heads + h) * dn, heads * dn, wuk, wuk16, h * dn * r, dst, heads * w);
             for (int64_t t = 0; t < a.qlen; ++t)
                 std::copy_n(qp + ((a.start + t) * heads + h) * dr, dr, dst + t * heads * w + r);
         });
@@ -531,12 +534,8 @@ void run_attention(const AttentionPlan& plan, const TensorView& out, const Threa
         th.parallel_for(n_abs * heads, [&](int64_t k) {
             const AbsorbedRef& a = absorbed[k / heads];
             const int64_t h = k % heads;
-            if (w_bf16)
-                K.gemm_bf16b(a.qlen, dv, r, lat + (a.offset + h) * r, heads * r, wuv16 + h * r * dv, dv,
-                             of + (a.start * heads + h) * dv, heads * dv, false);
-            else
-                K.gemm(a.qlen, dv, r, lat + (a.offset + h) * r, heads * r, wuv + h * r * dv, dv,
-                       of + (a.start * heads + h) * dv, heads * dv, false);
+            up_project(a.qlen, dv, r, lat + (a.offset + h) * r, heads * r, wuv, wuv16, h * r * dv,
+                       of + (a.start * heads + h) * dv, heads * dv);
         });
     }
     if (!expanded.empty()) {

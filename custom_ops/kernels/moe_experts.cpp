@@ -109,6 +109,13 @@ MoeCompute moe_compute_from_name(const std::string& name) {
     throw Error(std::string(kOp) + ": attribute 'compute' must be f32 or bf16, got '" + name + "'");
 }
 
+std::vector<std::pair<size_t, const char*>> int4_zero_point_inputs(MoeBits bits) {
+    std::vector<std::pair<size_t, const char*>> zps;
+    if (bits.w13 == 4) zps.emplace_back(5, "w13_zp");
+    if (bits.w2 == 4) zps.emplace_back(8, "w2_zp");
+    return zps;
+}
+
 MoeShapes moe_experts_shapes(const MoeInputs& in, MoeBits bits) {
     const Dims d = check_all(in, bits);
     return MoeShapes{d.T, d.H};

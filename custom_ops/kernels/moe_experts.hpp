@@ -11,6 +11,8 @@
 #pragma once
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "mla_tensor.hpp"
 
@@ -32,6 +34,10 @@ struct MoeBits { int64_t w13, w2; };
 
 // Checks every input and attribute (naming the bad one) and returns the output shape [T, H].
 MoeShapes moe_experts_shapes(const MoeInputs& in, MoeBits bits);
+
+// The op's int4 zero-point inputs as (input index, name): what the runtimes scan once when the
+// weights are constants (check_int4_zero_points) instead of on every call.
+std::vector<std::pair<size_t, const char*>> int4_zero_point_inputs(MoeBits bits);
 
 // The products of experts with many tokens (prefill): f32, or bf16 operands with f32 sums, which
 // the runtime asks for when it runs the graph in bf16 (as the plugin's own FullyConnected does);

@@ -36,6 +36,11 @@ Dims check_all(const QLinearInputs& in, int64_t bits) {
 
 }  // namespace
 
+std::vector<std::pair<size_t, const char*>> int4_zero_point_inputs(int64_t bits) {
+    if (bits != 4) return {};
+    return {{3, "w_zp"}};
+}
+
 std::vector<int64_t> qlinear_shape(const QLinearInputs& in, int64_t bits) {
     const Dims d = check_all(in, bits);
     std::vector<int64_t> shape(in.x.shape.begin(), in.x.shape.end() - 1);
@@ -64,11 +69,10 @@ void qlinear(const QLinearInputs& in, int64_t bits, const TensorView& out, const
     const QWeights w{in.w_q.ptr<uint8_t>(), in.w_s.ptr<float>(), in.w_zp.ptr<uint8_t>(), in.w_q.dim(1), d.K / d.group};
     const int bi = bits == 4 ? 1 : 0;
     float* y = out.ptr<float>();
-    const bool few = !many;  // one pass over the codes: stream them (split_for)
     // Many rows: work items are (block of rows, tile), so a tile's activation rows stay in L2
     // while its panel is applied to them (all of a 2048-token prefill chunk's rows, 8 MB in bf16,
     // streamed from L3 once per tile and took 1.6x the plugin's time against 1.26x at 1024 rows).
-    const int64_t row_block = few ? d.M : std::min<int64_t>(d.M, kQLinearRowBlock);
+    const int64_t row_block = many ? std::min<int64_t>(d.M, kQLinearRowBlock) : d.M;
     const int64_t n_row_blocks = (d.M + row_block - 1) / row_block, n_tiles = d.N / kTileRows;
     const auto tile_at = [&](int64_t item) {
         const int64_t n0 = (item % n_tiles) * kTileRows, r0 = (item / n_tiles) * row_block;
@@ -82,10 +86,10 @@ void qlinear(const QLinearInputs& in, int64_t bits, const TensorView& out, const
         for (int64_t t = 0; t < m; ++t)
             for (int64_t j = 0; j < kTileRows; ++j) y[(r0 + t) * d.N + n0 + j] = c[t * kTileRows + j];
     };
-    if (few)
-        split_for(th, n_tiles, tile_at);
-    else
+    if (many)
         dynamic_for(th, n_row_blocks * n_tiles, tile_at);
+    else  // one pass over the codes: each core streams one run of them
+        split_for(th, n_tiles, tile_at);
 }
 
 }  // namespace mla

@@ -23,6 +23,9 @@ struct QLinearInputs {
 // shape (x's leading dims, N).
 std::vector<int64_t> qlinear_shape(const QLinearInputs& in, int64_t bits);
 
+// The op's int4 zero-point inputs as (input index, name) (as int4_zero_point_inputs(MoeBits)).
+std::vector<std::pair<size_t, const char*>> int4_zero_point_inputs(int64_t bits);
+
 void qlinear(const QLinearInputs& in, int64_t bits, const TensorView& out, const Threading& threading,
              MoeCompute compute = MoeCompute::f32);
 

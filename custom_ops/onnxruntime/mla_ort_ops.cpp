@@ -458,10 +458,7 @@ struct MoeExpertsKernel {
             if (b != 4 && b != 8)
                 throw mla::Error(std::string("MlaMoeExperts: attribute '") + name + "' must be 4 or 8, got " +
                                  std::to_string(b));
-        std::vector<std::pair<size_t, const char*>> zps;
-        if (bits_.w13 == 4) zps.emplace_back(5, "w13_zp");
-        if (bits_.w2 == 4) zps.emplace_back(8, "w2_zp");
-        zero_points_.scan(api, info, "MlaMoeExperts", zps);
+        zero_points_.scan(api, info, "MlaMoeExperts", mla::int4_zero_point_inputs(bits_));
     }
     OrtStatusPtr ComputeV2(OrtKernelContext* context) {
         return guarded("MlaMoeExperts", [&] {
@@ -503,7 +500,7 @@ struct QLinearKernel {
           num_threads_(num_threads) {
         if (bits_ != 4 && bits_ != 8)
             throw mla::Error("MlaQLinear: attribute 'bits' must be 4 or 8, got " + std::to_string(bits_));
-        if (bits_ == 4) zero_points_.scan(api, info, "MlaQLinear", {{3, "w_zp"}});
+        zero_points_.scan(api, info, "MlaQLinear", mla::int4_zero_point_inputs(bits_));
     }
     OrtStatusPtr ComputeV2(OrtKernelContext* context) {
         return guarded("MlaQLinear", [&] {

@@ -38,17 +38,21 @@ mla::TensorView view(const ov::Tensor& t, const char* name) {
     return v;
 }
 
-// The zero-point inputs' Constant bytes (and the Constants), or nothing when one is not a u8
-// Constant (then the kernels scan per call, and a wrong dtype is named by them).
-ZeroPointScan::Bytes constant_bytes(const ov::Node& node, const std::vector<std::pair<size_t, const char*>>& inputs,
-                                    std::vector<std::shared_ptr<ov::Node>>* owners = nullptr) {
-    ZeroPointScan::Bytes out;
+// The zero-point inputs' Constants, or nothing when one is not a u8 Constant (then the kernels
+// scan per call, and a wrong dtype is named by them).
+ZeroPointScan::Constants constants_of(const ov::Node& node, const std::vector<std::pair<size_t, const char*>>& inputs) {
+    ZeroPointScan::Constants out;
     for (const auto& [index, name] : inputs) {
         const auto c = ov::as_type_ptr<ov::op::v0::Constant>(node.get_input_node_shared_ptr(index));
         if (!c || c->get_element_type() != ov::element::u8) return {};
-        out.emplace_back(c->get_data_ptr(), c->get_byte_size());
-        if (owners) owners->push_back(c);
+        out.push_back(c);
     }
+    return out;
+}
+
+ZeroPointScan::Bytes bytes_of(const ZeroPointScan::Constants& constants) {
+    ZeroPointScan::Bytes out;
+    for (const auto& c : constants) out.emplace_back(c->get_data_ptr(), c->get_byte_size());
     return out;
 }
 
@@ -57,11 +61,11 @@ ZeroPointScan::Bytes constant_bytes(const ov::Node& node, const std::vector<std:
 void ZeroPointScan::update(const ov::Node& node, const std::vector<std::pair<size_t, const char*>>& inputs) {
     Bytes from_source;
     from_source.swap(inherited);  // one use only
-    std::vector<std::shared_ptr<ov::Node>> now_owners;
-    const Bytes now = constant_bytes(node, inputs, &now_owners);
+    Constants now = constants_of(node, inputs);
+    const Bytes now_bytes = bytes_of(now);
     // Bytes scanned before: by this node, which still holds their Constants (so no other tensor
     // can sit at those addresses), or by the node it was cloned from, alive while it cloned.
-    const bool known = !now.empty() && ((checked && now == scanned) || now == from_source);
+    const bool known = !now.empty() && ((checked && now_bytes == bytes_of(scanned)) || now_bytes == from_source);
     // A node nothing consumes yet is being made: by a reader (validated again once wired) or by
     // the plugin's shape inference (never run): a scan there would be wasted work.
     const bool unwired = node.get_output_size() > 0 && node.get_output_target_inputs(0).empty();
@@ -73,21 +77,21 @@ void ZeroPointScan::update(const ov::Node& node, const std::vector<std::pair<siz
         for (size_t i = 0; i < inputs.size(); ++i) {
             mla::TensorView v;
             v.name = inputs[i].second;
-            v.data = const_cast<void*>(now[i].first);
+            v.data = const_cast<void*>(now[i]->get_data_ptr());
             v.dtype = mla::DType::u8;
-            for (auto d : now_owners[i]->get_output_shape(0)) v.shape.push_back(static_cast<int64_t>(d));
+            for (auto d : now[i]->get_shape()) v.shape.push_back(static_cast<int64_t>(d));
             mla::check_int4_zero_points(node.get_type_name(), v);
         }
         checked = true;
     }
-    scanned = checked ? now : Bytes{};
-    owners = checked ? std::move(now_owners) : std::vector<std::shared_ptr<ov::Node>>{};
+    scanned = checked ? std::move(now) : Constants{};
 }
 
 ZeroPointScan::Bytes ZeroPointScan::for_clone(const ov::Node& node,
                                               const std::vector<std::pair<size_t, const char*>>& inputs) const {
-    if (!checked || scanned.empty() || constant_bytes(node, inputs) != scanned) return {};
-    return scanned;
+    if (!checked || scanned.empty()) return {};
+    Bytes held = bytes_of(scanned);
+    return bytes_of(constants_of(node, inputs)) == held ? held : Bytes{};
 }
 
 namespace {
@@ -333,13 +337,6 @@ MlaMoeExperts::MlaMoeExperts(const ov::OutputVector& args, int64_t w13_bits, int
     constructor_validate_and_infer_types();
 }
 
-std::vector<std::pair<size_t, const char*>> MlaMoeExperts::int4_zero_points() const {
-    std::vector<std::pair<size_t, const char*>> zps;
-    if (m_w13_bits == 4) zps.emplace_back(5, "w13_zp");
-    if (m_w2_bits == 4) zps.emplace_back(8, "w2_zp");
-    return zps;
-}
-
 void MlaMoeExperts::validate_and_infer_types() {
     NODE_VALIDATION_CHECK(this, get_input_size() == 9, "MlaMoeExperts takes 9 inputs, got ", get_input_size());
     NODE_VALIDATION_CHECK(this, m_w13_bits == 4 || m_w13_bits == 8,
@@ -349,7 +346,7 @@ void MlaMoeExperts::validate_and_infer_types() {
     NODE_VALIDATION_CHECK(this, m_compute == "f32" || m_compute == "bf16",
                           "MlaMoeExperts attribute 'compute' must be f32 or bf16, got '", m_compute, "'");
     try {
-        m_zp.update(*this, int4_zero_points());
+        m_zp.update(*this, mla::int4_zero_point_inputs(mla::MoeBits{m_w13_bits, m_w2_bits}));
     } catch (const mla::Error& e) {
         NODE_VALIDATION_CHECK(this, false, e.what());
     }
@@ -361,7 +358,7 @@ void MlaMoeExperts::validate_and_infer_types() {
 
 std::shared_ptr<ov::Node> MlaMoeExperts::clone_with_new_inputs(const ov::OutputVector& args) const {
     return std::make_shared<MlaMoeExperts>(args, m_w13_bits, m_w2_bits, m_compute,
-                                           m_zp.for_clone(*this, int4_zero_points()));
+                                           m_zp.for_clone(*this, mla::int4_zero_point_inputs(mla::MoeBits{m_w13_bits, m_w2_bits})));
 }
 
 bool MlaMoeExperts::visit_attributes(ov::AttributeVisitor& visitor) {
@@ -392,18 +389,13 @@ MlaQLinear::MlaQLinear(const ov::OutputVector& args, int64_t bits, std::string c
     constructor_validate_and_infer_types();
 }
 
-std::vector<std::pair<size_t, const char*>> MlaQLinear::int4_zero_points() const {
-    if (m_bits != 4) return {};
-    return {{3, "w_zp"}};
-}
-
 void MlaQLinear::validate_and_infer_types() {
     NODE_VALIDATION_CHECK(this, get_input_size() == 4, "MlaQLinear takes 4 inputs, got ", get_input_size());
     NODE_VALIDATION_CHECK(this, m_bits == 4 || m_bits == 8, "MlaQLinear attribute 'bits' must be 4 or 8, got ", m_bits);
     NODE_VALIDATION_CHECK(this, m_compute == "f32" || m_compute == "bf16",
                           "MlaQLinear attribute 'compute' must be f32 or bf16, got '", m_compute, "'");
     try {
-        m_zp.update(*this, int4_zero_points());
+        m_zp.update(*this, mla::int4_zero_point_inputs(m_bits));
     } catch (const mla::Error& e) {
         NODE_VALIDATION_CHECK(this, false, e.what());
     }
@@ -418,7 +410,7 @@ void MlaQLinear::validate_and_infer_types() {
 }
 
 std::shared_ptr<ov::Node> MlaQLinear::clone_with_new_inputs(const ov::OutputVector& args) const {
-    return std::make_shared<MlaQLinear>(args, m_bits, m_compute, m_zp.for_clone(*this, int4_zero_points()));
+    return std::make_shared<MlaQLinear>(args, m_bits, m_compute, m_zp.for_clone(*this, mla::int4_zero_point_inputs(m_bits)));
 }
 
 bool MlaQLinear::visit_attributes(ov::AttributeVisitor& visitor) {

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include <openvino/op/constant.hpp>
 #include <openvino/op/op.hpp>
 
 #include "../kernels/mla_kernels.hpp"
@@ -92,10 +93,10 @@ private:
 // scanned (a reader validates it again once wired; shape inference never runs it).
 struct ZeroPointScan {
     using Bytes = std::vector<std::pair<const void*, size_t>>;  // each zero-point Constant's data and size
+    using Constants = std::vector<std::shared_ptr<ov::op::v0::Constant>>;
     bool checked = false;
-    Bytes scanned;    // what the last scan (or inheritance) covered
-    std::vector<std::shared_ptr<ov::Node>> owners;  // their Constants, held: nothing else can sit there
-    Bytes inherited;  // a clone's: its source's scanned bytes, consumed by the next validation
+    Constants scanned;  // the Constants the last scan (or inheritance) covered, held: their bytes stay
+    Bytes inherited;    // a clone's: its source's scanned bytes, consumed by the next validation
     // Scans (or inherits) node's inputs listed as (index, name); throws mla::Error for a bad one.
     void update(const ov::Node& node, const std::vector<std::pair<size_t, const char*>>& inputs);
     // What a clone of node may inherit: the scanned bytes if node's zero-point inputs still are them.
@@ -116,7 +117,6 @@ public:
     MLA_OV_OP_OVERRIDES
 
 private:
-    std::vector<std::pair<size_t, const char*>> int4_zero_points() const;
     int64_t m_w13_bits = 8, m_w2_bits = 8;
     std::string m_compute = "f32";
     ZeroPointScan m_zp;
@@ -134,7 +134,6 @@ public:
     MLA_OV_OP_OVERRIDES
 
 private:
-    std::vector<std::pair<size_t, const char*>> int4_zero_points() const;
     int64_t m_bits = 8;
     std::string m_compute = "f32";
     ZeroPointScan m_zp;

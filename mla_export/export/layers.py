@@ -71,13 +71,13 @@ def linear(g: GraphBuilder, rd: CheckpointReader, prefix: str, x: str, n_out: in
     if rows is not None:
         w = w[rows]
     fmt = g.store.format
-    ours = [v for v in ("custom", "openvino") if v in g.variants]
+    ours = [v for v in CUSTOM_OP_VARIANTS if v in g.variants]
     if (ours and not bias and not fmt.planning and fmt.bits("matmul", name) == 4
             and qlinear_problem(n_out, n_in, 4, fmt.group_size) is None):
-        rest = [v for v in g.variants if v not in ours]
-        y = qlinear(g.only(ours), name, w, x, 4, prefix, record=True)
-        if rest:
-            g.only(rest).op("Gemm", x, g.only(rest).weight(name, w, record=False), transB=1, name=prefix)
+        y = qlinear(g.only(ours), name, w, x, 4, prefix)
+        rest = g.only([v for v in g.variants if v not in ours])
+        if rest.variants:  # the portable graph: a Gemm on the same weight, counted once
+            rest.op("Gemm", x, rest.weight(name, w, record=False), transB=1, name=prefix)
         return y
     inputs = [x, g.weight(name, w)]
     if bias:

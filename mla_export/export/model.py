@@ -20,7 +20,7 @@ from .. import onnx_ops
 from ..config import MLAModelConfig
 from ..contract import graph_io
 from .graph import GraphBuilder, WeightFormat, WeightStore
-from .layers import attention, dense_mlp, norm, rope_tables
+from .layers import CUSTOM_OP_VARIANTS, attention, dense_mlp, norm, rope_tables
 from .qlinear import qlinear, qlinear_problem
 from .moe import moe
 from .weights import CheckpointReader
@@ -114,7 +114,7 @@ def _inputs(g: GraphBuilder, cfg: MLAModelConfig) -> dict:
     portable graph returns updated caches instead of writing its inputs, so a failing step
     leaves the caller's caches alone there; it passes the three through unchanged (Identity)."""
     ck = onnx_ops.CHECKED
-    for variant in ("custom", "openvino"):  # both use the in-place MLA ops
+    for variant in CUSTOM_OP_VARIANTS:  # both use the in-place MLA ops
         if variant in g.variants:
             g.add_node(variant, onnx_ops.step_check_node(cfg.num_layers, cfg.vocab_size, cfg.max_position_embeddings))
     if "portable" in g.variants:
@@ -161,17 +161,16 @@ def _logits(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig, picked: 
     fmt = g.store.format
     bits = fmt.bits("head")
     fused = {v for v, form in (moe_forms or {}).items() if form == "fused"}
-    ours = [v for v in ("custom", "openvino") if v in g.variants and ((v == "custom" and v in fused) or bits == 4)]
+    ours = [v for v in CUSTOM_OP_VARIANTS if v in g.variants and ((v == "custom" and v in fused) or bits == 4)]
+    counted = False
     if (ours and not fmt.planning and rd.has("lm_head.weight")
             and qlinear_problem(cfg.vocab_size, cfg.hidden_size, bits, fmt.group_size) is None):
         qlinear(g.only(ours), "lm_head.weight", rd.get("lm_head.weight", (cfg.vocab_size, cfg.hidden_size)),
                 picked, bits, "logits")
-        g = g.only([v for v in g.variants if v not in ours])
+        g, counted = g.only([v for v in g.variants if v not in ours]), True
         if not g.variants:
             return
-        g.op("Gemm", picked, _lm_head(g, rd, cfg, table, record=False), transB=1, name="logits")  # counted once
-        return
-    g.op("Gemm", picked, _lm_head(g, rd, cfg, table), transB=1, name="logits")
+    g.op("Gemm", picked, _lm_head(g, rd, cfg, table, record=not counted), transB=1, name="logits")
 
 
 def _lm_head(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig, embedding: str, record: bool = True) -> str:

@@ -82,7 +82,9 @@ void qlinear(const QLinearInputs& in, int64_t bits, const TensorView& out, const
         thread_local std::vector<float> tile;
         if (static_cast<int64_t>(tile.size()) < m * kTileRows) tile.resize(m * kTileRows);
         float* c = tile.data();
-        qtile(isa, bi, acts, rows.data() + r0, m, blocks, d.K, d.group, c, many_from);
+        // every row block of a call takes the call's form (acts holds its rows for that form only;
+        // the last block may be shorter than many_from)
+        qtile(isa, bi, acts, rows.data() + r0, m, blocks, d.K, d.group, c, many ? 0 : many_from);
         for (int64_t t = 0; t < m; ++t)
             for (int64_t j = 0; j < kTileRows; ++j) y[(r0 + t) * d.N + n0 + j] = c[t * kTileRows + j];
     };

@@ -77,11 +77,12 @@ def test_rank3_and_half_activations(rng, runtime):
 
 
 @pytest.mark.parametrize("runtime", list(RUNTIMES))
-@pytest.mark.parametrize("rows,bits,group", [(2, 4, 64), (11, 8, 256), (5, 4, 32), (16, 4, 64), (64, 4, 64),
-                                             (300, 4, 64)])
+@pytest.mark.parametrize("rows,bits,group", [(1, 8, 256), (2, 4, 64), (3, 8, 256), (8, 8, 256), (11, 8, 256),
+                                             (5, 4, 32), (16, 4, 64), (64, 4, 64), (300, 4, 64)])
 def test_reduced_precision_compute(rng, runtime, rows, bits, group):
     """Activation blocks of 64, 128 (int8 per channel: one group of 256) and 32 inputs. On VNNI CPUs
-    MlaQLinear runs int8-activation dots below 64 rows (kManyRowsQ8Linear; the MoE op's bound is 16)."""
+    MlaQLinear runs int8-activation dots below 64 rows (kManyRowsQ8Linear; the MoE op's bound is 16):
+    4 weight rows a call for 1-2 rows of x, 8 from 3 rows on, in calls of up to 4 rows of x."""
     weights, w = _case(rng, 128, 256, bits, group)
     x = rng.standard_normal((rows, 256)).astype(np.float32)
     got = RUNTIMES[runtime](_model(256, 128, weights, bits, compute="bf16"), {"x": x})

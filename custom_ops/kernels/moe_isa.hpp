@@ -59,9 +59,9 @@ struct MoeIsa {
     // dst[i] = bf16(src[i]) rounded to nearest even, n % 32 == 0; null where not compiled.
     void (*to_bf16)(int64_t n, const float* src, uint16_t* dst);
     // qdot on int8 activation rows (u8 codes x s8 activations summed in int32 by AVX512_VNNI
-    // vpdpbusd, then scaled per activation block and per group in f32), M = 1..8 rows (one zmm of
-    // sums per row: 8 fit the registers); null where not compiled.
-    void (*qdot_q8[2][8])(int64_t K, int64_t group, const QRow* x, const QBlock& blk, float* out, int64_t ldo);
+    // vpdpbusd, then scaled per activation block and per group in f32): [bits][nb - 1][M - 1] runs
+    // the 4 x nb rows of blk[0..nb) against M = 1..4 activation rows; null where not compiled.
+    void (*qdot_q8[2][2][4])(int64_t K, int64_t group, const QRow* x, const QBlock* blk, float* out, int64_t ldo);
 };
 
 const MoeIsa& moe_isa();

@@ -205,71 +205,100 @@ void fdot(int64_t k0, int64_t kb, const float* const* a, const float* w, float* 
 #ifndef MLA_PF
 #define MLA_PF 1024
 #endif
-// Four rows by M tokens on int8 activations. One 64-byte load holds 16 codes of each of the 4 rows
-// (int8: inputs 16c..16c+15 of chunk c; int4: the low nibbles are inputs 32c..32c+15 and the high
-// ones 32c+16..32c+31), so int32 lane 4r + j sums 4 products of row r; the token's 16 activations
-// of the same inputs are broadcast to the 4 rows' lanes. The int32 sums of an activation block
-// (a whole number of them per weight group) are scaled by its d into f32 group sums; at the
-// group's end the row's scale and zero point apply (the zero point's term subtracted a quarter in
-// each of the row's 4 lanes).
-template <int BITS, int M>
-void qdot_q8(int64_t K, int64_t group, const QRow* x, const QBlock& blk, float* out, int64_t ldo) {
+// NB 4-row blocks (4 or 8 rows) by M tokens on int8 activations. One 64-byte load holds 16 codes of
+// each of a block's 4 rows (int8: inputs 16c..16c+15 of chunk c; int4: the low nibbles are inputs
+// 32c..32c+15 and the high ones 32c+16..32c+31), so int32 lane 4r + j sums 4 products of row r;
+// the token's 16 activations of the same inputs are broadcast to the 4 rows' lanes, once for all
+// NB blocks. The int32 sums of an activation block (a whole number of them per weight group) go
+// into the f32 totals scaled by the row's group scale times the block's d; at the group's end the
+// zero point's term is subtracted (a quarter in each of the row's 4 lanes).
+// Registers: NB x M int32 sums and NB x M f32 totals, so NB x M <= 8.
+// Measured on the 102400 x 2048 int8 lm_head, 2 cores (qmb micro-benchmark, against a plain read
+// of the same bytes): 1-2 tokens stream at read speed with NB = 1 and no software prefetch (the
+// former 1 KB-ahead prefetch made them 1.1-1.4x slower; NB = 2 1.2x slower). From 3 tokens the
+// dot products cost as much as the reads and the two no longer overlap (8 tokens: 14-16 ms against
+// a 7 ms read): broadcasts shared by two blocks (NB = 2: ~230 multiply-adds/ns a core in cache
+// against ~160) and a prefetch 32 KB ahead (the second 4 tokens run on cached codes, and the next
+// rows must be on their way meanwhile) bring 8 tokens to ~11 ms.
+template <int BITS, int NB, int M>
+void qdot_q8(int64_t K, int64_t group, const QRow* x, const QBlock* blk, float* out, int64_t ldo) {
+    static_assert(NB * M <= 8, "accumulators beyond the registers");
+    constexpr int64_t kPrefetch8 = M >= 3 ? 32768 : 0;  // int8 codes, bytes ahead (0: none)
     const __m512i row_of_lane = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     const __m512i nibble = _mm512_set1_epi8(0x0F);
     const int64_t block = x[0].block;  // every row of a call has the same (q8_block(group))
-    __m512 tot[M];
-    for (int t = 0; t < M; ++t) tot[t] = _mm512_setzero_ps();
+    __m512 tot[NB][M];
+    for (int b = 0; b < NB; ++b)
+        for (int t = 0; t < M; ++t) tot[b][t] = _mm512_setzero_ps();
     const int64_t groups = K / group;
     for (int64_t g = 0; g < groups; ++g) {
-        __m512 gacc[M];
-        for (int t = 0; t < M; ++t) gacc[t] = _mm512_setzero_ps();
+        __m512 s[NB], sz[NB];  // per lane: the row's scale, and scale x zero point / 4
+        for (int b = 0; b < NB; ++b) {
+            const QBlock& q = blk[b];
+            s[b] = _mm512_permutexvar_ps(row_of_lane,
+                                         _mm512_castps128_ps512(_mm_setr_ps(q.s[0][g], q.s[1][g], q.s[2][g], q.s[3][g])));
+            sz[b] = _mm512_mul_ps(
+                s[b], _mm512_permutexvar_ps(row_of_lane, _mm512_castps128_ps512(_mm_setr_ps(
+                                                             0.25f * q.zp[0][g], 0.25f * q.zp[1][g],
+                                                             0.25f * q.zp[2][g], 0.25f * q.zp[3][g]))));
+        }
         for (int64_t b0 = g * group; b0 < (g + 1) * group; b0 += block) {
-            __m512i acc[M];
-            for (int t = 0; t < M; ++t) acc[t] = _mm512_setzero_si512();
+            __m512i acc[NB][M];
+            for (int b = 0; b < NB; ++b)
+                for (int t = 0; t < M; ++t) acc[b][t] = _mm512_setzero_si512();
             for (int64_t k = b0; k < b0 + block; k += 32) {
-                __m512i lo, hi;  // the 4 rows' codes of inputs k..k+15 and k+16..k+31
-                _mm_prefetch(reinterpret_cast<const char*>(blk.q + (k / (BITS == 8 ? 16 : 32)) * 64 + MLA_PF),
-                             _MM_HINT_T0);
-                if (BITS == 8) {
-                    lo = _mm512_loadu_si512(blk.q + (k / 16) * 64);
-                    hi = _mm512_loadu_si512(blk.q + (k / 16) * 64 + 64);
-                } else {
-                    const __m512i v = _mm512_loadu_si512(blk.q + (k / 32) * 64);
-                    lo = _mm512_and_si512(v, nibble);
-                    hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+                __m512i lo[NB], hi[NB];  // each block's 4 rows' codes of inputs k..k+15 and k+16..k+31
+                for (int b = 0; b < NB; ++b) {
+                    if (BITS == 8) {
+                        if (kPrefetch8 > 0) {
+                            const char* next = reinterpret_cast<const char*>(blk[b].q + (k / 16) * 64 + kPrefetch8);
+                            _mm_prefetch(next, _MM_HINT_T0);
+                            _mm_prefetch(next + 64, _MM_HINT_T0);
+                        }
+                        lo[b] = _mm512_loadu_si512(blk[b].q + (k / 16) * 64);
+                        hi[b] = _mm512_loadu_si512(blk[b].q + (k / 16) * 64 + 64);
+                    } else {
+                        _mm_prefetch(reinterpret_cast<const char*>(blk[b].q + (k / 32) * 64 + MLA_PF), _MM_HINT_T0);
+                        const __m512i v = _mm512_loadu_si512(blk[b].q + (k / 32) * 64);
+                        lo[b] = _mm512_and_si512(v, nibble);
+                        hi[b] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+                    }
                 }
                 for (int t = 0; t < M; ++t) {
                     const __m512i xl =
                         _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[t].q + k)));
                     const __m512i xh =
                         _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[t].q + k + 16)));
-                    acc[t] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(acc[t], lo, xl), hi, xh);
+                    for (int b = 0; b < NB; ++b)
+                        acc[b][t] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(acc[b][t], lo[b], xl), hi[b], xh);
                 }
             }
-            for (int t = 0; t < M; ++t)
-                gacc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[t]), _mm512_set1_ps(x[t].d[b0 / block]), gacc[t]);
+            for (int t = 0; t < M; ++t) {
+                const __m512 d = _mm512_set1_ps(x[t].d[b0 / block]);
+                for (int b = 0; b < NB; ++b)
+                    tot[b][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[b][t]), _mm512_mul_ps(s[b], d), tot[b][t]);
+            }
         }
-        const __m512 s = _mm512_permutexvar_ps(
-            row_of_lane, _mm512_castps128_ps512(_mm_setr_ps(blk.s[0][g], blk.s[1][g], blk.s[2][g], blk.s[3][g])));
-        const __m512 z = _mm512_permutexvar_ps(
-            row_of_lane, _mm512_castps128_ps512(_mm_setr_ps(0.25f * blk.zp[0][g], 0.25f * blk.zp[1][g],
-                                                            0.25f * blk.zp[2][g], 0.25f * blk.zp[3][g])));
-        for (int t = 0; t < M; ++t)
-            tot[t] = _mm512_fmadd_ps(s, _mm512_fnmadd_ps(z, _mm512_set1_ps(x[t].gsum[g]), gacc[t]), tot[t]);
+        for (int t = 0; t < M; ++t) {
+            const __m512 gs = _mm512_set1_ps(x[t].gsum[g]);
+            for (int b = 0; b < NB; ++b) tot[b][t] = _mm512_fnmadd_ps(sz[b], gs, tot[b][t]);
+        }
     }
-    for (int t = 0; t < M; ++t) {
-        alignas(64) float lanes[16];
-        _mm512_store_ps(lanes, tot[t]);
-        for (int r = 0; r < 4; ++r)
-            out[t * ldo + r] = (lanes[4 * r] + lanes[4 * r + 1]) + (lanes[4 * r + 2] + lanes[4 * r + 3]);
-    }
+    for (int t = 0; t < M; ++t)
+        for (int b = 0; b < NB; ++b) {
+            alignas(64) float lanes[16];
+            _mm512_store_ps(lanes, tot[b][t]);
+            for (int r = 0; r < 4; ++r)
+                out[t * ldo + 4 * b + r] = (lanes[4 * r] + lanes[4 * r + 1]) + (lanes[4 * r + 2] + lanes[4 * r + 3]);
+        }
 }
-#define MLA_MOE_Q8 {{qdot_q8<8, 1>, qdot_q8<8, 2>, qdot_q8<8, 3>, qdot_q8<8, 4>,   \
-                     qdot_q8<8, 5>, qdot_q8<8, 6>, qdot_q8<8, 7>, qdot_q8<8, 8>},  \
-                    {qdot_q8<4, 1>, qdot_q8<4, 2>, qdot_q8<4, 3>, qdot_q8<4, 4>,   \
-                     qdot_q8<4, 5>, qdot_q8<4, 6>, qdot_q8<4, 7>, qdot_q8<4, 8>}}
+#define MLA_MOE_Q8                                                                                  \
+    {{{qdot_q8<8, 1, 1>, qdot_q8<8, 1, 2>, qdot_q8<8, 1, 3>, qdot_q8<8, 1, 4>},                     \
+      {qdot_q8<8, 2, 1>, qdot_q8<8, 2, 2>, qdot_q8<8, 2, 3>, qdot_q8<8, 2, 4>}},                    \
+     {{qdot_q8<4, 1, 1>, qdot_q8<4, 1, 2>, qdot_q8<4, 1, 3>, qdot_q8<4, 1, 4>},                     \
+      {qdot_q8<4, 2, 1>, qdot_q8<4, 2, 2>, qdot_q8<4, 2, 3>, qdot_q8<4, 2, 4>}}}
 #else
-#define MLA_MOE_Q8 {{}, {}}
+#define MLA_MOE_Q8 {}
 #endif
 
 #if defined(__AVX512BF16__)

@@ -95,7 +95,7 @@ QMode qmode(bool reduced, const MoeIsa& isa) {
     static const bool cpu_vnni = __builtin_cpu_supports("avx512vnni");
     QMode m;
     m.bf16_panels = reduced && isa.to_bf16 != nullptr && cpu_bf16;
-    m.q8_dots = reduced && isa.qdot_q8[0][0] != nullptr && cpu_vnni;
+    m.q8_dots = reduced && isa.qdot_q8[0][0][0] != nullptr && cpu_vnni;
     return m;
 }
 
@@ -148,11 +148,14 @@ void qtile(const MoeIsa& isa, int bi, const QActs& acts, const int64_t* rows, in
         if (acts.has_q8()) {
             s.q8.resize(m);
             for (int64_t t = 0; t < m; ++t) s.q8[t] = acts.q8(rows[t]);
-            for (int64_t r0 = 0; r0 < kTileRows; r0 += 4)
-                for (int64_t t0 = 0; t0 < m; t0 += 8) {
-                    const int64_t mt = std::min<int64_t>(8, m - t0);
-                    isa.qdot_q8[bi][mt - 1](K, group, s.q8.data() + t0, blocks[r0 / 4], c + t0 * kTileRows + r0,
-                                            kTileRows);
+            // 1-2 rows: 4 weight rows a call (memory-bound); more: 8 (the broadcasts of the activations
+            // shared by two blocks), 4 activation rows a call (moe_isa_impl.hpp's measurements)
+            const int nb = m <= 2 ? 1 : 2;
+            for (int64_t r0 = 0; r0 < kTileRows; r0 += 4 * nb)
+                for (int64_t t0 = 0; t0 < m; t0 += 4) {
+                    const int64_t mt = std::min<int64_t>(4, m - t0);
+                    isa.qdot_q8[bi][nb - 1][mt - 1](K, group, s.q8.data() + t0, blocks + r0 / 4,
+                                                    c + t0 * kTileRows + r0, kTileRows);
                 }
             return;
         }

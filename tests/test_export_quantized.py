@@ -164,11 +164,13 @@ def test_compiled_model_keeps_weights_compressed(tmp_path, checkpoint):
 
 @pytest.mark.parametrize("fmt,all_layers,moe_form,head_op", [
     ("int4", True, "fused", "MlaQLinear"), ("int4", True, "grouped", "MlaQLinear"),
-    ("int4", False, "fused", "FullyConnected"), ("int8", False, "fused", "FullyConnected")])
+    ("int4", False, "fused", "MlaQLinear"), ("int8", False, "fused", "MlaQLinear"),
+    ("bf16", False, "grouped", "FullyConnected")])
 def test_ir_lm_head_runs_where_it_measured_fastest(tmp_path, checkpoint, fmt, all_layers, moe_form, head_op):
-    """The IR's `logits`: our MlaQLinear for an int4 head (the plugin decodes every u4 code per
-    call: 1.7x slower at decode's row counts), the plugin's compressed MatMul for an int8 head (as
-    fast at 1 row, faster at 8); docs/WEIGHTS.md. model.onnx, when asked for too, keeps its own rule."""
+    """The IR's `logits`: our MlaQLinear for an integer head (int4 with --all-layers, int8 otherwise;
+    the plugin decodes every code per call: 1.7x slower for int4 at decode's row counts, 1.35x for
+    int8 at 1 row), the plugin's MatMul for a float head; docs/WEIGHTS.md. model.onnx, when asked
+    for too, keeps its own rule."""
     from mla_export import ov_core
 
     ckpt, _ = checkpoint

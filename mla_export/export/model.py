@@ -154,14 +154,14 @@ def _logits(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig, picked: 
     lm_head multiplies only the B rows `logits_indices` picks (one per sequence of the step), so it
     is a decode-sized product at every step. model.onnx uses MlaQLinear wherever it already runs our
     integer-weight ops (the fused MoE form): onnxruntime would fold a dequantised Gemm into an f32
-    copy of the table. The graph the IR is made from uses it for an int4 head: there the plugin's
-    compressed MatMul decodes every u4 code to bf16 on each call, measured 1.7x slower than our VNNI
-    dots at 1 row and even at 8; for an int8 head the plugin is as fast at 1 row and faster at 8
-    (docs/WEIGHTS.md has the figures), so the IR keeps its MatMul there."""
+    copy of the table. The graph the IR is made from uses it for int4 and int8 heads: the plugin's
+    compressed MatMul decodes every code to bf16 on each call, measured 1.7x slower than our VNNI
+    dots at 1 row and even at 8 for int4, 1.35x slower at 1 row for int8 (1.1x faster at 8 rows;
+    docs/WEIGHTS.md has the figures)."""
     fmt = g.store.format
     bits = fmt.bits("head")
     fused = {v for v, form in (moe_forms or {}).items() if form == "fused"}
-    ours = [v for v in CUSTOM_OP_VARIANTS if v in g.variants and ((v == "custom" and v in fused) or bits == 4)]
+    ours = [v for v in CUSTOM_OP_VARIANTS if v in g.variants and ((v == "custom" and v in fused) or bits in (4, 8))]
     counted = False
     if (ours and not fmt.planning and rd.has("lm_head.weight")
             and qlinear_problem(cfg.vocab_size, cfg.hidden_size, bits, fmt.group_size) is None):

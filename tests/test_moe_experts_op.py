@@ -263,36 +263,28 @@ def _cpu_has(flag: str) -> bool:
         return False
 
 
-def _cpu_has_bf16() -> bool:
-    return _cpu_has("avx512_bf16")
-
-
 @pytest.mark.parametrize("runtime", list(RUNTIMES))
 def test_reduced_precision_compute(rng, runtime):
-    """compute="bf16" (what the runtime sets under a bf16 hint): experts with >= 8 tokens multiply
-    bf16-rounded operands with f32 sums, so the error is bf16's (~1e-3 relative), and it must be
-    there on a CPU with AVX512_BF16 (else the f32 kernel ran and the result is f32-exact)."""
+    """compute="bf16" (what the runtime sets under a bf16 hint): on a VNNI CPU the activations are
+    quantised to int8 per block of inputs (as the plugin's dynamic quantisation and llama.cpp's Q8
+    activations do) and the result is the reference's on those activations, for experts with few
+    tokens (decode) and many (prefill: 60 tokens over 4 experts) alike; elsewhere it stays f32-exact."""
     weights, feeds, want, (w13, w2) = _case_full(rng, 4, 128, 64, 2, 60, (8, 4), 32)
-    got = RUNTIMES[runtime](_model(128, (8, 4), weights, compute="bf16"), feeds)
-    err = np.abs(got - want).max() / np.abs(want).max()
-    assert err < 2e-2, err
-    if _cpu_has_bf16():
-        assert err > 1e-5, f"bf16 compute asked, but the result is f32-exact ({err:.1e})"
-    else:
-        assert err < TOL
-    # few tokens per expert (decode): under compute="bf16" on a VNNI CPU the activations are
-    # quantised to int8 per block of inputs (as the plugin's dynamic quantisation does) and the result
-    # is the reference's on those activations; elsewhere they stay f32-exact.
-    small = {k: v[:3] for k, v in feeds.items()}
-    got_small = RUNTIMES[runtime](_model(128, (8, 4), weights, compute="bf16"), small)
-    scale = np.abs(want[:3]).max()
-    err_f32 = np.abs(got_small - want[:3]).max() / scale
-    if _cpu_has("avx512_vnni"):
-        want_q8 = ref.moe_experts(small["x"], small["ids"], small["wts"], w13, w2, q8_groups=(128, 32))
-        assert np.abs(got_small - want_q8).max() / scale < 1e-4
-        assert err_f32 > 1e-6, f"int8 activations expected on this CPU, but the result is f32-exact ({err_f32:.1e})"
-    else:
-        assert err_f32 < TOL
+    for n in (3, 60):
+        part = {k: v[:n] for k, v in feeds.items()}
+        got = RUNTIMES[runtime](_model(128, (8, 4), weights, compute="bf16"), part)
+        scale = np.abs(want[:n]).max()
+        err_f32 = np.abs(got - want[:n]).max() / scale
+        if _cpu_has("avx512_vnni"):
+            want_q8 = ref.moe_experts(part["x"], part["ids"], part["wts"], w13, w2, q8_groups=(128, 32))
+            # the down projection's int8 activations are quantised from f32 gate/up results, which
+            # differ from the float64 reference's in the last bits: now and then one rounds to the
+            # neighbouring code (one step of its block's scale, ~1e-3 of the output); all else matches
+            dev = np.abs(got - want_q8) / scale
+            assert np.quantile(dev, 0.99) < 1e-4 and dev.max() < 5e-3, (n, np.quantile(dev, 0.99), dev.max())
+            assert err_f32 > 1e-6, f"int8 activations expected on this CPU, but the result is f32-exact ({err_f32:.1e})"
+        else:
+            assert err_f32 < TOL, n
 
 
 def test_runtime_sets_compute_from_its_precision(tmp_path):

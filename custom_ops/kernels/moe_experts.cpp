@@ -5,10 +5,10 @@
 // pairs ordered by (expert, token). Phase 2, down: work items are 32 output columns; each walks the
 // experts in ascending order and adds weight * (act @ down_e^T) onto its columns of every token,
 // so no two items write the same element and each token's sum runs in ascending expert order.
-// Both phases use one tile routine: few tokens -> dot products on the codes (one pass over the
-// weights, which is all decode needs); many tokens -> dequantise a panel of rows once per k-block
-// and run dot products of every token against it, in f32 or (compute = bf16, the runtime's bf16
-// hint) in bf16 operands with f32 sums.
+// Both phases use one tile routine (qmatmul.hpp): under compute = bf16 (the runtime's bf16 hint)
+// on VNNI CPUs, int8-activation dot products on the codes for any number of tokens; in f32, dot
+// products on the codes for few tokens (one pass over the weights, which is all decode needs) and
+// a panel of rows dequantised once per k-block for many.
 #include "moe_experts.hpp"
 
 #include <algorithm>
@@ -175,7 +175,7 @@ void moe_experts(const MoeInputs& in, MoeBits bits, const TensorView& out, const
                       d.I / d.g2};
 
     // Phase 1: act[p, :] = silu(x_p gate^T) * (x_p up^T).
-    const QActs xa(x, d.T, d.H, d.g13, isa, mode, some_many, some_few);
+    const QActs xa(x, d.T, d.H, d.g13, mode, some_few);
     std::unique_ptr<float[]> act(new float[P * d.I]);
     const int64_t col_blocks = d.I / 16;
     // Decode (no expert with many tokens): every item costs the same, and contiguous runs of items
@@ -200,7 +200,7 @@ void moe_experts(const MoeInputs& in, MoeBits bits, const TensorView& out, const
     });
 
     // Phase 2: y[t, cols] = sum over t's pairs, experts ascending, of w_p * (act_p . down rows).
-    const QActs aa(act.get(), P, d.I, d.g2, isa, mode, some_many, some_few);
+    const QActs aa(act.get(), P, d.I, d.g2, mode, some_few);
     std::fill(y, y + d.T * d.H, 0.f);
     spread(th, d.H / kPanel, [&](int64_t item) {
         const int64_t c0 = item * kPanel;

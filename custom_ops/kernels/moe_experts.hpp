@@ -4,9 +4,9 @@
 //
 // with gate_e / up_e the rows [0, I) / [I, 2I) of expert e's w13 and down_e its w2. Only the
 // selected experts' weights are read. Weights stay in their stored codes (moe_isa.hpp: int8 or
-// packed int4, f32 scale and u8 zero point per group) and are dequantised in registers; when an
-// expert has many tokens (prefill), a panel of its rows is dequantised once to f32 and reused by
-// all of them. Each token's expert contributions are added in ascending expert order, as
+// packed int4, f32 scale and u8 zero point per group) and are dequantised in registers (in f32,
+// when an expert has many tokens, a panel of its rows is dequantised once and reused by all of
+// them; under the reduced precision every token runs on int8 activations, qmatmul.hpp). Each token's expert contributions are added in ascending expert order, as
 // transformers' expert loop adds them.
 #pragma once
 
@@ -39,9 +39,9 @@ MoeShapes moe_experts_shapes(const MoeInputs& in, MoeBits bits);
 // weights are constants (check_int4_zero_points) instead of on every call.
 std::vector<std::pair<size_t, const char*>> int4_zero_point_inputs(MoeBits bits);
 
-// The products of experts with many tokens (prefill): f32, or bf16 operands with f32 sums, which
-// the runtime asks for when it runs the graph in bf16 (as the plugin's own FullyConnected does);
-// bf16 falls back to f32 on CPUs without AVX512_BF16. Few-token experts (decode) are always f32.
+// How the products run: exact f32, or (bf16, which the runtime asks for when it runs the graph in
+// bf16) on int8 activations with VNNI, as the plugin's own compressed FullyConnected does with its
+// dynamic quantization and llama.cpp with its Q8 activations; f32 on CPUs without AVX512_VNNI.
 enum class MoeCompute { f32, bf16 };
 MoeCompute moe_compute_from_name(const std::string& name);  // "f32" | "bf16", else mla::Error
 

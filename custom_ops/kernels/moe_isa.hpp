@@ -53,11 +53,6 @@ struct MoeIsa {
     void (*dequant[2])(int64_t n, const QBlock* blocks, int64_t k0, int64_t kb, int64_t group, float* dst);
     // out[t * ldo + r] += sum_p a[t][k0 + p] * w[r * kb + p] for 4 rows r and M = 1..4 rows t.
     void (*fdot[4])(int64_t k0, int64_t kb, const float* const* a, const float* w, float* out, int64_t ldo);
-    // The same with bf16 operands (f32 sums; AVX512_BF16 vdpbf16ps), null where not compiled.
-    void (*fdot_bf16[4])(int64_t k0, int64_t kb, const uint16_t* const* a, const uint16_t* w, float* out,
-                         int64_t ldo);
-    // dst[i] = bf16(src[i]) rounded to nearest even, n % 32 == 0; null where not compiled.
-    void (*to_bf16)(int64_t n, const float* src, uint16_t* dst);
     // qdot on int8 activation rows (u8 codes x s8 activations summed in int32 by AVX512_VNNI
     // vpdpbusd, then scaled per activation block and per group in f32): [bits][nb - 1][M - 1] runs
     // the 4 x nb rows of blk[0..nb) against M = 1..4 activation rows; null where not compiled.

@@ -301,34 +301,6 @@ void qdot_q8(int64_t K, int64_t group, const QRow* x, const QBlock* blk, float* 
 #define MLA_MOE_Q8 {}
 #endif
 
-#if defined(__AVX512BF16__)
-template <int M>
-void fdot_bf16(int64_t k0, int64_t kb, const uint16_t* const* a, const uint16_t* w, float* out, int64_t ldo) {
-    __m512 acc[4][M];
-    for (int r = 0; r < 4; ++r)
-        for (int t = 0; t < M; ++t) acc[r][t] = _mm512_setzero_ps();
-    for (int64_t p = 0; p < kb; p += 32) {
-        __m512bh wv[4];
-        for (int r = 0; r < 4; ++r) wv[r] = (__m512bh)_mm512_loadu_si512(w + r * kb + p);
-        for (int t = 0; t < M; ++t) {
-            const __m512bh av = (__m512bh)_mm512_loadu_si512(a[t] + k0 + p);
-            for (int r = 0; r < 4; ++r) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], av, wv[r]);
-        }
-    }
-    for (int t = 0; t < M; ++t)
-        for (int r = 0; r < 4; ++r) out[t * ldo + r] += _mm512_reduce_add_ps(acc[r][t]);
-}
-
-void to_bf16(int64_t n, const float* src, uint16_t* dst) {
-    for (int64_t i = 0; i < n; i += 32) {
-        const __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + i + 16), _mm512_loadu_ps(src + i));
-        _mm512_storeu_si512(dst + i, (__m512i)v);
-    }
-}
-#define MLA_MOE_BF16 {fdot_bf16<1>, fdot_bf16<2>, fdot_bf16<3>, fdot_bf16<4>}, to_bf16
-#else
-#define MLA_MOE_BF16 {nullptr, nullptr, nullptr, nullptr}, nullptr
-#endif
 
 }  // namespace
 
@@ -338,7 +310,6 @@ const MoeIsa MLA_MOE_TABLE = {
     {{qdot<8, 1>, qdot<8, 2>, qdot<8, 3>, qdot<8, 4>}, {qdot4<1>, qdot4<2>, qdot4<3>, qdot4<4>}},
     {dequant<8>, dequant<4>},
     {fdot<1>, fdot<2>, fdot<3>, fdot<4>},
-    MLA_MOE_BF16,
     MLA_MOE_Q8,
 };
 

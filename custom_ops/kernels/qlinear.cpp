@@ -14,6 +14,7 @@ namespace mla {
 namespace {
 
 constexpr const char* kOp = "MlaQLinear";
+constexpr int64_t kStreamRows = 16;  // up to this many rows of x, the codes are streamed once
 
 struct Dims {
     int64_t M, K, N, group;
@@ -61,18 +62,21 @@ void qlinear(const QLinearInputs& in, int64_t bits, const TensorView& out, const
         to_f32(in.x.data, in.x.dtype, x_f32.data(), d.M * d.K);
         x = x_f32.data();
     }
-    const int64_t many_from = many_rows(mode, kManyRowsQ8Linear);
+    const int64_t many_from = many_rows(mode);
     const bool many = d.M >= many_from;
-    const QActs acts(x, d.M, d.K, d.group, isa, mode, many, !many);
+    const QActs acts(x, d.M, d.K, d.group, mode, !many);
     std::vector<int64_t> rows(d.M);
     for (int64_t i = 0; i < d.M; ++i) rows[i] = i;
     const QWeights w{in.w_q.ptr<uint8_t>(), in.w_s.ptr<float>(), in.w_zp.ptr<uint8_t>(), in.w_q.dim(1), d.K / d.group};
     const int bi = bits == 4 ? 1 : 0;
     float* y = out.ptr<float>();
-    // Many rows: work items are (block of rows, tile), so a tile's activation rows stay in L2
-    // while its panel is applied to them (all of a 2048-token prefill chunk's rows, 8 MB in bf16,
-    // streamed from L3 once per tile and took 1.6x the plugin's time against 1.26x at 1024 rows).
-    const int64_t row_block = many ? std::min<int64_t>(d.M, kQLinearRowBlock) : d.M;
+    // Decode's few rows (a step's sequences): one pass over the codes, each core streaming one run
+    // of them (split_for). More rows (prefill): work items are (block of rows, tile), handed out
+    // dynamically, so a tile's activation rows stay in L2 while its codes or panel are applied to
+    // them (all of a 2048-token chunk's rows streamed from L3 once per tile took 1.6x the plugin's
+    // time against 1.26x at 1024 rows, in the former bf16 panels).
+    const bool stream = d.M <= kStreamRows;
+    const int64_t row_block = stream ? d.M : std::min<int64_t>(d.M, kQLinearRowBlock);
     const int64_t n_row_blocks = (d.M + row_block - 1) / row_block, n_tiles = d.N / kTileRows;
     const auto tile_at = [&](int64_t item) {
         const int64_t n0 = (item % n_tiles) * kTileRows, r0 = (item / n_tiles) * row_block;
@@ -88,10 +92,10 @@ void qlinear(const QLinearInputs& in, int64_t bits, const TensorView& out, const
         for (int64_t t = 0; t < m; ++t)
             for (int64_t j = 0; j < kTileRows; ++j) y[(r0 + t) * d.N + n0 + j] = c[t * kTileRows + j];
     };
-    if (many)
-        dynamic_for(th, n_row_blocks * n_tiles, tile_at);
-    else  // one pass over the codes: each core streams one run of them
+    if (stream)
         split_for(th, n_tiles, tile_at);
+    else
+        dynamic_for(th, n_row_blocks * n_tiles, tile_at);
 }
 
 }  // namespace mla

@@ -15,9 +15,7 @@ constexpr int64_t kBlockK = 2048;  // inputs per dequantised k-block (32 rows x 
 
 struct Scratch {
     std::vector<float> panel;
-    std::vector<uint16_t> panel16;
     std::vector<const float*> a, xs;
-    std::vector<const uint16_t*> a16;
     std::vector<QRow> q8;
 };
 thread_local Scratch tls;
@@ -91,10 +89,8 @@ void split_for(const Threading& th, int64_t n, const std::function<void(int64_t)
 }
 
 QMode qmode(bool reduced, const MoeIsa& isa) {
-    static const bool cpu_bf16 = __builtin_cpu_supports("avx512bf16");
     static const bool cpu_vnni = __builtin_cpu_supports("avx512vnni");
     QMode m;
-    m.bf16_panels = reduced && isa.to_bf16 != nullptr && cpu_bf16;
     m.q8_dots = reduced && isa.qdot_q8[0][0][0] != nullptr && cpu_vnni;
     return m;
 }
@@ -109,8 +105,7 @@ QBlock QWeights::block(int64_t r0) const {
     return b;
 }
 
-QActs::QActs(const float* x, int64_t n, int64_t K, int64_t group, const MoeIsa& isa, QMode mode, bool want_bf16,
-             bool want_q8)
+QActs::QActs(const float* x, int64_t n, int64_t K, int64_t group, QMode mode, bool want_q8)
     : x_(x), K_(K), G_(K / group) {
     if (want_q8 && mode.q8_dots) {
         q_.resize(n * K);
@@ -129,10 +124,6 @@ QActs::QActs(const float* x, int64_t n, int64_t K, int64_t group, const MoeIsa& 
                 for (int64_t j = 0; j < group; ++j) s += p[j];
                 sums_[i * G_ + g] = s;
             }
-    }
-    if (want_bf16 && mode.bf16_panels) {
-        x16_.resize(n * K);
-        isa.to_bf16(n * K, x, x16_.data());
     }
 }
 
@@ -174,29 +165,11 @@ void qtile(const MoeIsa& isa, int bi, const QActs& acts, const int64_t* rows, in
     const int64_t kb_max = std::min<int64_t>(K, kBlockK);
     if (static_cast<int64_t>(s.panel.size()) < kTileRows * kb_max) s.panel.resize(kTileRows * kb_max);
     float* w = s.panel.data();
-    const bool bf16 = acts.has_bf16();
-    if (bf16) {
-        if (static_cast<int64_t>(s.panel16.size()) < kTileRows * kb_max) s.panel16.resize(kTileRows * kb_max);
-        s.a16.resize(m);
-        for (int64_t t = 0; t < m; ++t) s.a16[t] = acts.row16(rows[t]);
-    } else {
-        s.a.resize(m);
-        for (int64_t t = 0; t < m; ++t) s.a[t] = acts.row(rows[t]);
-    }
+    s.a.resize(m);
+    for (int64_t t = 0; t < m; ++t) s.a[t] = acts.row(rows[t]);
     for (int64_t k0 = 0; k0 < K; k0 += kb_max) {
         const int64_t kb = std::min(kb_max, K - k0);
         isa.dequant[bi](kTileRows / 4, blocks, k0, kb, group, w);
-        if (bf16) {
-            uint16_t* w16 = s.panel16.data();
-            isa.to_bf16(kTileRows * kb, w, w16);
-            for (int64_t t0 = 0; t0 < m; t0 += 4) {
-                const int64_t mt = std::min<int64_t>(4, m - t0);
-                for (int64_t r0 = 0; r0 < kTileRows; r0 += 4)
-                    isa.fdot_bf16[mt - 1](k0, kb, s.a16.data() + t0, w16 + r0 * kb, c + t0 * kTileRows + r0,
-                                          kTileRows);
-            }
-            continue;
-        }
         for (int64_t t0 = 0; t0 < m; t0 += 4) {
             const int64_t mt = std::min<int64_t>(4, m - t0);
             for (int64_t r0 = 0; r0 < kTileRows; r0 += 4)

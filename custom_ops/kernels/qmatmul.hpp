@@ -1,10 +1,11 @@
 // Products of activation rows with integer weight rows (moe_isa.hpp's layout): the one tile routine
 // the fused MoE op and the quantized linear op share.
 //
-// A tile is 32 weight rows (8 blocks of 4) against m activation rows. Few rows (decode): dot
-// products on the codes, one pass over the weights, in f32 or, under the reduced-precision mode,
-// on int8 activations with VNNI. Many rows (prefill): a panel of the 32 rows is dequantised once
-// per k-block and every activation row runs dot products against it, in f32 or bf16 operands.
+// A tile is 32 weight rows (8 blocks of 4) against m activation rows. Under the reduced-precision
+// mode on VNNI CPUs: dot products on the codes with int8 activations, for any m. In f32: dot
+// products on the codes for few rows (decode: one pass over the weights); for many (prefill) a
+// panel of the 32 rows is dequantised once per k-block and every activation row runs dot products
+// against it.
 #pragma once
 
 #include <cstdint>
@@ -19,29 +20,25 @@ namespace mla {
 constexpr int64_t kTileRows = 32;   // weight rows per tile
 
 // From how many activation rows a tile dequantises its panel once instead of running dot products
-// on the codes: 8 in f32; 16 on int8 activations, whose VNNI dots cost a fifth of the f32 ones'
-// per weight, so they stay memory-bound (and ahead of the panels) up to ~16 rows.
-constexpr int64_t kManyRows = 8, kManyRowsQ8 = 16;
-// MlaQLinear's own bound for int8-activation dots. Its rows are the sequences of a step (lm_head
-// reads only the rows logits_indices picks), never a prompt, and its k-blocked panels cost ~2x the
-// plugin's compressed MatMul at 16-32 rows (int4 lm_head, 2 cores), where the dots cost ~1.1-1.2x.
-constexpr int64_t kManyRowsQ8Linear = 64;
+// on the codes: 8 in f32. On int8 activations (VNNI) never: their dots, two 4-row blocks by 4 rows
+// of x a call, ran 1.4-1.75x faster than bf16 panels at every row count measured (64 to 2048 rows
+// of a 10944 x 2048 projection, int8 and int4 weights, 2 cores), and ahead of the CPU plugin's
+// compressed MatMul at 512 rows, as llama.cpp runs its prompts on int8 activations too.
+constexpr int64_t kManyRows = 8;
+constexpr int64_t kNeverMany = INT64_MAX;
 // MlaQLinear's rows per work item when they are many (its panels are dequantised once per block).
 #ifndef MLA_QLINEAR_ROW_BLOCK
 #define MLA_QLINEAR_ROW_BLOCK 256
 #endif
 constexpr int64_t kQLinearRowBlock = MLA_QLINEAR_ROW_BLOCK;
 
-// How products run: exact f32, or the runtime's reduced precision (compute = bf16: bf16 panels,
-// int8 activations for few rows), each part only where the CPU has the instructions.
+// How products run: exact f32, or the runtime's reduced precision (compute = bf16): int8
+// activations on VNNI CPUs (every CPU with AVX512_BF16 has AVX512_VNNI too), else f32.
 struct QMode {
-    bool bf16_panels = false;
     bool q8_dots = false;
 };
 QMode qmode(bool reduced, const MoeIsa& isa);
-inline int64_t many_rows(const QMode& mode, int64_t q8_bound = kManyRowsQ8) {
-    return mode.q8_dots ? q8_bound : kManyRows;
-}
+inline int64_t many_rows(const QMode& mode) { return mode.q8_dots ? kNeverMany : kManyRows; }
 
 // The weights of one projection: codes [rows, in / per_byte] (4-row interleaved), scales and zero
 // points [rows, groups]. Several experts' projections stack along rows.
@@ -62,25 +59,20 @@ int64_t check_qweights(const char* op, const TensorView& q, const TensorView& s,
                        int64_t rows, int64_t in, int64_t bits, bool zp_checked);
 void check_int4_zero_points(const char* op, const TensorView& zp);  // every code <= 15, else mla::Error
 
-// Activation rows [n, K] prepared once in the forms the tiles read: f32 rows and their group sums,
-// bf16 copies (when panels run in bf16 and some tile has many rows), int8 rows (when few-row tiles
-// run on int8 activations).
+// Activation rows [n, K] prepared once in the forms the tiles read: f32 rows and their group sums
+// (for f32 dots; panels read the rows), or int8 rows (want_q8 under the q8 mode).
 class QActs {
 public:
-    QActs(const float* x, int64_t n, int64_t K, int64_t group, const MoeIsa& isa, QMode mode, bool want_bf16,
-          bool want_q8);
+    QActs(const float* x, int64_t n, int64_t K, int64_t group, QMode mode, bool want_q8);
     const float* row(int64_t i) const { return x_ + i * K_; }
     const float* sums(int64_t i) const { return sums_.data() + i * G_; }
-    const uint16_t* row16(int64_t i) const { return x16_.empty() ? nullptr : x16_.data() + i * K_; }
     QRow q8(int64_t i) const;
-    bool has_bf16() const { return !x16_.empty(); }
     bool has_q8() const { return !q_.empty(); }
 
 private:
     const float* x_;
     int64_t K_, G_, block_ = 32;
     std::vector<float> sums_;
-    std::vector<uint16_t> x16_;
     std::vector<int8_t> q_;
     std::vector<float> d_, gsum_;
 };

@@ -118,10 +118,9 @@ class OpenVINOMLAExecutor(MLAExecutor):
 
 def match_moe_compute(model: ov.Model, precision: str) -> None:
     """Our integer-weight ops (MlaMoeExperts, MlaQLinear) compute in the precision the plugin runs
-    the rest of the graph in: under a bf16 hint, bf16 operands for many-token products and int8
-    activations for few-token ones on VNNI CPUs (as its own compressed FullyConnected kernels do,
-    with their dynamic quantization); f32 under an f32 hint, which keeps f32 runs exact. The ops
-    cannot see the hint, so they are told here."""
+    the rest of the graph in: under a bf16 hint, int8 activations on VNNI CPUs (as its own
+    compressed FullyConnected kernels do with their dynamic quantization); f32 under an f32 hint,
+    which keeps f32 runs exact. The ops cannot see the hint, so they are told here."""
     for op in model.get_ops():
         if op.get_type_name() in ("MlaMoeExperts", "MlaQLinear"):
             op.set_attribute("compute", "bf16" if precision == "bf16" else "f32")

@@ -127,8 +127,8 @@ def test_quantized_export_is_exact_against_its_decoded_weights(tmp_path, rng, ch
 def test_compiled_model_keeps_weights_compressed(tmp_path, checkpoint):
     """Nothing runs on an f32 copy of an integer weight made at compile: the CPU plugin's
     FullyConnected / Gather read the stored codes (decompressed on the fly), and our MlaQLinear /
-    MlaMoeExperts nodes read u8 codes. int4 projections are MlaQLinear nodes (layers.linear);
-    int8 ones the plugin's compressed FullyConnected."""
+    MlaMoeExperts nodes read u8 codes. int8 and int4 projections are MlaQLinear nodes
+    (layers.linear) where their sizes allow it, else the plugin's compressed FullyConnected."""
     import openvino as ov
 
     from mla_export import ov_core
@@ -158,7 +158,7 @@ def test_compiled_model_keeps_weights_compressed(tmp_path, checkpoint):
         assert fc_weights.count("f32") <= n_moe, fc_weights
         assert set(fc_weights) <= {"f32", "u8", "u4"}, fc_weights
         # every layer's attention has at least 3 projections (q or q_a/q_b, kv_a, o_proj)
-        projections = n_qlinear if fmt == "int4" else fc_weights.count(code)
+        projections = n_qlinear + fc_weights.count(code)
         assert projections >= 3 * n_layers, (fmt, n_qlinear, fc_weights)
 
 

@@ -62,19 +62,21 @@ def linear(g: GraphBuilder, rd: CheckpointReader, prefix: str, x: str, n_out: in
            bias: bool = False, rows: np.ndarray | None = None) -> str:
     """x @ W.T (+ b); `rows` reorders the output features (RoPE permutation).
 
-    An int4 weight without bias is one MlaQLinear node in the graphs with our ops (the IR's and
-    model.onnx): the CPU plugin's compressed MatMul decodes every u4 code to bf16 per call, which
-    made a V2-Lite decode step 1.17-1.2x longer (docs/WEIGHTS.md); onnxruntime would fold the
-    dequantised Gemm into an f32 copy. The portable graph keeps the Gemm."""
+    An int8 or int4 weight without bias is one MlaQLinear node in the graphs with our ops (the IR's
+    and model.onnx): the CPU plugin's compressed MatMul decodes every code to bf16 per call, which
+    made a V2-Lite decode step 1.17-1.2x (int4) and 1.17x (int8) longer at batch 1, prefill within
+    2-7% (docs/WEIGHTS.md); onnxruntime would fold the dequantised Gemm into an f32 copy. The
+    portable graph keeps the Gemm."""
     name = f"{prefix}.weight"
     w = rd.get(name, (n_out, n_in))
     if rows is not None:
         w = w[rows]
     fmt = g.store.format
     ours = [v for v in CUSTOM_OP_VARIANTS if v in g.variants]
-    if (ours and not bias and not fmt.planning and fmt.bits("matmul", name) == 4
-            and qlinear_problem(n_out, n_in, 4, fmt.group_size) is None):
-        y = qlinear(g.only(ours), name, w, x, 4, prefix)
+    bits = fmt.bits("matmul", name)
+    if (ours and not bias and not fmt.planning and bits in (4, 8)
+            and qlinear_problem(n_out, n_in, bits, fmt.group_size) is None):
+        y = qlinear(g.only(ours), name, w, x, bits, prefix)
         rest = g.only([v for v in g.variants if v not in ours])
         if rest.variants:  # the portable graph: a Gemm on the same weight, counted once
             rest.op("Gemm", x, rest.weight(name, w, record=False), transB=1, name=prefix)

@@ -166,11 +166,15 @@ def q8_block(group: int) -> int:
 def q8_activations(x, block: int) -> np.ndarray:
     """Activation rows as the integer-weight ops see them in their reduced-precision mode on VNNI
     CPUs (moe_isa.hpp, QRow): each block of `block` inputs scaled by d = max|x| / 127 and rounded
-    to int8 codes. Returns d * codes, float64, same shape."""
-    x = _f64(x)
+    to int8 codes. Returns d * codes, float64, same shape. The codes are computed in f32 exactly as
+    the kernels compute them (x * (127 / max|x|), rounded half to even): a float64 division lands
+    on the other side of a .5 now and then (one code in ~1e5), which is not an error of either."""
+    x = np.asarray(x, dtype=np.float32)
     blocks = x.reshape(x.shape[:-1] + (x.shape[-1] // block, block))
-    d = np.abs(blocks).max(axis=-1, keepdims=True) / 127.0
-    codes = np.clip(np.rint(np.divide(blocks, d, out=np.zeros_like(blocks), where=d > 0)), -127, 127)
+    amax = np.abs(blocks).max(axis=-1, keepdims=True)
+    inv = np.divide(np.float32(127), amax, out=np.zeros_like(amax), where=amax > 0)
+    codes = np.clip(np.rint(blocks * inv), -127, 127).astype(np.float64)
+    d = (amax / np.float32(127)).astype(np.float64)
     return (codes * d).reshape(x.shape)
 
 

@@ -175,7 +175,7 @@ void moe_experts(const MoeInputs& in, MoeBits bits, const TensorView& out, const
                       d.I / d.g2};
 
     // Phase 1: act[p, :] = silu(x_p gate^T) * (x_p up^T).
-    const QActs xa(x, d.T, d.H, d.g13, mode, some_few);
+    const QActs xa(x, d.T, d.H, d.g13, mode, some_few, isa, th);
     std::unique_ptr<float[]> act(new float[P * d.I]);
     const int64_t col_blocks = d.I / 16;
     // Decode (no expert with many tokens): every item costs the same, and contiguous runs of items
@@ -200,7 +200,7 @@ void moe_experts(const MoeInputs& in, MoeBits bits, const TensorView& out, const
     });
 
     // Phase 2: y[t, cols] = sum over t's pairs, experts ascending, of w_p * (act_p . down rows).
-    const QActs aa(act.get(), P, d.I, d.g2, mode, some_few);
+    const QActs aa(act.get(), P, d.I, d.g2, mode, some_few, isa, th);
     std::fill(y, y + d.T * d.H, 0.f);
     spread(th, d.H / kPanel, [&](int64_t item) {
         const int64_t c0 = item * kPanel;

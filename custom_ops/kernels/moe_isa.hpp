@@ -57,6 +57,9 @@ struct MoeIsa {
     // vpdpbusd, then scaled per activation block and per group in f32): [bits][nb - 1][M - 1] runs
     // the 4 x nb rows of blk[0..nb) against M = 1..4 activation rows; null where not compiled.
     void (*qdot_q8[2][2][4])(int64_t K, int64_t group, const QRow* x, const QBlock* blk, float* out, int64_t ldo);
+    // quantize_row_q8, bit for bit (round to nearest even, as std::nearbyint), in vector code
+    // where the table has it: prefill quantises every activation row of every integer matmul.
+    void (*quantize_q8)(int64_t K, int64_t group, const float* x, int8_t* q, float* d, float* gsum);
 };
 
 const MoeIsa& moe_isa();

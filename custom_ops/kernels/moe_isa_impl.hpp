@@ -297,8 +297,38 @@ void qdot_q8(int64_t K, int64_t group, const QRow* x, const QBlock* blk, float* 
       {qdot_q8<8, 2, 1>, qdot_q8<8, 2, 2>, qdot_q8<8, 2, 3>, qdot_q8<8, 2, 4>}},                    \
      {{qdot_q8<4, 1, 1>, qdot_q8<4, 1, 2>, qdot_q8<4, 1, 3>, qdot_q8<4, 1, 4>},                     \
       {qdot_q8<4, 2, 1>, qdot_q8<4, 2, 2>, qdot_q8<4, 2, 3>, qdot_q8<4, 2, 4>}}}
+
+// quantize_row_q8 in 16 lanes: the same block maxima, the same products x * (127 / amax) rounded
+// to nearest even (the MXCSR default, as std::nearbyint) and clamped to +-127, the same int32 sums.
+// |x| enters the maximum as the first operand, so a NaN is skipped as std::max skips it.
+void quantize_q8(int64_t K, int64_t group, const float* x, int8_t* q, float* d, float* gsum) {
+    const int64_t block = q8_block(group);
+    const __m512 sign = _mm512_set1_ps(-0.f);
+    const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
+    for (int64_t b = 0; b < K / block; ++b) {
+        const float* xb = x + block * b;
+        __m512 vmax = _mm512_setzero_ps();
+        for (int64_t j = 0; j < block; j += 16) vmax = _mm512_max_ps(_mm512_andnot_ps(sign, _mm512_loadu_ps(xb + j)), vmax);
+        const float amax = _mm512_reduce_max_ps(vmax);
+        const float scale = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
+        const __m512 vinv = _mm512_set1_ps(inv);
+        __m512i vsum = _mm512_setzero_si512();
+        for (int64_t j = 0; j < block; j += 16) {
+            const __m512i v = _mm512_min_epi32(
+                _mm512_max_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb + j), vinv)), lo), hi);
+            vsum = _mm512_add_epi32(vsum, v);
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(q + block * b + j), _mm512_cvtepi32_epi8(v));
+        }
+        d[b] = scale;
+        const int64_t g = (block * b) / group;
+        if ((block * b) % group == 0) gsum[g] = 0.f;
+        gsum[g] += scale * static_cast<float>(_mm512_reduce_add_epi32(vsum));
+    }
+}
+#define MLA_MOE_Q8_QUANTIZE quantize_q8
 #else
 #define MLA_MOE_Q8 {}
+#define MLA_MOE_Q8_QUANTIZE quantize_row_q8
 #endif
 
 
@@ -311,6 +341,7 @@ const MoeIsa MLA_MOE_TABLE = {
     {dequant<8>, dequant<4>},
     {fdot<1>, fdot<2>, fdot<3>, fdot<4>},
     MLA_MOE_Q8,
+    MLA_MOE_Q8_QUANTIZE,
 };
 
 }  // namespace MLA_MOE_NS

@@ -64,7 +64,7 @@ void qlinear(const QLinearInputs& in, int64_t bits, const TensorView& out, const
     }
     const int64_t many_from = many_rows(mode);
     const bool many = d.M >= many_from;
-    const QActs acts(x, d.M, d.K, d.group, mode, !many);
+    const QActs acts(x, d.M, d.K, d.group, mode, !many, isa, th);
     std::vector<int64_t> rows(d.M);
     for (int64_t i = 0; i < d.M; ++i) rows[i] = i;
     const QWeights w{in.w_q.ptr<uint8_t>(), in.w_s.ptr<float>(), in.w_zp.ptr<uint8_t>(), in.w_q.dim(1), d.K / d.group};

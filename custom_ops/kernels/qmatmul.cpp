@@ -105,16 +105,21 @@ QBlock QWeights::block(int64_t r0) const {
     return b;
 }
 
-QActs::QActs(const float* x, int64_t n, int64_t K, int64_t group, QMode mode, bool want_q8)
+QActs::QActs(const float* x, int64_t n, int64_t K, int64_t group, QMode mode, bool want_q8, const MoeIsa& isa,
+             const Threading& th)
     : x_(x), K_(K), G_(K / group) {
     if (want_q8 && mode.q8_dots) {
         q_.resize(n * K);
         block_ = q8_block(group);
         d_.resize(n * (K / block_));
         gsum_.resize(n * G_);
-        for (int64_t i = 0; i < n; ++i)
-            quantize_row_q8(K, group, x + i * K, q_.data() + i * K, d_.data() + i * (K / block_),
-                            gsum_.data() + i * G_);
+        const auto quantize = [&](int64_t i) {
+            isa.quantize_q8(K, group, x + i * K, q_.data() + i * K, d_.data() + i * (K / block_), gsum_.data() + i * G_);
+        };
+        if (n >= kParallelQuantizeRows)  // prefill: every row of a chunk, on every core
+            split_for(th, n, quantize);
+        else
+            for (int64_t i = 0; i < n; ++i) quantize(i);
     } else {
         sums_.resize(n * G_);  // the f32 dot products' zero-point term
         for (int64_t i = 0; i < n; ++i)

@@ -26,6 +26,9 @@ constexpr int64_t kTileRows = 32;   // weight rows per tile
 // compressed MatMul at 512 rows, as llama.cpp runs its prompts on int8 activations too.
 constexpr int64_t kManyRows = 8;
 constexpr int64_t kNeverMany = INT64_MAX;
+// From how many rows QActs quantises them on every thread (one row is microseconds: decode's few
+// rows stay on the calling thread).
+constexpr int64_t kParallelQuantizeRows = 32;
 // MlaQLinear's rows per work item when they are many (its panels are dequantised once per block).
 #ifndef MLA_QLINEAR_ROW_BLOCK
 #define MLA_QLINEAR_ROW_BLOCK 256
@@ -63,7 +66,8 @@ void check_int4_zero_points(const char* op, const TensorView& zp);  // every cod
 // (for f32 dots; panels read the rows), or int8 rows (want_q8 under the q8 mode).
 class QActs {
 public:
-    QActs(const float* x, int64_t n, int64_t K, int64_t group, QMode mode, bool want_q8);
+    QActs(const float* x, int64_t n, int64_t K, int64_t group, QMode mode, bool want_q8, const MoeIsa& isa,
+          const Threading& th);
     const float* row(int64_t i) const { return x_ + i * K_; }
     const float* sums(int64_t i) const { return sums_.data() + i * G_; }
     QRow q8(int64_t i) const;

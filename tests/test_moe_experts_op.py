@@ -265,9 +265,17 @@ def _cpu_has(flag: str) -> bool:
         return False
 
 
+def int8_activations_here() -> bool:
+    """Whether the integer-weight ops run int8 activations under compute="bf16" on this CPU, as
+    qmode() in qmatmul.cpp decides: the AVX-512 table with VNNI, or the AVX2 table (vpmaddubsw)."""
+    from test_ops_isa import HAS
+
+    return _cpu_has("avx512_vnni") if HAS["avx512"] else HAS["avx2"]
+
+
 @pytest.mark.parametrize("runtime", list(RUNTIMES))
 def test_reduced_precision_compute(rng, runtime):
-    """compute="bf16" (what the runtime sets under a bf16 hint): on a VNNI CPU the activations are
+    """compute="bf16" (what the runtime sets under a bf16 hint): on AVX2 and VNNI CPUs the activations are
     quantised to int8 per block of inputs (as the plugin's dynamic quantisation and llama.cpp's Q8
     activations do) and the result is the reference's on those activations, for experts with few
     tokens (decode) and many (prefill: 60 tokens over 4 experts) alike; elsewhere it stays f32-exact."""
@@ -277,7 +285,7 @@ def test_reduced_precision_compute(rng, runtime):
         got = RUNTIMES[runtime](_model(128, (8, 4), weights, compute="bf16"), part)
         scale = np.abs(want[:n]).max()
         err_f32 = np.abs(got - want[:n]).max() / scale
-        if _cpu_has("avx512_vnni"):
+        if int8_activations_here():
             want_q8 = ref.moe_experts(part["x"], part["ids"], part["wts"], w13, w2, q8_groups=(128, 32))
             # the down projection's int8 activations are quantised from f32 gate/up results, which
             # differ from the float64 reference's in the last bits: now and then one rounds to the

@@ -4,7 +4,7 @@ Exactness (f32 compute) against the float64 reference (mla_export.reference.line
 weights the codes decode to: int8 and int4 with several group sizes, few rows of x (dot products
 on the codes) and many (dequantised panels), rank-3 x, bf16/f16 activations. The reduced-precision
 mode (compute="bf16", what the runtime sets under a bf16 hint) against the reference on int8
-activations (every row count, VNNI CPUs; f32-exact elsewhere). Then the boundary: bad
+activations (every row count, AVX2 and AVX-512 VNNI CPUs; f32-exact elsewhere). Then the boundary: bad
 shapes, types, zero points and attributes fail naming the input.
 """
 
@@ -16,7 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from mla_export import reference as ref
 from mla_export.export.quantize import dequantize, moe_operands, quantize
-from test_moe_experts_op import RUNTIMES, TOL, _cpu_has
+from test_moe_experts_op import RUNTIMES, TOL, int8_activations_here
 
 NAMES = ["w_q", "w_s", "w_zp"]
 
@@ -80,7 +80,7 @@ def test_rank3_and_half_activations(rng, runtime):
 @pytest.mark.parametrize("rows,bits,group", [(1, 8, 256), (2, 4, 64), (3, 8, 256), (8, 8, 256), (11, 8, 256),
                                              (5, 4, 32), (16, 4, 64), (64, 4, 64), (300, 4, 64)])
 def test_reduced_precision_compute(rng, runtime, rows, bits, group):
-    """Activation blocks of 64, 128 (int8 per channel: one group of 256) and 32 inputs. On VNNI CPUs
+    """Activation blocks of 64, 128 (int8 per channel: one group of 256) and 32 inputs. On AVX2/VNNI CPUs
     MlaQLinear runs every row count on int8 activations (qmatmul.hpp): 4 weight rows a call for 1-2
     rows of x, 8 from 3 rows on, in calls of up to 4 rows of x; 300 rows also cross the f32 path's
     row blocks. Elsewhere it stays f32-exact."""
@@ -90,7 +90,7 @@ def test_reduced_precision_compute(rng, runtime, rows, bits, group):
     want = ref.linear(x, w)
     scale = np.abs(want).max()
     err = np.abs(got - want).max() / scale
-    if _cpu_has("avx512_vnni"):  # int8 activations, exactly the reference's on them, in every row
+    if int8_activations_here():  # int8 activations, exactly the reference's on them, in every row
         row_err = np.abs(got - ref.linear(x, w, q8_group=group)).max(axis=1) / scale
         assert row_err.max() < 1e-4, (row_err.argmax(), row_err.max())
         assert err > 1e-6, f"int8 activations expected on this CPU, but the result is f32-exact ({err:.1e})"

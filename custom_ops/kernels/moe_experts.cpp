@@ -6,7 +6,7 @@
 // experts in ascending order and adds weight * (act @ down_e^T) onto its columns of every token,
 // so no two items write the same element and each token's sum runs in ascending expert order.
 // Both phases use one tile routine (qmatmul.hpp): under compute = bf16 (the runtime's bf16 hint)
-// on VNNI CPUs, int8-activation dot products on the codes for any number of tokens; in f32, dot
+// on AVX2/VNNI CPUs, int8-activation dot products on the codes for any number of tokens; in f32, dot
 // products on the codes for few tokens (one pass over the weights, which is all decode needs) and
 // a panel of rows dequantised once per k-block for many.
 #include "moe_experts.hpp"

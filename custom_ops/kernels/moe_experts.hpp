@@ -40,8 +40,9 @@ MoeShapes moe_experts_shapes(const MoeInputs& in, MoeBits bits);
 std::vector<std::pair<size_t, const char*>> int4_zero_point_inputs(MoeBits bits);
 
 // How the products run: exact f32, or (bf16, which the runtime asks for when it runs the graph in
-// bf16) on int8 activations with VNNI, as the plugin's own compressed FullyConnected does with its
-// dynamic quantization and llama.cpp with its Q8 activations; f32 on CPUs without AVX512_VNNI.
+// bf16) on int8 activations with AVX2 or AVX-512 VNNI, as the plugin's own compressed
+// FullyConnected does with its dynamic quantization and llama.cpp with its Q8 activations; f32 with
+// the portable table and on AVX-512 CPUs without VNNI.
 enum class MoeCompute { f32, bf16 };
 MoeCompute moe_compute_from_name(const std::string& name);  // "f32" | "bf16", else mla::Error
 

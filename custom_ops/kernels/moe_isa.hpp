@@ -54,7 +54,8 @@ struct MoeIsa {
     // out[t * ldo + r] += sum_p a[t][k0 + p] * w[r * kb + p] for 4 rows r and M = 1..4 rows t.
     void (*fdot[4])(int64_t k0, int64_t kb, const float* const* a, const float* w, float* out, int64_t ldo);
     // qdot on int8 activation rows (u8 codes x s8 activations summed in int32 by AVX512_VNNI
-    // vpdpbusd, then scaled per activation block and per group in f32): [bits][nb - 1][M - 1] runs
+    // vpdpbusd, or AVX2 vpmaddubsw + vpmaddwd, then scaled per activation block and per group in
+    // f32): [bits][nb - 1][M - 1] runs
     // the 4 x nb rows of blk[0..nb) against M = 1..4 activation rows; null where not compiled.
     void (*qdot_q8[2][2][4])(int64_t K, int64_t group, const QRow* x, const QBlock* blk, float* out, int64_t ldo);
     // quantize_row_q8, bit for bit (round to nearest even, as std::nearbyint), in vector code

@@ -2,6 +2,7 @@
 // extensions: a 16-lane float vector becomes one zmm with AVX-512, two ymm with AVX2 and four xmm
 // on the baseline, so the same source serves every table. Included by one .cpp per instruction
 // set, which defines MLA_MOE_NS and MLA_MOE_TABLE.
+#include <algorithm>
 #include <cstring>
 
 #if defined(__AVX2__) || defined(__AVX512F__)
@@ -201,6 +202,94 @@ void fdot(int64_t k0, int64_t kb, const float* const* a, const float* w, float* 
         for (int r = 0; r < 4; ++r) out[t * ldo + r] += hsum(acc[r][t]);
 }
 
+#if defined(__AVX2__) && !defined(__AVX512F__)
+// AVX2 has 16 ymm registers: the 16-lane kernels above hold 4 x M accumulators of two registers
+// each plus the weights, which spills from M = 2 (measured: the f32 panel products of a 10944 x
+// 2048 projection ran at ~7 GMAC/s on 2 Zen 3 cores, 14x under the FMA peak). These hold one ymm
+// per accumulator, and at most 2 activation rows per pass (4 x 2 accumulators + 4 weight vectors);
+// 3-4 rows run as two passes, whose second finds the weights in cache.
+template <int M>
+void fdot8(int64_t k0, int64_t kb, const float* const* a, const float* w, float* out, int64_t ldo) {
+    __m256 acc[4][M];
+    for (int r = 0; r < 4; ++r)
+        for (int t = 0; t < M; ++t) acc[r][t] = _mm256_setzero_ps();
+    for (int64_t p = 0; p < kb; p += 8) {
+        __m256 wv[4];
+        for (int r = 0; r < 4; ++r) wv[r] = _mm256_loadu_ps(w + r * kb + p);
+        for (int t = 0; t < M; ++t) {
+            const __m256 av = _mm256_loadu_ps(a[t] + k0 + p);
+            for (int r = 0; r < 4; ++r) acc[r][t] = _mm256_fmadd_ps(wv[r], av, acc[r][t]);
+        }
+    }
+    for (int t = 0; t < M; ++t)
+        for (int r = 0; r < 4; ++r) {
+            alignas(32) float l[8];
+            _mm256_store_ps(l, acc[r][t]);
+            out[t * ldo + r] += ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+        }
+}
+template <int M>
+void fdot_avx2(int64_t k0, int64_t kb, const float* const* a, const float* w, float* out, int64_t ldo) {
+    if (M <= 2) return fdot8<M <= 2 ? M : 2>(k0, kb, a, w, out, ldo);
+    fdot8<2>(k0, kb, a, w, out, ldo);
+    fdot8<M - 2 >= 1 ? M - 2 : 1>(k0, kb, a + 2, w, out + 2 * ldo, ldo);
+}
+// f32 dot products on the codes, 8 inputs a step: each row's codes become (c - zp) x s, the weights
+// exactly as dequant() gives them (the group's scale and zero point broadcast once per group), so
+// no zero-point term and no per-group fold of the accumulators.
+template <int BITS, int M>
+void qdot8(int64_t K, int64_t group, const float* const* x, const QBlock& blk, float* out, int64_t ldo) {
+    __m256 acc[4][M];
+    for (int r = 0; r < 4; ++r)
+        for (int t = 0; t < M; ++t) acc[r][t] = _mm256_setzero_ps();
+    const int64_t groups = K / group;
+    for (int64_t g = 0; g < groups; ++g) {
+        __m256 sc[4], zp[4];
+        for (int r = 0; r < 4; ++r) {
+            sc[r] = _mm256_set1_ps(blk.s[r][g]);
+            zp[r] = _mm256_set1_ps(static_cast<float>(blk.zp[r][g]));
+        }
+        for (int64_t k = g * group; k < (g + 1) * group; k += 8) {
+            __m256 wv[4];
+            for (int r = 0; r < 4; ++r) {
+                __m128i c8;
+                if (BITS == 8) {  // chunk k / 16 of row r, its first or second 8 codes
+                    c8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk.q + (k / 16) * 64 + 16 * r + (k % 16)));
+                } else {  // chunk k / 32: inputs 32c..+15 in the low nibbles, 32c+16..+31 in the high ones
+                    const int64_t j = k % 32;
+                    const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk.q + (k / 32) * 64 + 16 * r + (j % 16)));
+                    c8 = _mm_and_si128(j < 16 ? b : _mm_srli_epi16(b, 4), _mm_set1_epi8(0x0F));
+                }
+                wv[r] = _mm256_mul_ps(_mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(c8)), zp[r]), sc[r]);
+            }
+            for (int t = 0; t < M; ++t) {
+                const __m256 xv = _mm256_loadu_ps(x[t] + k);
+                for (int r = 0; r < 4; ++r) acc[r][t] = _mm256_fmadd_ps(wv[r], xv, acc[r][t]);
+            }
+        }
+    }
+    for (int t = 0; t < M; ++t)
+        for (int r = 0; r < 4; ++r) {
+            alignas(32) float l[8];
+            _mm256_store_ps(l, acc[r][t]);
+            out[t * ldo + r] = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+        }
+}
+template <int BITS, int M>
+void qdot_avx2(int64_t K, int64_t group, const float* const* x, const float* const*, const QBlock& blk, float* out,
+               int64_t ldo) {
+    if (M <= 2) return qdot8<BITS, M <= 2 ? M : 2>(K, group, x, blk, out, ldo);
+    qdot8<BITS, 2>(K, group, x, blk, out, ldo);
+    qdot8<BITS, M - 2 >= 1 ? M - 2 : 1>(K, group, x + 2, blk, out + 2 * ldo, ldo);
+}
+#define MLA_MOE_QDOT {{qdot_avx2<8, 1>, qdot_avx2<8, 2>, qdot_avx2<8, 3>, qdot_avx2<8, 4>}, \
+                      {qdot_avx2<4, 1>, qdot_avx2<4, 2>, qdot_avx2<4, 3>, qdot_avx2<4, 4>}}
+#define MLA_MOE_FDOT {fdot_avx2<1>, fdot_avx2<2>, fdot_avx2<3>, fdot_avx2<4>}
+#else
+#define MLA_MOE_QDOT {{qdot<8, 1>, qdot<8, 2>, qdot<8, 3>, qdot<8, 4>}, {qdot4<1>, qdot4<2>, qdot4<3>, qdot4<4>}}
+#define MLA_MOE_FDOT {fdot<1>, fdot<2>, fdot<3>, fdot<4>}
+#endif
+
 #if defined(__AVX512VNNI__)
 #ifndef MLA_PF
 #define MLA_PF 1024
@@ -326,6 +415,144 @@ void quantize_q8(int64_t K, int64_t group, const float* x, int8_t* q, float* d, 
     }
 }
 #define MLA_MOE_Q8_QUANTIZE quantize_q8
+#elif defined(__AVX2__)
+// The same products on AVX2 without VNNI, as llama.cpp's AVX2 dots do: vpmaddubsw multiplies u8 by
+// s8 and adds pairs into int16 (saturating), vpmaddwd by ones adds pairs of those into int32. One
+// 32-byte load holds 16 codes of 2 of a block's rows (rows 0-1, then 2-3), so int32 lanes 0-3 sum
+// row 2p's products and lanes 4-7 row 2p+1's; the token's 16 activations go to both 128-bit halves.
+// int4: codes 0..15 times |x| <= 127 keep a pair under 3810, so a whole activation block (<= 128
+// inputs: 8 products per int16 lane) adds up in int16 and widens once per block.
+// int8: codes 0..255 would saturate a pair (2 x 255 x 127); the code is taken less 128 (s8, the zero
+// point's term takes the 128 back) and the sign moves onto the activation: |c - 128| <= 128 as u8
+// times sign(c - 128) x <= 127 keeps a pair under 32512. Its int16 pairs widen at every step.
+// The int32 block sums, the scales and the zero points' term then go as in the VNNI kernel above.
+template <int BITS, int M>
+void qdot_q8_avx2(int64_t K, int64_t group, const QRow* x, const QBlock& blk, float* out, int64_t ldo) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256i nibble = _mm256_set1_epi8(0x0F), flip = _mm256_set1_epi8(static_cast<char>(0x80));
+    const __m256i lane_row = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+    const float zp_shift = BITS == 8 ? 128.f : 0.f;
+    const int64_t block = x[0].block;
+    __m256 tot[2][M];
+    for (int p = 0; p < 2; ++p)
+        for (int t = 0; t < M; ++t) tot[p][t] = _mm256_setzero_ps();
+    const int64_t groups = K / group;
+    for (int64_t g = 0; g < groups; ++g) {
+        __m256 s[2], sz[2];  // per lane: its row's scale, and scale x (zero point - shift) / 4
+        for (int p = 0; p < 2; ++p) {
+            s[p] = _mm256_permutevar8x32_ps(_mm256_setr_ps(blk.s[2 * p][g], blk.s[2 * p + 1][g], 0, 0, 0, 0, 0, 0), lane_row);
+            sz[p] = _mm256_mul_ps(s[p], _mm256_permutevar8x32_ps(
+                                            _mm256_setr_ps(0.25f * (blk.zp[2 * p][g] - zp_shift),
+                                                           0.25f * (blk.zp[2 * p + 1][g] - zp_shift), 0, 0, 0, 0, 0, 0),
+                                            lane_row));
+        }
+        for (int64_t b0 = g * group; b0 < (g + 1) * group; b0 += block) {
+            __m256i acc[2][M];
+            for (int p = 0; p < 2; ++p)
+                for (int t = 0; t < M; ++t) acc[p][t] = _mm256_setzero_si256();
+            for (int64_t k = b0; k < b0 + block; k += BITS == 8 ? 16 : 32) {
+                if (BITS == 8) {
+                    const uint8_t* chunk = blk.q + (k / 16) * 64;
+                    __m256i sw[2], aw[2];  // the codes less 128 (s8), and their magnitudes (u8)
+                    for (int p = 0; p < 2; ++p) {
+                        sw[p] = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 32 * p)), flip);
+                        aw[p] = _mm256_abs_epi8(sw[p]);
+                    }
+                    for (int t = 0; t < M; ++t) {
+                        const __m256i xv = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[t].q + k)));
+                        for (int p = 0; p < 2; ++p)
+                            acc[p][t] = _mm256_add_epi32(
+                                acc[p][t], _mm256_madd_epi16(_mm256_maddubs_epi16(aw[p], _mm256_sign_epi8(xv, sw[p])), ones));
+                    }
+                } else {
+                    const uint8_t* chunk = blk.q + (k / 32) * 64;
+                    __m256i lo[2], hi[2];
+                    for (int p = 0; p < 2; ++p) {
+                        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 32 * p));
+                        lo[p] = _mm256_and_si256(v, nibble);
+                        hi[p] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
+                    }
+                    for (int t = 0; t < M; ++t) {
+                        const __m256i xl = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[t].q + k)));
+                        const __m256i xh = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[t].q + k + 16)));
+                        for (int p = 0; p < 2; ++p)  // int16 sums here, widened after the block
+                            acc[p][t] = _mm256_add_epi16(acc[p][t], _mm256_add_epi16(_mm256_maddubs_epi16(lo[p], xl),
+                                                                                    _mm256_maddubs_epi16(hi[p], xh)));
+                    }
+                }
+            }
+            for (int t = 0; t < M; ++t) {
+                const __m256 d = _mm256_set1_ps(x[t].d[b0 / block]);
+                for (int p = 0; p < 2; ++p) {
+                    const __m256i sums = BITS == 8 ? acc[p][t] : _mm256_madd_epi16(acc[p][t], ones);
+                    tot[p][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(s[p], d), tot[p][t]);
+                }
+            }
+        }
+        for (int t = 0; t < M; ++t) {
+            const __m256 gs = _mm256_set1_ps(x[t].gsum[g]);
+            for (int p = 0; p < 2; ++p) tot[p][t] = _mm256_fnmadd_ps(sz[p], gs, tot[p][t]);
+        }
+    }
+    for (int t = 0; t < M; ++t)
+        for (int p = 0; p < 2; ++p) {
+            alignas(32) float lanes[8];
+            _mm256_store_ps(lanes, tot[p][t]);
+            for (int r = 0; r < 2; ++r)
+                out[t * ldo + 2 * p + r] = (lanes[4 * r] + lanes[4 * r + 1]) + (lanes[4 * r + 2] + lanes[4 * r + 3]);
+        }
+}
+// The table's two-block entries (the AVX-512 kernel shares its broadcasts between 2 blocks): here
+// the registers hold one block's sums, so one block after the other.
+template <int BITS, int NB, int M>
+void qdot_q8(int64_t K, int64_t group, const QRow* x, const QBlock* blk, float* out, int64_t ldo) {
+    for (int b = 0; b < NB; ++b) qdot_q8_avx2<BITS, M>(K, group, x, blk[b], out + 4 * b, ldo);
+}
+#define MLA_MOE_Q8                                                                                  \
+    {{{qdot_q8<8, 1, 1>, qdot_q8<8, 1, 2>, qdot_q8<8, 1, 3>, qdot_q8<8, 1, 4>},                     \
+      {qdot_q8<8, 2, 1>, qdot_q8<8, 2, 2>, qdot_q8<8, 2, 3>, qdot_q8<8, 2, 4>}},                    \
+     {{qdot_q8<4, 1, 1>, qdot_q8<4, 1, 2>, qdot_q8<4, 1, 3>, qdot_q8<4, 1, 4>},                     \
+      {qdot_q8<4, 2, 1>, qdot_q8<4, 2, 2>, qdot_q8<4, 2, 3>, qdot_q8<4, 2, 4>}}}
+
+// quantize_row_q8 in 8 lanes, bit for bit as the AVX-512 version above; 32 inputs a step (a block
+// is 32, 64 or 128), packed to int8 by two saturating packs and one lane permutation.
+void quantize_q8(int64_t K, int64_t group, const float* x, int8_t* q, float* d, float* gsum) {
+    const int64_t block = q8_block(group);
+    const __m256 sign = _mm256_set1_ps(-0.f);
+    const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int64_t b = 0; b < K / block; ++b) {
+        const float* xb = x + block * b;
+        __m256 vmax = _mm256_setzero_ps();
+        for (int64_t j = 0; j < block; j += 8) vmax = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(xb + j)), vmax);
+        alignas(32) float m8[8];
+        _mm256_store_ps(m8, vmax);
+        float amax = 0.f;
+        for (float v : m8) amax = std::max(amax, v);
+        const float scale = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
+        const __m256 vinv = _mm256_set1_ps(inv);
+        __m256i vsum = _mm256_setzero_si256();
+        for (int64_t j = 0; j < block; j += 32) {
+            __m256i v[4];
+            for (int i = 0; i < 4; ++i) {
+                v[i] = _mm256_min_epi32(
+                    _mm256_max_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + j + 8 * i), vinv)), lo), hi);
+                vsum = _mm256_add_epi32(vsum, v[i]);
+            }
+            const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + block * b + j), _mm256_permutevar8x32_epi32(packed, order));
+        }
+        alignas(32) int32_t s8[8];
+        _mm256_store_si256(reinterpret_cast<__m256i*>(s8), vsum);
+        int32_t sum = 0;
+        for (int32_t v : s8) sum += v;
+        d[b] = scale;
+        const int64_t g = (block * b) / group;
+        if ((block * b) % group == 0) gsum[g] = 0.f;
+        gsum[g] += scale * static_cast<float>(sum);
+    }
+}
+#define MLA_MOE_Q8_QUANTIZE quantize_q8
 #else
 #define MLA_MOE_Q8 {}
 #define MLA_MOE_Q8_QUANTIZE quantize_row_q8
@@ -337,9 +564,9 @@ void quantize_q8(int64_t K, int64_t group, const float* x, int8_t* q, float* d, 
 extern const MoeIsa MLA_MOE_TABLE;  // external linkage: moe_experts.cpp picks it
 const MoeIsa MLA_MOE_TABLE = {
     MLA_MOE_NAME,
-    {{qdot<8, 1>, qdot<8, 2>, qdot<8, 3>, qdot<8, 4>}, {qdot4<1>, qdot4<2>, qdot4<3>, qdot4<4>}},
+    MLA_MOE_QDOT,
     {dequant<8>, dequant<4>},
-    {fdot<1>, fdot<2>, fdot<3>, fdot<4>},
+    MLA_MOE_FDOT,
     MLA_MOE_Q8,
     MLA_MOE_Q8_QUANTIZE,
 };

@@ -3,7 +3,7 @@
 //
 // It serves the projections whose weight reads dominate a decode step and that the CPU plugin's
 // compressed matmul streams below memory speed (lm_head: 102400 rows, read every step for a few
-// rows of x). Under the reduced-precision mode on VNNI CPUs: dot products on the codes with int8
+// rows of x). Under the reduced-precision mode on AVX2/VNNI CPUs: dot products on the codes with int8
 // activations for any number of rows; in f32, one pass over the codes for few rows and panels
 // dequantised once and shared for many (moe_experts.hpp's tile routine, qmatmul.hpp).
 #pragma once

@@ -89,9 +89,11 @@ void split_for(const Threading& th, int64_t n, const std::function<void(int64_t)
 }
 
 QMode qmode(bool reduced, const MoeIsa& isa) {
+    // The AVX-512 table's int8 dots are VNNI instructions, which an AVX-512 CPU may lack; the AVX2
+    // table's (vpmaddubsw) run wherever the table does.
     static const bool cpu_vnni = __builtin_cpu_supports("avx512vnni");
     QMode m;
-    m.q8_dots = reduced && isa.qdot_q8[0][0][0] != nullptr && cpu_vnni;
+    m.q8_dots = reduced && isa.qdot_q8[0][0][0] != nullptr && (cpu_vnni || std::string(isa.name) != "avx512");
     return m;
 }
 

@@ -426,6 +426,10 @@ void quantize_q8(int64_t K, int64_t group, const float* x, int8_t* q, float* d, 
 // point's term takes the 128 back) and the sign moves onto the activation: |c - 128| <= 128 as u8
 // times sign(c - 128) x <= 127 keeps a pair under 32512. Its int16 pairs widen at every step.
 // The int32 block sums, the scales and the zero points' term then go as in the VNNI kernel above.
+// int8 codes are prefetched 2 KB ahead: on Zen 3 (2 cores, lm_head-sized int8 stream at 1-4 rows,
+// alternated in one process) the stream went from ~80% to ~95% of a plain read's speed with it
+// (1 KB: between the two); int4 codes, half the bytes for the same work, gained nothing.
+constexpr int64_t kPrefetch8 = 2048;
 template <int BITS, int M>
 void qdot_q8_avx2(int64_t K, int64_t group, const QRow* x, const QBlock& blk, float* out, int64_t ldo) {
     const __m256i ones = _mm256_set1_epi16(1);
@@ -453,6 +457,7 @@ void qdot_q8_avx2(int64_t K, int64_t group, const QRow* x, const QBlock& blk, fl
             for (int64_t k = b0; k < b0 + block; k += BITS == 8 ? 16 : 32) {
                 if (BITS == 8) {
                     const uint8_t* chunk = blk.q + (k / 16) * 64;
+                    _mm_prefetch(reinterpret_cast<const char*>(chunk + kPrefetch8), _MM_HINT_T0);
                     __m256i sw[2], aw[2];  // the codes less 128 (s8), and their magnitudes (u8)
                     for (int p = 0; p < 2; ++p) {
                         sw[p] = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 32 * p)), flip);

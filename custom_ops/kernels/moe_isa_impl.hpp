@@ -426,30 +426,43 @@ void quantize_q8(int64_t K, int64_t group, const float* x, int8_t* q, float* d, 
 // point's term takes the 128 back) and the sign moves onto the activation: |c - 128| <= 128 as u8
 // times sign(c - 128) x <= 127 keeps a pair under 32512. Its int16 pairs widen at every step.
 // The int32 block sums, the scales and the zero points' term then go as in the VNNI kernel above.
-// int8 codes are prefetched 2 KB ahead: on Zen 3 (2 cores, lm_head-sized int8 stream at 1-4 rows,
-// alternated in one process) the stream went from ~80% to ~95% of a plain read's speed with it
-// (1 KB: between the two); int4 codes, half the bytes for the same work, gained nothing.
-constexpr int64_t kPrefetch8 = 2048;
+// The codes are prefetched 2 KB ahead: on Zen 3 (2 cores, lm_head-sized streams at 1-4 rows,
+// variants alternated in one process) an int8 stream went from ~80% to ~95% of a plain read's
+// speed with it (1 KB: between the two), an int4 one (group 128) 10-16% faster at 1-2 rows.
+constexpr int64_t kPrefetch = 2048;
+template <int BITS>
+float zero_point_term(int64_t groups, const float* s, const uint8_t* zp, const float* gsum) {
+    const float shift = BITS == 8 ? 128.f : 0.f;
+    int64_t g = 0;
+    float sum = 0.f;
+    if (groups >= 8) {
+        __m256 acc = _mm256_setzero_ps();
+        for (; g + 8 <= groups; g += 8) {
+            const __m256 z = _mm256_sub_ps(
+                _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(zp + g)))),
+                _mm256_set1_ps(shift));
+            acc = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_loadu_ps(s + g), z), _mm256_loadu_ps(gsum + g), acc);
+        }
+        alignas(32) float l[8];
+        _mm256_store_ps(l, acc);
+        sum = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+    }
+    for (; g < groups; ++g) sum += s[g] * (static_cast<float>(zp[g]) - shift) * gsum[g];
+    return sum;
+}
 template <int BITS, int M>
 void qdot_q8_avx2(int64_t K, int64_t group, const QRow* x, const QBlock& blk, float* out, int64_t ldo) {
     const __m256i ones = _mm256_set1_epi16(1);
     const __m256i nibble = _mm256_set1_epi8(0x0F), flip = _mm256_set1_epi8(static_cast<char>(0x80));
-    const __m256i lane_row = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
-    const float zp_shift = BITS == 8 ? 128.f : 0.f;
     const int64_t block = x[0].block;
     __m256 tot[2][M];
     for (int p = 0; p < 2; ++p)
         for (int t = 0; t < M; ++t) tot[p][t] = _mm256_setzero_ps();
     const int64_t groups = K / group;
     for (int64_t g = 0; g < groups; ++g) {
-        __m256 s[2], sz[2];  // per lane: its row's scale, and scale x (zero point - shift) / 4
-        for (int p = 0; p < 2; ++p) {
-            s[p] = _mm256_permutevar8x32_ps(_mm256_setr_ps(blk.s[2 * p][g], blk.s[2 * p + 1][g], 0, 0, 0, 0, 0, 0), lane_row);
-            sz[p] = _mm256_mul_ps(s[p], _mm256_permutevar8x32_ps(
-                                            _mm256_setr_ps(0.25f * (blk.zp[2 * p][g] - zp_shift),
-                                                           0.25f * (blk.zp[2 * p + 1][g] - zp_shift), 0, 0, 0, 0, 0, 0),
-                                            lane_row));
-        }
+        __m256 s[2];  // per lane: its row's scale
+        for (int p = 0; p < 2; ++p)
+            s[p] = _mm256_set_m128(_mm_set1_ps(blk.s[2 * p + 1][g]), _mm_set1_ps(blk.s[2 * p][g]));
         for (int64_t b0 = g * group; b0 < (g + 1) * group; b0 += block) {
             __m256i acc[2][M];
             for (int p = 0; p < 2; ++p)
@@ -457,7 +470,7 @@ void qdot_q8_avx2(int64_t K, int64_t group, const QRow* x, const QBlock& blk, fl
             for (int64_t k = b0; k < b0 + block; k += BITS == 8 ? 16 : 32) {
                 if (BITS == 8) {
                     const uint8_t* chunk = blk.q + (k / 16) * 64;
-                    _mm_prefetch(reinterpret_cast<const char*>(chunk + kPrefetch8), _MM_HINT_T0);
+                    _mm_prefetch(reinterpret_cast<const char*>(chunk + kPrefetch), _MM_HINT_T0);
                     __m256i sw[2], aw[2];  // the codes less 128 (s8), and their magnitudes (u8)
                     for (int p = 0; p < 2; ++p) {
                         sw[p] = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 32 * p)), flip);
@@ -471,6 +484,7 @@ void qdot_q8_avx2(int64_t K, int64_t group, const QRow* x, const QBlock& blk, fl
                     }
                 } else {
                     const uint8_t* chunk = blk.q + (k / 32) * 64;
+                    _mm_prefetch(reinterpret_cast<const char*>(chunk + kPrefetch), _MM_HINT_T0);
                     __m256i lo[2], hi[2];
                     for (int p = 0; p < 2; ++p) {
                         const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 32 * p));
@@ -494,17 +508,17 @@ void qdot_q8_avx2(int64_t K, int64_t group, const QRow* x, const QBlock& blk, fl
                 }
             }
         }
-        for (int t = 0; t < M; ++t) {
-            const __m256 gs = _mm256_set1_ps(x[t].gsum[g]);
-            for (int p = 0; p < 2; ++p) tot[p][t] = _mm256_fnmadd_ps(sz[p], gs, tot[p][t]);
-        }
     }
+    // The zero points' term, sum over groups of scale x (zero point - shift) x gsum, 8 groups a step
+    // once per row and token (per group inside the loop above it cost as much as the products of
+    // a 128-input int4 group at one token).
     for (int t = 0; t < M; ++t)
         for (int p = 0; p < 2; ++p) {
             alignas(32) float lanes[8];
             _mm256_store_ps(lanes, tot[p][t]);
             for (int r = 0; r < 2; ++r)
-                out[t * ldo + 2 * p + r] = (lanes[4 * r] + lanes[4 * r + 1]) + (lanes[4 * r + 2] + lanes[4 * r + 3]);
+                out[t * ldo + 2 * p + r] = (lanes[4 * r] + lanes[4 * r + 1]) + (lanes[4 * r + 2] + lanes[4 * r + 3]) -
+                                           zero_point_term<BITS>(groups, blk.s[2 * p + r], blk.zp[2 * p + r], x[t].gsum);
         }
 }
 // The table's two-block entries (the AVX-512 kernel shares its broadcasts between 2 blocks): here

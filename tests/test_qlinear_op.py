@@ -131,3 +131,52 @@ def test_bad_attribute_and_x(rng, runtime):
         RUNTIMES[runtime](_model(64, 64, weights, 5), {"x": np.zeros((1, 64), np.float32)})
     with pytest.raises(Exception, match="w_q|x"):  # x's K does not match the codes
         RUNTIMES[runtime](_model(32, 64, weights, 8), {"x": np.zeros((1, 32), np.float32)})
+
+
+def test_every_table_runs_int8_activations(tmp_path, rng):
+    """compute="bf16" on each vector table this CPU can run (MLA_EXPORT_ISA forces it, in a child
+    process): the AVX2 table's vpmaddubsw dots and the AVX-512 table's VNNI ones give the
+    reference's result on int8 activations; the portable table (and AVX-512 without VNNI) stays
+    f32-exact. On an AVX-512 machine this is what still runs the AVX2 kernels."""
+    import os
+    import subprocess
+    import sys
+
+    from test_moe_experts_op import _cpu_has
+    from test_ops_isa import HAS
+
+    cases = []
+    for i, (bits, group, rows) in enumerate([(8, 256, 1), (8, 256, 7), (4, 64, 2), (4, 32, 11), (4, 128, 300)]):
+        weights, w = _case(rng, 64, 256, bits, group)
+        x = rng.standard_normal((rows, 256)).astype(np.float32)
+        (tmp_path / f"m{i}.onnx").write_bytes(_model(256, 64, weights, bits, compute="bf16").SerializeToString())
+        np.save(tmp_path / f"x{i}.npy", x)
+        np.save(tmp_path / f"q8_{i}.npy", ref.linear(x, w, q8_group=group))
+        np.save(tmp_path / f"f32_{i}.npy", ref.linear(x, w))
+        cases.append(i)
+    script = f"""
+import numpy as np, onnx, sys
+sys.path.insert(0, {os.path.dirname(__file__)!r})
+from test_moe_experts_op import _run_openvino
+for i in {cases!r}:
+    got = _run_openvino(onnx.load({str(tmp_path)!r} + f"/m{{i}}.onnx"), {{"x": np.load({str(tmp_path)!r} + f"/x{{i}}.npy")}})
+    for kind in ("q8", "f32"):
+        want = np.load({str(tmp_path)!r} + f"/{{kind}}_{{i}}.npy")
+        print("ERR", i, kind, np.abs(got - want).max() / np.abs(want).max())
+"""
+    for isa in [name for name, runs in HAS.items() if runs]:
+        res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                             env=dict(os.environ, MLA_EXPORT_ISA=isa))
+        assert res.returncode == 0, res.stderr[-2000:]
+        errs = {(int(i), kind): float(e) for _, i, kind, e in (line.split() for line in res.stdout.splitlines()
+                                                                  if line.startswith("ERR"))}
+        assert len(errs) == 2 * len(cases), res.stdout
+        int8_acts = isa == "avx2" or (isa == "avx512" and _cpu_has("avx512_vnni"))
+        for i in cases:
+            if int8_acts:
+                assert errs[i, "q8"] < 1e-4, (isa, i, errs[i, "q8"])
+                assert errs[i, "f32"] > 1e-6, (isa, i, "int8 activations expected, the result is f32-exact")
+            else:
+                assert errs[i, "f32"] < TOL, (isa, i, errs[i, "f32"])
+        print(f"[qlinear tables, compute=bf16] {isa}: int8 activations {int8_acts}, "
+              f"max q8 error {max(errs[i, 'q8'] for i in cases):.1e}")

@@ -61,6 +61,14 @@ inline float hsum(vf v) {
     for (int i = 0; i < 16; ++i) s += v[i];
     return s;
 }
+#if defined(__AVX2__)
+// The 8 lanes of one ymm summed pairwise (the AVX2 tables' 8-lane kernels).
+inline float hsum8(__m256 v) {
+    alignas(32) float l[8];
+    _mm256_store_ps(l, v);
+    return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+}
+#endif
 
 // Four rows by M tokens; the accumulators of one group are folded into the totals with the
 // group's scale, and the zero points are taken out once per group through sum(x) over the group.
@@ -222,11 +230,7 @@ void fdot8(int64_t k0, int64_t kb, const float* const* a, const float* w, float*
         }
     }
     for (int t = 0; t < M; ++t)
-        for (int r = 0; r < 4; ++r) {
-            alignas(32) float l[8];
-            _mm256_store_ps(l, acc[r][t]);
-            out[t * ldo + r] += ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
-        }
+        for (int r = 0; r < 4; ++r) out[t * ldo + r] += hsum8(acc[r][t]);
 }
 template <int M>
 void fdot_avx2(int64_t k0, int64_t kb, const float* const* a, const float* w, float* out, int64_t ldo) {
@@ -269,11 +273,7 @@ void qdot8(int64_t K, int64_t group, const float* const* x, const QBlock& blk, f
         }
     }
     for (int t = 0; t < M; ++t)
-        for (int r = 0; r < 4; ++r) {
-            alignas(32) float l[8];
-            _mm256_store_ps(l, acc[r][t]);
-            out[t * ldo + r] = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
-        }
+        for (int r = 0; r < 4; ++r) out[t * ldo + r] = hsum8(acc[r][t]);
 }
 template <int BITS, int M>
 void qdot_avx2(int64_t K, int64_t group, const float* const* x, const float* const*, const QBlock& blk, float* out,
@@ -381,11 +381,6 @@ void qdot_q8(int64_t K, int64_t group, const QRow* x, const QBlock* blk, float* 
                 out[t * ldo + 4 * b + r] = (lanes[4 * r] + lanes[4 * r + 1]) + (lanes[4 * r + 2] + lanes[4 * r + 3]);
         }
 }
-#define MLA_MOE_Q8                                                                                  \
-    {{{qdot_q8<8, 1, 1>, qdot_q8<8, 1, 2>, qdot_q8<8, 1, 3>, qdot_q8<8, 1, 4>},                     \
-      {qdot_q8<8, 2, 1>, qdot_q8<8, 2, 2>, qdot_q8<8, 2, 3>, qdot_q8<8, 2, 4>}},                    \
-     {{qdot_q8<4, 1, 1>, qdot_q8<4, 1, 2>, qdot_q8<4, 1, 3>, qdot_q8<4, 1, 4>},                     \
-      {qdot_q8<4, 2, 1>, qdot_q8<4, 2, 2>, qdot_q8<4, 2, 3>, qdot_q8<4, 2, 4>}}}
 
 // quantize_row_q8 in 16 lanes: the same block maxima, the same products x * (127 / amax) rounded
 // to nearest even (the MXCSR default, as std::nearbyint) and clamped to +-127, the same int32 sums.
@@ -443,9 +438,7 @@ float zero_point_term(int64_t groups, const float* s, const uint8_t* zp, const f
                 _mm256_set1_ps(shift));
             acc = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_loadu_ps(s + g), z), _mm256_loadu_ps(gsum + g), acc);
         }
-        alignas(32) float l[8];
-        _mm256_store_ps(l, acc);
-        sum = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+        sum = hsum8(acc);
     }
     for (; g < groups; ++g) sum += s[g] * (static_cast<float>(zp[g]) - shift) * gsum[g];
     return sum;
@@ -527,11 +520,6 @@ template <int BITS, int NB, int M>
 void qdot_q8(int64_t K, int64_t group, const QRow* x, const QBlock* blk, float* out, int64_t ldo) {
     for (int b = 0; b < NB; ++b) qdot_q8_avx2<BITS, M>(K, group, x, blk[b], out + 4 * b, ldo);
 }
-#define MLA_MOE_Q8                                                                                  \
-    {{{qdot_q8<8, 1, 1>, qdot_q8<8, 1, 2>, qdot_q8<8, 1, 3>, qdot_q8<8, 1, 4>},                     \
-      {qdot_q8<8, 2, 1>, qdot_q8<8, 2, 2>, qdot_q8<8, 2, 3>, qdot_q8<8, 2, 4>}},                    \
-     {{qdot_q8<4, 1, 1>, qdot_q8<4, 1, 2>, qdot_q8<4, 1, 3>, qdot_q8<4, 1, 4>},                     \
-      {qdot_q8<4, 2, 1>, qdot_q8<4, 2, 2>, qdot_q8<4, 2, 3>, qdot_q8<4, 2, 4>}}}
 
 // quantize_row_q8 in 8 lanes, bit for bit as the AVX-512 version above; 32 inputs a step (a block
 // is 32, 64 or 128), packed to int8 by two saturating packs and one lane permutation.
@@ -573,8 +561,17 @@ void quantize_q8(int64_t K, int64_t group, const float* x, int8_t* q, float* d, 
 }
 #define MLA_MOE_Q8_QUANTIZE quantize_q8
 #else
-#define MLA_MOE_Q8 {}
 #define MLA_MOE_Q8_QUANTIZE quantize_row_q8
+#endif
+// The int8-dot entries: qdot_q8<BITS, NB, M> of the VNNI or the AVX2 kernel above; none elsewhere.
+#if defined(__AVX512VNNI__) || defined(__AVX2__)
+#define MLA_MOE_Q8                                                                                  \
+    {{{qdot_q8<8, 1, 1>, qdot_q8<8, 1, 2>, qdot_q8<8, 1, 3>, qdot_q8<8, 1, 4>},                     \
+      {qdot_q8<8, 2, 1>, qdot_q8<8, 2, 2>, qdot_q8<8, 2, 3>, qdot_q8<8, 2, 4>}},                    \
+     {{qdot_q8<4, 1, 1>, qdot_q8<4, 1, 2>, qdot_q8<4, 1, 3>, qdot_q8<4, 1, 4>},                     \
+      {qdot_q8<4, 2, 1>, qdot_q8<4, 2, 2>, qdot_q8<4, 2, 3>, qdot_q8<4, 2, 4>}}}
+#else
+#define MLA_MOE_Q8 {}
 #endif
 
 

@@ -41,6 +41,15 @@ inline int64_t q8_block(int64_t group) { return group % 128 == 0 ? 128 : group %
 // Quantises x [K] into q [K], d [K / block] and gsum [K / group] (block = q8_block(group)).
 void quantize_row_q8(int64_t K, int64_t group, const float* x, int8_t* q, float* d, float* gsum);
 
+// Records activation block b's scale and adds its share (scale x its int32 code sum) to its weight
+// group's gsum, starting the group's sum at its first block: every quantizer's per-block end.
+inline void finish_q8_block(int64_t b, int64_t block, int64_t group, float scale, int32_t sum, float* d, float* gsum) {
+    d[b] = scale;
+    const int64_t g = (block * b) / group;
+    if ((block * b) % group == 0) gsum[g] = 0.f;
+    gsum[g] += scale * static_cast<float>(sum);
+}
+
 struct MoeIsa {
     const char* name;
     // out[t * ldo + r] = sum_k x[t][k] * w_r[k] for the 4 rows r of a block and M = 1..4 rows t

@@ -403,10 +403,7 @@ void quantize_q8(int64_t K, int64_t group, const float* x, int8_t* q, float* d, 
             vsum = _mm512_add_epi32(vsum, v);
             _mm_storeu_si128(reinterpret_cast<__m128i*>(q + block * b + j), _mm512_cvtepi32_epi8(v));
         }
-        d[b] = scale;
-        const int64_t g = (block * b) / group;
-        if ((block * b) % group == 0) gsum[g] = 0.f;
-        gsum[g] += scale * static_cast<float>(_mm512_reduce_add_epi32(vsum));
+        finish_q8_block(b, block, group, scale, _mm512_reduce_add_epi32(vsum), d, gsum);
     }
 }
 #define MLA_MOE_Q8_QUANTIZE quantize_q8
@@ -553,10 +550,7 @@ void quantize_q8(int64_t K, int64_t group, const float* x, int8_t* q, float* d, 
         _mm256_store_si256(reinterpret_cast<__m256i*>(s8), vsum);
         int32_t sum = 0;
         for (int32_t v : s8) sum += v;
-        d[b] = scale;
-        const int64_t g = (block * b) / group;
-        if ((block * b) % group == 0) gsum[g] = 0.f;
-        gsum[g] += scale * static_cast<float>(sum);
+        finish_q8_block(b, block, group, scale, sum, d, gsum);
     }
 }
 #define MLA_MOE_Q8_QUANTIZE quantize_q8

@@ -74,10 +74,7 @@ void quantize_row_q8(int64_t K, int64_t group, const float* x, int8_t* q, float*
             q[block * b + j] = static_cast<int8_t>(v);
             sum += v;
         }
-        d[b] = scale;
-        const int64_t g = (block * b) / group;
-        if ((block * b) % group == 0) gsum[g] = 0.f;
-        gsum[g] += scale * static_cast<float>(sum);
+        finish_q8_block(b, block, group, scale, sum, d, gsum);
     }
 }
 

@@ -58,10 +58,15 @@ def paged_decode(q, kv_cache, block_tables, seq_lens, scale: float, kv_lora_rank
 
 def paged_attention(q_nope, q_pe, kv_cache, w_uk, w_uv, query_start_loc, seq_lens, block_tables,
                     scale: float, form: str = "auto", kv_dtype: str | None = None, *,
-                    runtime: str = "openvino", num_threads: int | None = None) -> np.ndarray:
+                    runtime: str = "openvino", num_threads: int | None = None, compute: str = "f32") -> np.ndarray:
     """Causal paged MLA over packed new tokens: -> [T, H, dv].
-    form: "auto" (per sequence by cost), "absorbed" or "expanded"."""
+    form: "auto" (per sequence by cost), "absorbed" or "expanded". compute: "f32" (every product
+    f32, the exact path) or "bf16" (what the runtime sets under a bf16 hint: single-token rows
+    multiply in bf16 with f32 sums on AMX tiles where the CPU has them)."""
     if form not in FORMS:
         raise ValueError(f"form must be one of {list(FORMS)}, got {form!r}")
+    if compute not in ("f32", "bf16"):
+        raise ValueError(f"compute must be 'f32' or 'bf16', got {compute!r}")
     return _runner(runtime).paged_attention(q_nope, q_pe, kv_cache, w_uk, w_uv, query_start_loc, seq_lens,
-                                            block_tables, scale, form, kv_dtype, num_threads=num_threads)
+                                            block_tables, scale, form, kv_dtype, num_threads=num_threads,
+                                            compute=compute)

@@ -152,9 +152,10 @@ def paged_decode(q, kv_cache, block_tables, seq_lens, scale: float, kv_lora_rank
 
 def paged_attention(q_nope, q_pe, kv_cache, w_uk, w_uv, query_start_loc, seq_lens, block_tables,
                     scale: float, form: str | int = "auto", kv_dtype: str | None = None,
-                    num_threads: int | None = None) -> np.ndarray:
+                    num_threads: int | None = None, compute: str = "f32") -> np.ndarray:
     """MlaPagedAttention: causal paged MLA over packed new tokens -> [T, H, dv].
-    form: "auto", "absorbed", "expanded" (or the raw int attribute, passed unchecked)."""
+    form: "auto", "absorbed", "expanded" (or the raw int attribute, passed unchecked); compute:
+    the op's attribute (passed unchecked)."""
     if isinstance(form, str):
         if form not in FORMS:
             raise ValueError(f"form must be one of {sorted(FORMS)}, got {form!r}")
@@ -166,8 +167,8 @@ def paged_attention(q_nope, q_pe, kv_cache, w_uk, w_uv, query_start_loc, seq_len
               ("w_uk", _contiguous(w_uk)), ("w_uv", _contiguous(w_uv)),
               ("query_start_loc", _contiguous(query_start_loc)), ("seq_lens", _contiguous(seq_lens)),
               ("block_tables", _contiguous(block_tables))]
-    return _run("MlaPagedAttention", arrays, {"scale": _float_attr(scale), "form": int(form), **kv}, q_nope.dtype, 3,
-                num_threads)
+    return _run("MlaPagedAttention", arrays, {"scale": _float_attr(scale), "form": int(form), "compute": compute, **kv},
+                q_nope.dtype, 3, num_threads)
 
 
 def cache_write_then_attention(kv_c, k_pe, slot_mapping, q_nope, q_pe, kv_cache: np.ndarray, w_uk, w_uv,

@@ -155,10 +155,10 @@ def paged_decode(q, kv_cache, block_tables, seq_lens, scale: float, kv_lora_rank
 
 def paged_attention(q_nope, q_pe, kv_cache, w_uk, w_uv, query_start_loc, seq_lens, block_tables,
                     scale: float, form: str = "auto", kv_dtype: str | None = None,
-                    num_threads: int | None = None) -> np.ndarray:
+                    num_threads: int | None = None, compute: str = "f32") -> np.ndarray:
     """Causal paged MLA over packed new tokens: -> [T, H, dv].
 
-    form: "auto" (per sequence by cost), "absorbed" or "expanded"."""
+    form: "auto" (per sequence by cost), "absorbed" or "expanded"; compute: the op's attribute."""
     forms = {"auto": 0, "absorbed": 1, "expanded": 2}
     if form not in forms:
         raise ValueError(f"form must be one of {sorted(forms)}, got {form!r}")
@@ -167,6 +167,7 @@ def paged_attention(q_nope, q_pe, kv_cache, w_uk, w_uv, query_start_loc, seq_len
               ("kv_cache", cache_binding(cache)), ("w_uk", _float("w_uk", w_uk)),
               ("w_uv", _float("w_uv", w_uv)), ("query_start_loc", _index("query_start_loc", query_start_loc)),
               ("seq_lens", _index("seq_lens", seq_lens)), ("block_tables", _index("block_tables", block_tables))]
-    out = _run("MlaPagedAttention", arrays, {"scale": repr(float(scale)), "form": forms[form], "kv_dtype": fmt},
+    out = _run("MlaPagedAttention", arrays,
+               {"scale": repr(float(scale)), "form": forms[form], "kv_dtype": fmt, "compute": compute},
                ov_type(arrays[0][1].dtype), 3, num_threads)
     return to_numpy(out)

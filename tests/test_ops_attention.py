@@ -1,5 +1,7 @@
 """MlaPagedAttention against the float64 reference, in both forms and mixed batches."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -85,3 +87,58 @@ def test_head_counts(rng, h):
 def test_long_prefill_with_prefix_both_forms(rng):
     for form in ("absorbed", "expanded"):
         run_case(rng, [700], [300], SMALL, bs=32, form=form)
+
+
+def _amx_expected() -> bool:
+    """Whether the kernels take AMX tiles here: the CPU has them and neither MLA_EXPORT_ISA (a
+    table below avx512) nor MLA_EXPORT_AMX=0 turned them off."""
+    if os.environ.get("MLA_EXPORT_ISA", "avx512") not in ("", "avx512") or os.environ.get("MLA_EXPORT_AMX") == "0":
+        return False
+    try:
+        flags = open("/proc/cpuinfo").read().split()
+    except OSError:
+        return False
+    return {"amx_tile", "amx_bf16", "avx512_bf16", "avx512f"} <= set(flags)
+
+
+@pytest.mark.parametrize("runtime", [rt for rt in kernels.RUNTIMES if kernels.available(rt)])
+@pytest.mark.parametrize("h,cache_dtype", [(16, "f16"), (16, "bf16"), (16, "f32"), (16, "int8"), (20, "f16"),
+                                           (128, "f16")])
+def test_bf16_compute_decode_rows(rng, runtime, h, cache_dtype):
+    """compute="bf16" (the runtime's bf16 hint): single-token rows multiply in bf16 with f32 sums
+    on AMX tiles where the CPU has them (attention_amx.cpp), every other row as under f32. Against
+    the float64 reference at a bf16 tolerance: lengths around the 64-row chunk and a long one
+    (split across threads), head counts that fill 16-row tiles or not (20) and V3's 128, shuffled
+    tables, NaN in every unowned row, one multi-token row run in the same call. Without AMX the
+    result is the f32 one, bit for bit; with it, it must differ (the bf16 path ran)."""
+    dims = dict(DEEPSEEK, h=h)
+    dn, dr, r, dv = dims["dn"], dims["dr"], dims["r"], dims["dv"]
+    seq_lens, qlens = [1, 63, 64, 65, 1000, 37], [1, 1, 1, 1, 1, 4]
+    p = make_problem(rng, seq_lens, qlens, r + dr, 16, cache_dtype, r=r)
+    t = int(p.qlens.sum())
+    q_nope, q_pe = randn(rng, (t, h, dn), "f32"), randn(rng, (t, h, dr), "f32")
+    w_uk = randn(rng, (h, dn, r), "bf16", scale=dn ** -0.5)
+    w_uv = randn(rng, (h, r, dv), "bf16", scale=r ** -0.5)
+    scale = (dn + dr) ** -0.5
+    args = (q_nope, q_pe, p.kv_cache, w_uk, w_uv, p.query_start_loc, p.seq_lens, p.block_tables, scale)
+    kv = cache_dtype if cache_dtype == "int8" else None
+    exact = kernels.paged_attention(*args, form="absorbed", kv_dtype=kv, num_threads=2, runtime=runtime)
+    got = kernels.paged_attention(*args, form="absorbed", kv_dtype=kv, num_threads=2, compute="bf16", runtime=runtime)
+    assert got.shape == (t, h, dv) and not np.isnan(got).any(), "read a NaN-poisoned row no sequence owns"
+    expected = ref.paged_attention_expanded(*args, kv_dtype=kv)
+    err = rel_err(got, expected)
+    assert err <= TOL["bf16"], f"compute=bf16: relative error {err:.3g}"
+    decode_rows, run_rows = got[:5], got[5:]
+    np.testing.assert_array_equal(run_rows, exact[5:])  # multi-token rows keep the f32 kernels
+    if _amx_expected():
+        assert not np.array_equal(decode_rows, exact[:5]), "the AMX bf16 path did not run on an AMX CPU"
+    else:
+        np.testing.assert_array_equal(decode_rows, exact[:5])
+
+
+def test_bf16_compute_attribute_checked(rng):
+    p = make_problem(rng, [5], [1], 20 + 6, 4)
+    args = (randn(rng, (1, 5, 10)), randn(rng, (1, 5, 6)), p.kv_cache, randn(rng, (5, 10, 20)), randn(rng, (5, 20, 12)),
+            p.query_start_loc, p.seq_lens, p.block_tables, 0.3)
+    with pytest.raises(ValueError, match="compute"):
+        kernels.paged_attention(*args, compute="f16")

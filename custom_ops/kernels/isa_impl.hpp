@@ -543,37 +543,52 @@ static void row_axpy(int64_t m, int64_t n, int64_t width, const float* p, int64_
     axpy_rows_tail<kAxpyRows - 1>(m - i, n, width, p + i * ldp, ldp, rows, o + i * ldo, ldo, pf);
 }
 
-// C[m, n] (+)= A[m, k] . B[k, n] with B bf16: per row of A, blocks of 4 vectors of columns are
-// summed over k in registers, each B row segment widened as it is loaded (one pass over B per row
-// of A: decode has one row per sequence and head).
-static void gemm_bf16b(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const uint16_t* b,
-                       int64_t ldb, float* c, int64_t ldc, bool accumulate) {
-    constexpr int V = 4;
-    for (int64_t i = 0; i < m; ++i) {
-        const float* ai = a + i * lda;
-        float* ci = c + i * ldc;
-        int64_t j = 0;
-        for (; j + V * L <= n; j += V * L) {
-            vf acc[V];
-            for (int v = 0; v < V; ++v) acc[v] = accumulate ? loadu(ci + j + v * L) : vf{};
-            for (int64_t p = 0; p < k; ++p) {
-                const vf av = splat(ai[p]);
-                const uint16_t* bp = b + p * ldb + j;
-                for (int v = 0; v < V; ++v) acc[v] += av * widen_bf16(bp + v * L);
-            }
-            for (int v = 0; v < V; ++v) storeu(ci + j + v * L, acc[v]);
-        }
-        for (; j + L <= n; j += L) {
-            vf acc = accumulate ? loadu(ci + j) : vf{};
-            for (int64_t p = 0; p < k; ++p) acc += splat(ai[p]) * widen_bf16(b + p * ldb + j);
-            storeu(ci + j, acc);
-        }
-        for (; j < n; ++j) {
-            float s = accumulate ? ci[j] : 0.f;
-            for (int64_t p = 0; p < k; ++p) s += ai[p] * bf16_to_f32(b[p * ldb + j]);
-            ci[j] = s;
+// MR rows of C, V vectors of columns, summed over k in registers: each B row segment is widened
+// once as it is loaded and serves all MR rows.
+template <int MR, int V>
+static inline void bf16b_tile(int64_t k, const float* a, int64_t lda, const uint16_t* b, int64_t ldb, float* c,
+                              int64_t ldc, bool accumulate) {
+    vf acc[MR][V];
+    for (int i = 0; i < MR; ++i)
+        for (int v = 0; v < V; ++v) acc[i][v] = accumulate ? loadu(c + i * ldc + v * L) : vf{};
+    for (int64_t p = 0; p < k; ++p) {
+        vf bv[V];
+        for (int v = 0; v < V; ++v) bv[v] = widen_bf16(b + p * ldb + v * L);
+        for (int i = 0; i < MR; ++i) {
+            const vf av = splat(a[i * lda + p]);
+            for (int v = 0; v < V; ++v) acc[i][v] += av * bv[v];
         }
     }
+    for (int i = 0; i < MR; ++i)
+        for (int v = 0; v < V; ++v) storeu(c + i * ldc + v * L, acc[i][v]);
+}
+
+// MR rows of C across all n columns: tiles of 4 vectors, then single vectors, then scalars.
+template <int MR>
+static void bf16b_rows(int64_t n, int64_t k, const float* a, int64_t lda, const uint16_t* b, int64_t ldb, float* c,
+                       int64_t ldc, bool accumulate) {
+    constexpr int V = 4;
+    int64_t j = 0;
+    for (; j + V * L <= n; j += V * L) bf16b_tile<MR, V>(k, a, lda, b + j, ldb, c + j, ldc, accumulate);
+    for (; j + L <= n; j += L) bf16b_tile<MR, 1>(k, a, lda, b + j, ldb, c + j, ldc, accumulate);
+    for (; j < n; ++j)
+        for (int i = 0; i < MR; ++i) {
+            float s = accumulate ? c[i * ldc + j] : 0.f;
+            for (int64_t p = 0; p < k; ++p) s += a[i * lda + p] * bf16_to_f32(b[p * ldb + j]);
+            c[i * ldc + j] = s;
+        }
+}
+
+// C[m, n] (+)= A[m, k] . B[k, n] with B bf16 (the absorbed form's W_UK / W_UV as a bf16 export
+// stores them): rows of A in blocks of kBf16Rows, so one pass over B serves that many rows (a
+// decode batch's rows of one head share its weights).
+constexpr int kBf16Rows = L == 16 ? 4 : 2;  // x 4 vectors of accumulators + 4 of B in the registers
+static void gemm_bf16b(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const uint16_t* b,
+                       int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+    int64_t i = 0;
+    for (; i + kBf16Rows <= m; i += kBf16Rows)
+        bf16b_rows<kBf16Rows>(n, k, a + i * lda, lda, b, ldb, c + i * ldc, ldc, accumulate);
+    for (; i < m; ++i) bf16b_rows<1>(n, k, a + i * lda, lda, b, ldb, c + i * ldc, ldc, accumulate);
 }
 
 static const IsaKernels table = {MLA_ISA_NAME,

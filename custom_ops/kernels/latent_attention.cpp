@@ -16,6 +16,9 @@
 
 #include "isa.hpp"
 #include "mla_kernels.hpp"
+#if defined(MLA_HAVE_AMX)
+#include "attention_amx.hpp"
+#endif
 #include "numeric.hpp"
 #include "validate.hpp"
 
@@ -169,6 +172,48 @@ void absorbed_task(const IsaKernels& K, const AbsorbedSeq& s, const Partial& p, 
     }
 }
 
+#if defined(MLA_HAVE_AMX)
+thread_local AmxDecodeRows tls_amx;
+
+// absorbed_task for a single-token sequence on AMX bf16 tiles (compute "bf16" only): every row
+// sees every position of the part, so each chunk is one tile pass for all heads.
+void absorbed_task_amx(const IsaKernels& K, const AbsorbedSeq& s, const Partial& p, int64_t r, float scale) {
+    const int64_t w = s.cache.width;
+    // f32, f16 and bf16 rows are read where they live (converted to bf16 on the way into the
+    // tiles); int8/fp8 rows are dequantised into f32 scratch first.
+    using Rows = AmxDecodeRows::Rows;
+    const KvDtype kind = s.cache.rows->kind;
+    const bool direct = kind == KvDtype::f32 || kind == KvDtype::f16 || kind == KvDtype::bf16;
+    const Rows rows_kind = kind == KvDtype::f16 ? Rows::f16 : kind == KvDtype::bf16 ? Rows::bf16 : Rows::f32;
+    float* kr = direct ? nullptr : Scratch::get(tls.kr, kChunk * w);
+    AmxDecodeRows& amx = tls_amx;
+    amx.begin(s.q, s.heads, w, r);
+    const void* chunk_rows[kChunk];
+    for (int64_t c0 = p.c_begin; c0 < p.c_end; c0 += kChunk) {
+        const int64_t n = std::min(kChunk, p.c_end - c0);
+        if (direct) {
+            for (int64_t j = 0; j < n; ++j) chunk_rows[j] = s.cache.row(c0 + j);
+        } else {
+            gather_chunk(K, s.cache, c0, n, kr);
+            for (int64_t j = 0; j < n; ++j) chunk_rows[j] = kr + j * w;
+        }
+        amx.chunk(chunk_rows, rows_kind, n, scale);
+    }
+    amx.end(p.mx, p.l, p.o, r);
+}
+#endif
+
+// Whether the absorbed rows of this call may take the AMX bf16 path (decode rows, under compute
+// "bf16", on a CPU with AMX; shapes the tiles cover).
+bool amx_decode(bool bf16_products, int64_t w, int64_t r) {
+#if defined(MLA_HAVE_AMX)
+    return bf16_products && w % 32 == 0 && r % 32 == 0 && r < w && amx_usable();
+#else
+    (void)bf16_products, (void)w, (void)r;
+    return false;
+#endif
+}
+
 // How many context splits for each sequence (the plan step, FlashInfer-style): with one
 // thread none; else the work (rows x chunks) is cut into parts of about 1/(4 * threads) of the
 // total, so batch 1 uses every core and uneven lengths balance under dynamic scheduling, while
@@ -204,7 +249,8 @@ T* grow(std::vector<T>& v, int64_t n) {
 }
 
 void run_absorbed(const IsaKernels& K, const std::vector<AbsorbedSeq>& seqs, int64_t r, float scale,
-                  const Threading& th, AbsorbedBuffers& buf) {
+                  const Threading& th, AbsorbedBuffers& buf, bool amx = false) {
+    (void)amx;  // without MLA_HAVE_AMX every task takes the f32 kernels
     std::vector<int64_t>& splits = buf.splits;
     plan_splits(seqs, th.num_threads, splits);
     std::vector<Partial>& parts = buf.parts;
@@ -230,6 +276,9 @@ void run_absorbed(const IsaKernels& K, const std::vector<AbsorbedSeq>& seqs, int
     std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return cost(a) > cost(b); });
     dynamic_for(th, static_cast<int64_t>(parts.size()), [&](int64_t k) {
         const Partial& p = parts[order[k]];
+#if defined(MLA_HAVE_AMX)
+        if (amx && seqs[p.seq].qlen == 1) return absorbed_task_amx(K, seqs[p.seq], p, r, scale);
+#endif
         absorbed_task(K, seqs[p.seq], p, r, scale);
     });
     // Merge each sequence's splits: out = sum_k e^(m_k - M) o_k / sum_k e^(m_k - M) l_k.
@@ -517,26 +566,50 @@ void run_attention(const AttentionPlan& plan, const TensorView& out, const Threa
         float* q_lat = grow(ws.q_lat, absorbed_rows * w);
         float* lat = grow(ws.lat, absorbed_rows * r);
         const int64_t n_abs = static_cast<int64_t>(absorbed.size());
-        th.parallel_for(n_abs * heads, [&](int64_t k) {
-            const AbsorbedRef& a = absorbed[k / heads];
-            const int64_t h = k % heads;
-            float* dst = q_lat + (a.offset + h) * w;
-            up_project(a.qlen, r, dn, qn + (a.start * heads + h) * dn, heads * dn, wuk, wuk16, h * dn * r, dst, heads * w);
-            for (int64_t t = 0; t < a.qlen; ++t)
-                std::copy_n(qp + ((a.start + t) * heads + h) * dr, dr, dst + t * heads * w + r);
-        });
+        // When the absorbed sequences' tokens are one run (a decode batch, or any batch without
+        // an expanded sequence), each head's up-projections take all of them as the rows of one
+        // product, so its weights are read once per call instead of once per sequence.
+        bool one_run = true;
+        for (int64_t i = 1; i < n_abs; ++i)
+            one_run = one_run && absorbed[i].start == absorbed[i - 1].start + absorbed[i - 1].qlen;
+        const int64_t run_start = absorbed[0].start, run_tokens = absorbed_rows / heads;
+        if (one_run) {
+            th.parallel_for(heads, [&](int64_t h) {
+                up_project(run_tokens, r, dn, qn + (run_start * heads + h) * dn, heads * dn, wuk, wuk16, h * dn * r,
+                           q_lat + h * w, heads * w);
+                for (int64_t t = 0; t < run_tokens; ++t)
+                    std::copy_n(qp + ((run_start + t) * heads + h) * dr, dr, q_lat + (t * heads + h) * w + r);
+            });
+        } else {
+            th.parallel_for(n_abs * heads, [&](int64_t k) {
+                const AbsorbedRef& a = absorbed[k / heads];
+                const int64_t h = k % heads;
+                float* dst = q_lat + (a.offset + h) * w;
+                up_project(a.qlen, r, dn, qn + (a.start * heads + h) * dn, heads * dn, wuk, wuk16, h * dn * r, dst,
+                           heads * w);
+                for (int64_t t = 0; t < a.qlen; ++t)
+                    std::copy_n(qp + ((a.start + t) * heads + h) * dr, dr, dst + t * heads * w + r);
+            });
+        }
         ws.seqs.clear();
         for (const AbsorbedRef& a : absorbed)
             ws.seqs.push_back(AbsorbedSeq{seq_cache(cache, bt, a.b), q_lat + a.offset * w, a.qlen, heads,
                                           index_at(seq_lens, a.b), lat + a.offset * r});
-        run_absorbed(K, ws.seqs, r, scale, th, ws.absorbed);
+        run_absorbed(K, ws.seqs, r, scale, th, ws.absorbed, amx_decode(plan.bf16_products, w, r));
         // o = o_lat @ W_UV per head.
-        th.parallel_for(n_abs * heads, [&](int64_t k) {
-            const AbsorbedRef& a = absorbed[k / heads];
-            const int64_t h = k % heads;
-            up_project(a.qlen, dv, r, lat + (a.offset + h) * r, heads * r, wuv, wuv16, h * r * dv,
-                       of + (a.start * heads + h) * dv, heads * dv);
-        });
+        if (one_run) {
+            th.parallel_for(heads, [&](int64_t h) {
+                up_project(run_tokens, dv, r, lat + h * r, heads * r, wuv, wuv16, h * r * dv,
+                           of + (run_start * heads + h) * dv, heads * dv);
+            });
+        } else {
+            th.parallel_for(n_abs * heads, [&](int64_t k) {
+                const AbsorbedRef& a = absorbed[k / heads];
+                const int64_t h = k % heads;
+                up_project(a.qlen, dv, r, lat + (a.offset + h) * r, heads * r, wuv, wuv16, h * r * dv,
+                           of + (a.start * heads + h) * dv, heads * dv);
+            });
+        }
     }
     if (!expanded.empty()) {
         f32_weights();

@@ -80,6 +80,9 @@ struct AttentionPlan {
     const TensorView *q_nope, *q_pe, *w_uk, *w_uv, *query_start_loc, *seq_lens, *block_tables;
     float scale;
     Form form;
+    // Under compute "bf16" (the runtime's bf16 hint) decode rows may multiply in bf16 with f32
+    // sums (AMX tiles where the CPU has them: attention_amx.hpp); false keeps every product f32.
+    bool bf16_products = false;
 };
 AttentionPlan plan_attention(const TensorView& q_nope, const TensorView& q_pe, const TensorView& kv_cache,
                              const TensorView& w_uk, const TensorView& w_uv, const TensorView& query_start_loc,

@@ -327,11 +327,20 @@ struct DecodeOp : MlaOp<DecodeOp, DecodeKernel> {
 
 // ------------------------------------------------------------------ MlaPagedAttention
 
+std::string string_attr(const OrtApi& api, const OrtKernelInfo* info, const char* op, const char* name);
+
+bool bf16_compute(const std::string& compute) {
+    if (compute.empty() || compute == "f32") return false;
+    if (compute == "bf16") return true;
+    throw mla::Error("MlaPagedAttention: attribute 'compute' must be f32 or bf16, got '" + compute + "'");
+}
+
 struct AttentionKernel {
     AttentionKernel(const OrtApi& api, const OrtKernelInfo* info, int num_threads)
         : scale_(float_attr(api, info, "MlaPagedAttention", "scale")),
           form_(int_attr(api, info, "form", 0)),
           kv_dtype_(kv_dtype_attr(api, info, "MlaPagedAttention")),
+          bf16_products_(bf16_compute(string_attr(api, info, "MlaPagedAttention", "compute"))),
           num_threads_(num_threads) {
         if (form_ < 0 || form_ > 2)
             throw mla::Error("MlaPagedAttention attribute 'form' must be 0 (auto), 1 (absorbed) or 2 (expanded), got " +
@@ -345,8 +354,9 @@ struct AttentionKernel {
             const auto wuk = input_view(ctx, 3, "w_uk"), wuv = input_view(ctx, 4, "w_uv");
             const auto qsl = input_view(ctx, 5, "query_start_loc"), lens = input_view(ctx, 6, "seq_lens");
             const auto bt = input_view(ctx, 7, "block_tables");
-            const mla::AttentionPlan plan = mla::plan_attention(qn, qp, cache, wuk, wuv, qsl, lens, bt, scale_,
-                                                                static_cast<mla::Form>(form_), kv_dtype_);
+            mla::AttentionPlan plan = mla::plan_attention(qn, qp, cache, wuk, wuv, qsl, lens, bt, scale_,
+                                                          static_cast<mla::Form>(form_), kv_dtype_);
+            plan.bf16_products = bf16_products_;
             const int64_t shape[3] = {plan.shapes.tokens, plan.shapes.heads, plan.shapes.v_dim};
             auto out = ctx.GetOutput(0, shape, 3);
             const auto out_view = output_view(out, "output");
@@ -358,6 +368,7 @@ struct AttentionKernel {
     float scale_;
     int64_t form_;
     mla::KvDtype kv_dtype_;
+    bool bf16_products_;
     int num_threads_;
     mla::OpWorkspace ws_;  // reused across ComputeV2 calls
 };

@@ -35,7 +35,8 @@ ov::OutputVector convert_decode(const ov::frontend::NodeContext& ctx) {
 ov::OutputVector convert_attention(const ov::frontend::NodeContext& ctx) {
     const float scale = ctx.get_attribute<float>("scale");
     const int64_t form = ctx.get_attribute<int64_t>("form", 0);
-    return std::make_shared<mla_ov::MlaPagedAttention>(inputs_of(ctx), scale, form, kv_dtype_of(ctx))->outputs();
+    const std::string compute = ctx.get_attribute<std::string>("compute", "f32");
+    return std::make_shared<mla_ov::MlaPagedAttention>(inputs_of(ctx), scale, form, kv_dtype_of(ctx), compute)->outputs();
 }
 
 ov::OutputVector convert_step_check(const ov::frontend::NodeContext& ctx) {

@@ -227,8 +227,9 @@ bool MlaPagedDecode::evaluate(ov::TensorVector& outputs, const ov::TensorVector&
 
 // ---------------------------------------------------------------- MlaPagedAttention
 
-MlaPagedAttention::MlaPagedAttention(const ov::OutputVector& args, float scale, int64_t form, std::string kv_dtype)
-    : Op(args), m_scale(scale), m_form(form), m_kv_dtype(std::move(kv_dtype)) {
+MlaPagedAttention::MlaPagedAttention(const ov::OutputVector& args, float scale, int64_t form, std::string kv_dtype,
+                                     std::string compute)
+    : Op(args), m_scale(scale), m_form(form), m_kv_dtype(std::move(kv_dtype)), m_compute(std::move(compute)) {
     constructor_validate_and_infer_types();
 }
 
@@ -237,6 +238,8 @@ void MlaPagedAttention::validate_and_infer_types() {
     check_kv_dtype(this, m_kv_dtype);
     NODE_VALIDATION_CHECK(this, m_form >= 0 && m_form <= 2, "MlaPagedAttention attribute 'form' must be 0 (auto), ",
                           "1 (absorbed) or 2 (expanded), got ", m_form);
+    NODE_VALIDATION_CHECK(this, m_compute == "f32" || m_compute == "bf16",
+                          "MlaPagedAttention attribute 'compute' must be f32 or bf16, got '", m_compute, "'");
     const auto& qn = get_input_partial_shape(0);
     const auto& wuv = get_input_partial_shape(4);
     ov::PartialShape out = ov::PartialShape::dynamic(3);
@@ -246,13 +249,14 @@ void MlaPagedAttention::validate_and_infer_types() {
 }
 
 std::shared_ptr<ov::Node> MlaPagedAttention::clone_with_new_inputs(const ov::OutputVector& args) const {
-    return std::make_shared<MlaPagedAttention>(args, m_scale, m_form, m_kv_dtype);
+    return std::make_shared<MlaPagedAttention>(args, m_scale, m_form, m_kv_dtype, m_compute);
 }
 
 bool MlaPagedAttention::visit_attributes(ov::AttributeVisitor& visitor) {
     visitor.on_attribute("scale", m_scale);
     visitor.on_attribute("form", m_form);
     visitor.on_attribute("kv_dtype", m_kv_dtype);
+    visitor.on_attribute("compute", m_compute);
     return true;
 }
 
@@ -263,8 +267,9 @@ bool MlaPagedAttention::evaluate(ov::TensorVector& outputs, const ov::TensorVect
         const auto qsl = view(inputs[5], "query_start_loc"), lens = view(inputs[6], "seq_lens");
         const auto bt = view(inputs[7], "block_tables");
         const auto kv = mla::kv_dtype_from_name("MlaPagedAttention", m_kv_dtype);
-        const mla::AttentionPlan plan = mla::plan_attention(qn, qp, cache, wuk, wuv, qsl, lens, bt, m_scale,
-                                                            static_cast<mla::Form>(m_form), kv);
+        mla::AttentionPlan plan = mla::plan_attention(qn, qp, cache, wuk, wuv, qsl, lens, bt, m_scale,
+                                                      static_cast<mla::Form>(m_form), kv);
+        plan.bf16_products = m_compute == "bf16";
         const mla::AttentionShapes& s = plan.shapes;
         outputs[0].set_shape(ov::Shape{size_t(s.tokens), size_t(s.heads), size_t(s.v_dim)});
         m_ws.use([&](mla::Workspace& ws) { mla::run_attention(plan, view(outputs[0], "output"), ov_threading(), ws); });

@@ -58,13 +58,17 @@ public:
     OPENVINO_OP("MlaPagedAttention", "mla_export");
     MlaPagedAttention() = default;
     // q_nope, q_pe, kv_cache, w_uk, w_uv, query_start_loc, seq_lens, block_tables [, after]
-    MlaPagedAttention(const ov::OutputVector& args, float scale, int64_t form, std::string kv_dtype = "");
+    // compute: "f32" (as exported: every product f32) or "bf16" (set by the runtime when it
+    // compiles for bf16: decode rows may multiply in bf16 on AMX tiles; see attention_amx.hpp).
+    MlaPagedAttention(const ov::OutputVector& args, float scale, int64_t form, std::string kv_dtype = "",
+                      std::string compute = "f32");
     MLA_OV_OP_OVERRIDES
 
 private:
     float m_scale = 1.0f;
     int64_t m_form = 0;
     std::string m_kv_dtype;
+    std::string m_compute = "f32";
     mutable mla::OpWorkspace m_ws;  // reused across evaluate calls
 };
 

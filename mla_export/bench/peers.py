@@ -93,6 +93,15 @@ def run_llamacpp(d: Path, gguf: Path, prompt_len: int, batch: int, new_tokens: i
            "-c", str(ctx), "-b", "2048", "-ub", "512", "-npp", str(prompt_len), "-ntg", str(new_tokens),
            "-npl", str(batch), "--output-format", "jsonl"]
     rc, out, err, rss = sh_rss(cmd, timeout=timeout, env=env)
+    note = "llama-batched-bench: TTFT = T_PP (prompt processing of the whole batch), decode = S_TG"
+    if rc != 0 and "cur_backend_id != -1" in err:
+        # On AMX CPUs llama.cpp repacks Q8_0/Q4_K weights into its AMX buffer type, and its graph
+        # scheduler then aborts on this model (GGML_ASSERT(*cur_backend_id != -1), seen with the
+        # 0.3.36 sources on a Xeon with AMX-INT8): run it as a user would get it to run, without
+        # the repacking (its AVX-512 VNNI dots), and say so.
+        cmd.append("--no-repack")
+        rc, out, err, rss = sh_rss(cmd, timeout=timeout, env=env)
+        note += "; --no-repack: its AMX weight repacking aborts on this model (GGML_ASSERT cur_backend_id != -1)"
     rows = [r for r in parse_batched_bench(out + "\n" + err) if r.get("pl") == batch]
     if rc != 0 or not rows:
         return {"ok": False, "error": f"llama-batched-bench exit {rc}: {' | '.join(err.strip().splitlines()[-3:])[-400:]}",
@@ -103,7 +112,7 @@ def run_llamacpp(d: Path, gguf: Path, prompt_len: int, batch: int, new_tokens: i
             "peak_rss_mb": rss, "weight_bytes": gguf.stat().st_size, "gguf": gguf.name,
             "inference_precision": "ggml CPU (its quantized dot products)", "threads": threads,
             "kv_cache_dtype": "f16", "command": " ".join(cmd), "raw": r,
-            "note": "llama-batched-bench: TTFT = T_PP (prompt processing of the whole batch), decode = S_TG"}
+            "note": note}
 
 
 # ------------------------------------------------------------------------------------------------ vLLM

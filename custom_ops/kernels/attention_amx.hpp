@@ -1,0 +1,45 @@
+// The absorbed form's two products for single-token (decode) rows on AMX bf16 tiles: scores
+// q . k over the 576-wide cache rows and the probability-weighted sum of their first r columns.
+// Used only under compute "bf16" (the runtime's bf16 hint) on CPUs with AMX-BF16 and
+// AVX512-BF16 (Sapphire Rapids and later Xeons); everything else keeps the f32 kernels of
+// isa_impl.hpp, which stay the exact path.
+//
+// Why the layouts: a tile product C[16 x 16] += A[16 x 32 bf16] . B[16 pairs x 16 x 2 bf16]
+// reduces over pairs of adjacent values of B's columns. The scores are computed transposed,
+// S^T = K . Q^T: the cache rows (converted to bf16 once per chunk, shared by every head) are the
+// A tiles as they lie, and Q^T's pair layout is built once per task; the softmax then runs with
+// the 16 query rows in the 16 lanes of a vector. P . V takes P row-major (a 16 x 16 transpose per
+// 16 positions) and V with pairs of rows interleaved (one unpack per 16 columns).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace mla {
+
+// Whether AMX tiles may be used here: the CPU has AMX-TILE, AMX-BF16 and AVX512-BF16, the OS
+// granted this process the tile data state, and MLA_EXPORT_AMX is not "0" (an A/B switch).
+bool amx_usable();
+
+// Online-softmax attention state of m query rows over chunks of at most 64 cache rows, each
+// visible to every query row (single-token decode). One per task, reused across calls.
+class AmxDecodeRows {
+public:
+    // q [m, w] f32 rows; w % 32 == 0, r % 64 == 0, r < w.
+    void begin(const float* q, int64_t m, int64_t w, int64_t r);
+    // What chunk() reads: rows of f32, f16 or bf16 values (other cache formats are widened to f32
+    // rows first).
+    enum class Rows { f32, f16, bf16 };
+    // n (1..64) cache rows of width w in the given element type.
+    void chunk(const void* const* rows, Rows kind, int64_t n, float scale);
+    // The state of the m rows: running max, sum of exponentials, unnormalised output [m, r] (ldo).
+    void end(float* mx, float* l, float* o, int64_t ldo);
+
+private:
+    int64_t m_ = 0, w_ = 0, r_ = 0, groups_ = 0;
+    void load_chunk(const void* const* rows, Rows kind, int64_t n);
+    std::vector<uint16_t> qt_, kb_, vp_, pr_;
+    std::vector<float> st_, ot_, mx_, l_;
+};
+
+}  // namespace mla

@@ -78,12 +78,14 @@ def test_rank3_and_half_activations(rng, runtime):
 
 @pytest.mark.parametrize("runtime", list(RUNTIMES))
 @pytest.mark.parametrize("rows,bits,group", [(1, 8, 256), (2, 4, 64), (3, 8, 256), (8, 8, 256), (11, 8, 256),
-                                             (5, 4, 32), (16, 4, 64), (64, 4, 64), (300, 4, 64)])
+                                             (5, 4, 32), (16, 4, 64), (64, 4, 64), (300, 4, 64), (64, 8, 256),
+                                             (20, 4, 128), (48, 8, 256), (40, 4, 32)])
 def test_reduced_precision_compute(rng, runtime, rows, bits, group):
     """Activation blocks of 64, 128 (int8 per channel: one group of 256) and 32 inputs. On AVX2/VNNI CPUs
     MlaQLinear runs every row count on int8 activations (qmatmul.hpp): 4 weight rows a call for 1-2
     rows of x, 8 from 3 rows on, in calls of up to 4 rows of x; 300 rows also cross the f32 path's
-    row blocks. Elsewhere it stays f32-exact."""
+    row blocks; from 16 rows with 64- or 128-input blocks, AMX-INT8 tiles where the CPU has them
+    (full, partial and odd counts of 16-row tiles). Elsewhere it stays f32-exact."""
     weights, w = _case(rng, 128, 256, bits, group)
     x = rng.standard_normal((rows, 256)).astype(np.float32)
     got = RUNTIMES[runtime](_model(256, 128, weights, bits, compute="bf16"), {"x": x})
@@ -180,3 +182,44 @@ for i in {cases!r}:
                 assert errs[i, "f32"] < TOL, (isa, i, errs[i, "f32"])
         print(f"[qlinear tables, compute=bf16] {isa}: int8 activations {int8_acts}, "
               f"max q8 error {max(errs[i, 'q8'] for i in cases):.1e}")
+
+
+def test_amx_int8_tiles_give_the_vnni_sums(tmp_path, rng):
+    """On CPUs with AMX-INT8 the many-row products run on tiles (qmatmul_amx.cpp), elsewhere on the
+    vector dots: both sum the same int32 products, so the two (MLA_EXPORT_AMX=0 against the
+    default, each in a child process) agree with the reference on int8 activations; on an AMX CPU
+    they must differ in the last bits (the f32 folds run in another order: the tiles ran)."""
+    import os
+    import subprocess
+    import sys
+
+    from test_moe_experts_op import _cpu_has
+
+    if not int8_activations_here():
+        pytest.skip("no int8 activations on this CPU")
+    weights, w = _case(rng, 96, 256, 8, None)
+    x = rng.standard_normal((70, 256)).astype(np.float32)
+    (tmp_path / "m.onnx").write_bytes(_model(256, 96, weights, 8, compute="bf16").SerializeToString())
+    np.save(tmp_path / "x.npy", x)
+    script = f"""
+import numpy as np, onnx, sys
+sys.path.insert(0, {os.path.dirname(__file__)!r})
+from test_moe_experts_op import _run_openvino
+np.save(sys.argv[1], _run_openvino(onnx.load({str(tmp_path)!r} + "/m.onnx"), {{"x": np.load({str(tmp_path)!r} + "/x.npy")}}))
+"""
+    outs = {}
+    for amx in ("0", "1"):
+        env = dict(os.environ, MLA_EXPORT_AMX=amx)
+        res = subprocess.run([sys.executable, "-c", script, str(tmp_path / f"y{amx}.npy")], capture_output=True,
+                             text=True, timeout=300, env=env)
+        assert res.returncode == 0, res.stderr[-2000:]
+        outs[amx] = np.load(tmp_path / f"y{amx}.npy")
+    want = ref.linear(x, w, q8_group=256)
+    scale = np.abs(want).max()
+    for amx, got in outs.items():
+        assert np.abs(got - want).max() / scale < 1e-4, amx
+    tiles = _cpu_has("amx_int8") and _cpu_has("amx_tile") and os.environ.get("MLA_EXPORT_ISA", "avx512") in ("", "avx512")
+    if tiles:
+        assert not np.array_equal(outs["0"], outs["1"]), "AMX-INT8 CPU, but the tiles did not run"
+    else:
+        np.testing.assert_array_equal(outs["0"], outs["1"])

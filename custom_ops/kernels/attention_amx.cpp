@@ -1,50 +1,22 @@
 // AMX bf16 tiles for the absorbed decode rows (see attention_amx.hpp). Compiled with
 // -mamx-tile -mamx-bf16 -mavx512f/bw/vl/dq -mavx512bf16 (CMakeLists.txt); entered only when
-// amx_usable() says the CPU and the OS allow it.
+// amx_bf16_usable() says the CPU and the OS allow it (amx.hpp).
 #include "attention_amx.hpp"
 
-#include <cpuid.h>
 #include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
 #include <limits>
 
-#include "isa.hpp"
+#include "amx.hpp"
 
 namespace mla {
 namespace {
 
 constexpr int64_t kRows = 64;  // cache rows per chunk: four 16-row tiles
 
-// ldtilecfg's 64-byte operand: every tile 16 rows of 64 bytes (16 f32 accumulators or 32 bf16
-// operands a row), so one configuration serves both products.
-struct alignas(64) TileConfig {
-    uint8_t palette = 1, start_row = 0;
-    uint8_t reserved[14] = {};
-    uint16_t colsb[16] = {};
-    uint8_t rows[16] = {};
-};
-TileConfig make_config() {
-    TileConfig c;
-    for (int t = 0; t < 8; ++t) c.rows[t] = 16, c.colsb[t] = 64;
-    return c;
-}
-const TileConfig kConfig = make_config();
-
-bool cpu_and_os_allow() {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
-    const bool amx_tile = d >> 24 & 1, amx_bf16 = d >> 22 & 1, avx512f = b >> 16 & 1;
-    if (!(amx_tile && amx_bf16 && avx512f)) return false;
-    if (!__get_cpuid_count(7, 1, &a, &b, &c, &d) || !(a >> 5 & 1)) return false;  // AVX512_BF16
-    // Linux hands out the 8 KB tile state only on request (ARCH_REQ_XCOMP_PERM, XTILEDATA);
-    // OpenVINO's own AMX kernels make the same request for the process.
-    constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
-    return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
-}
+const TileConfig kConfig;
 
 inline uint16_t bf16_bits(float x) {  // round to nearest even, as vcvtneps2bf16
     uint32_t u;
@@ -109,16 +81,6 @@ inline void transpose16(__m512 r[16]) {
 }
 
 }  // namespace
-
-bool amx_usable() {
-    static const bool allowed = [] {
-        const char* env = std::getenv("MLA_EXPORT_AMX");
-        if (env && std::strcmp(env, "0") == 0) return false;
-        return cpu_and_os_allow();
-    }();
-    // A table forced below AVX-512 (MLA_EXPORT_ISA) means no AMX either.
-    return allowed && std::strcmp(isa().name, "avx512") == 0;
-}
 
 void AmxDecodeRows::begin(const float* q, int64_t m, int64_t w, int64_t r) {
     m_ = m, w_ = w, r_ = r, groups_ = (m + 15) / 16;

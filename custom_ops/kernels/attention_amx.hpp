@@ -17,10 +17,6 @@
 
 namespace mla {
 
-// Whether AMX tiles may be used here: the CPU has AMX-TILE, AMX-BF16 and AVX512-BF16, the OS
-// granted this process the tile data state, and MLA_EXPORT_AMX is not "0" (an A/B switch).
-bool amx_usable();
-
 // Online-softmax attention state of m query rows over chunks of at most 64 cache rows, each
 // visible to every query row (single-token decode). One per task, reused across calls.
 class AmxDecodeRows {

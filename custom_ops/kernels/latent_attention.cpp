@@ -17,6 +17,7 @@
 #include "isa.hpp"
 #include "mla_kernels.hpp"
 #if defined(MLA_HAVE_AMX)
+#include "amx.hpp"
 #include "attention_amx.hpp"
 #endif
 #include "numeric.hpp"
@@ -207,7 +208,7 @@ void absorbed_task_amx(const IsaKernels& K, const AbsorbedSeq& s, const Partial&
 // "bf16", on a CPU with AMX; shapes the tiles cover).
 bool amx_decode(bool bf16_products, int64_t w, int64_t r) {
 #if defined(MLA_HAVE_AMX)
-    return bf16_products && w % 32 == 0 && r % 32 == 0 && r < w && amx_usable();
+    return bf16_products && w % 32 == 0 && r % 32 == 0 && r < w && amx_bf16_usable();
 #else
     (void)bf16_products, (void)w, (void)r;
     return false;

@@ -6,6 +6,10 @@
 #include <string>
 
 #include "validate.hpp"
+#if defined(MLA_HAVE_AMX)
+#include "amx.hpp"
+#include "qmatmul_amx.hpp"
+#endif
 
 namespace mla {
 
@@ -141,6 +145,11 @@ void qtile(const MoeIsa& isa, int bi, const QActs& acts, const int64_t* rows, in
     if (m < many_from) {
         // rows outside, tokens inside: a second chunk of tokens finds the 4 rows' codes in cache
         if (acts.has_q8()) {
+#if defined(MLA_HAVE_AMX)
+            // Prefill-sized row counts on AMX-INT8 tiles where the CPU has them (same sums).
+            if (m >= kAmxRows && qtile_amx_fits(K, group) && amx_int8_usable())
+                return qtile_amx(bi, acts, rows, m, blocks, K, group, c);
+#endif
             s.q8.resize(m);
             for (int64_t t = 0; t < m; ++t) s.q8[t] = acts.q8(rows[t]);
             // 1-2 rows: 4 weight rows a call (memory-bound); more: 8 (the broadcasts of the activations

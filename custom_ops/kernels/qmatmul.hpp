@@ -27,6 +27,9 @@ constexpr int64_t kTileRows = 32;   // weight rows per tile
 // table's (vpmaddubsw) ran a 1024-token prefill of the 3-layer V2-Lite int8 export in ~3 s where
 // its f32 panels had taken ~40 s (Zen 3, 2 cores; the panels' fdot then spilled its registers).
 constexpr int64_t kManyRows = 8;
+// From how many int8 activation rows a tile runs on AMX-INT8 tiles where the CPU has them
+// (qmatmul_amx.hpp): a tile product covers 16 rows.
+constexpr int64_t kAmxRows = 16;
 constexpr int64_t kNeverMany = INT64_MAX;
 // From how many rows QActs quantises them on every thread (one row is microseconds: decode's few
 // rows stay on the calling thread).

@@ -1,0 +1,166 @@
+// AMX-INT8 tiles for the integer ops' many-row products (see qmatmul_amx.hpp). Compiled with
+// -mamx-tile -mamx-int8 -mavx512f/bw/vl/dq (CMakeLists.txt); entered only when amx_int8_usable()
+// says the CPU and the OS allow it (amx.hpp).
+#include "qmatmul_amx.hpp"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "amx.hpp"
+
+namespace mla {
+namespace {
+
+const TileConfig kConfig;
+constexpr int64_t kStep = 64;  // inputs per tile product
+
+struct Scratch {
+    std::vector<uint8_t> w;      // the tile's weights in B layout: [K / 64][2 row halves][16][64]
+    std::vector<int8_t> a[2];    // gathered activation rows of a token tile: [16][K]
+    std::vector<float> sv, szp;  // per group: the 32 rows' scales, and scale x zero point
+    std::vector<float> d;        // per token of the pair and activation block: its d
+};
+thread_local Scratch tls;
+
+// Four 64-byte lines of a 4-row block each (the rows' codes at 16 consecutive inputs, as u8
+// values) -> four B rows: out[q] dword n = line[n / 4] dword (n % 4) * 4 + q, i.e. inputs 4q..4q+3
+// of the 16 rows.
+inline void transpose_lines(const __m512i line[4], __m512i out[4]) {
+    for (int q = 0; q < 4; ++q) {
+        alignas(64) int32_t idx[16];
+        for (int n = 0; n < 16; ++n) idx[n] = (n % 8) / 4 * 16 + (n % 4) * 4 + q;
+        const __m512i ix = _mm512_load_si512(idx);
+        const __m512i lo = _mm512_permutex2var_epi32(line[0], ix, line[1]);  // rows 0-7 in dwords 0-7
+        const __m512i hi = _mm512_permutex2var_epi32(line[2], ix, line[3]);  // rows 8-15 in dwords 8-15
+        out[q] = _mm512_mask_blend_epi32(0xFF00, lo, hi);
+    }
+}
+
+// The 32 weight rows of `blocks` as B tiles: tile (s, h) at ((s * 2 + h) * 16) * 64, its row kq
+// holding in dword n the codes of weight row 16h + n at inputs 64s + 4kq .. +3.
+void pack_weights(int bits_index, const QBlock* blocks, int64_t K, uint8_t* dst) {
+    const __m512i nibble = _mm512_set1_epi8(0x0F);
+    for (int64_t h = 0; h < 2; ++h) {
+        const QBlock* blk = blocks + 4 * h;
+        if (bits_index == 0) {  // int8: chunk c holds inputs 16c..16c+15 of each of a block's 4 rows
+            for (int64_t c = 0; c < K / 16; ++c) {
+                __m512i line[4], out[4];
+                for (int b = 0; b < 4; ++b) line[b] = _mm512_loadu_si512(blk[b].q + c * 64);
+                transpose_lines(line, out);
+                const int64_t k = 16 * c, s = k / kStep, kq = (k % kStep) / 4;
+                for (int q = 0; q < 4; ++q) _mm512_storeu_si512(dst + (((s * 2 + h) * 16) + kq + q) * 64, out[q]);
+            }
+        } else {  // int4: chunk c holds inputs 32c+j (low nibble) and 32c+16+j (high nibble)
+            for (int64_t c = 0; c < K / 32; ++c) {
+                __m512i lo[4], hi[4], out[4];
+                for (int b = 0; b < 4; ++b) {
+                    const __m512i v = _mm512_loadu_si512(blk[b].q + c * 64);
+                    lo[b] = _mm512_and_si512(v, nibble);
+                    hi[b] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+                }
+                for (int half = 0; half < 2; ++half) {
+                    transpose_lines(half == 0 ? lo : hi, out);
+                    const int64_t k = 32 * c + 16 * half, s = k / kStep, kq = (k % kStep) / 4;
+                    for (int q = 0; q < 4; ++q)
+                        _mm512_storeu_si512(dst + (((s * 2 + h) * 16) + kq + q) * 64, out[q]);
+                }
+            }
+        }
+    }
+}
+
+// The activation rows of one token tile (tokens t0 .. t0 + n, n <= 16) as an A operand: where
+// they are 16 consecutive rows of acts, as they lie; else copied (and zero-padded) into buf.
+const int8_t* token_tile(const QActs& acts, const int64_t* rows, int64_t t0, int64_t n, int64_t K,
+                         std::vector<int8_t>& buf) {
+    bool consecutive = n == 16;
+    for (int64_t t = 1; consecutive && t < n; ++t) consecutive = rows[t0 + t] == rows[t0] + t;
+    if (consecutive) return acts.q8(rows[t0]).q;
+    buf.assign(16 * K, 0);
+    for (int64_t t = 0; t < n; ++t) std::memcpy(buf.data() + t * K, acts.q8(rows[t0 + t]).q, K);
+    return buf.data();
+}
+
+}  // namespace
+
+void qtile_amx(int bits_index, const QActs& acts, const int64_t* rows, int64_t m, const QBlock* blocks, int64_t K,
+               int64_t group, float* c) {
+    Scratch& sc = tls;
+    const int64_t groups = K / group, block = q8_block(group), blocks_k = K / block;
+    sc.w.resize(K / kStep * 2 * 16 * 64);
+    pack_weights(bits_index, blocks, K, sc.w.data());
+    // Per group, the 32 rows' scales and scale x zero point (row 4b + r of block b).
+    sc.sv.resize(groups * kTileRows);
+    sc.szp.resize(groups * kTileRows);
+    for (int64_t row = 0; row < kTileRows; ++row) {
+        const QBlock& b = blocks[row / 4];
+        for (int64_t g = 0; g < groups; ++g) {
+            const float s = b.s[row % 4][g];
+            sc.sv[g * kTileRows + row] = s;
+            sc.szp[g * kTileRows + row] = s * static_cast<float>(b.zp[row % 4][g]);
+        }
+    }
+    const int kstride = static_cast<int>(K);
+    _tile_loadconfig(&kConfig);
+    alignas(64) int32_t ct[4][16 * 16];
+    for (int64_t t0 = 0; t0 < m; t0 += 32) {  // two token tiles at a time: 4 accumulator tiles
+        const int64_t n0 = std::min<int64_t>(16, m - t0), n1 = std::clamp<int64_t>(m - t0 - 16, 0, 16);
+        const int8_t* a0 = token_tile(acts, rows, t0, n0, K, sc.a[0]);
+        const int8_t* a1 = n1 > 0 ? token_tile(acts, rows, t0 + 16, n1, K, sc.a[1]) : a0;  // a1 = a0: unused sums
+        const int64_t nt = n0 + n1;
+        sc.d.resize(nt * blocks_k);
+        for (int64_t t = 0; t < nt; ++t) std::memcpy(&sc.d[t * blocks_k], acts.q8(rows[t0 + t]).d, blocks_k * sizeof(float));
+        __m512 acc[32][2];
+        for (int64_t t = 0; t < 32; ++t) acc[t][0] = acc[t][1] = _mm512_setzero_ps();
+        for (int64_t bk = 0; bk < blocks_k; ++bk) {
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+            for (int64_t k = bk * block; k < (bk + 1) * block; k += kStep) {
+                const uint8_t* wb = sc.w.data() + (k / kStep) * 2 * 16 * 64;
+                _tile_loadd(4, a0 + k, kstride);
+                _tile_loadd(6, wb, 64);
+                _tile_loadd(7, wb + 16 * 64, 64);
+                _tile_dpbsud(0, 4, 6);
+                _tile_loadd(5, a1 + k, kstride);
+                _tile_dpbsud(1, 4, 7);
+                _tile_dpbsud(2, 5, 6);
+                _tile_dpbsud(3, 5, 7);
+            }
+            _tile_stored(0, ct[0], 64);
+            _tile_stored(1, ct[1], 64);
+            _tile_stored(2, ct[2], 64);
+            _tile_stored(3, ct[3], 64);
+            // acc[t][h] += sums x (d of token t's block bk) x (the rows' scales of its group).
+            const int64_t g = bk * block / group;
+            const __m512 s0 = _mm512_loadu_ps(&sc.sv[g * kTileRows]), s1 = _mm512_loadu_ps(&sc.sv[g * kTileRows + 16]);
+            for (int64_t t = 0; t < nt; ++t) {
+                const int tile = t < 16 ? 0 : 2, r = static_cast<int>(t % 16);
+                const __m512 d = _mm512_set1_ps(sc.d[t * blocks_k + bk]);
+                acc[t][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(ct[tile] + 16 * r)),
+                                            _mm512_mul_ps(s0, d), acc[t][0]);
+                acc[t][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(ct[tile + 1] + 16 * r)),
+                                            _mm512_mul_ps(s1, d), acc[t][1]);
+            }
+        }
+        // Less the zero points' term, sum over groups of scale x zero point x gsum, and out.
+        for (int64_t t = 0; t < nt; ++t) {
+            const float* gsum = acts.q8(rows[t0 + t]).gsum;
+            __m512 z0 = _mm512_setzero_ps(), z1 = _mm512_setzero_ps();
+            for (int64_t g = 0; g < groups; ++g) {
+                const __m512 gs = _mm512_set1_ps(gsum[g]);
+                z0 = _mm512_fmadd_ps(_mm512_loadu_ps(&sc.szp[g * kTileRows]), gs, z0);
+                z1 = _mm512_fmadd_ps(_mm512_loadu_ps(&sc.szp[g * kTileRows + 16]), gs, z1);
+            }
+            _mm512_storeu_ps(c + (t0 + t) * kTileRows, _mm512_sub_ps(acc[t][0], z0));
+            _mm512_storeu_ps(c + (t0 + t) * kTileRows + 16, _mm512_sub_ps(acc[t][1], z1));
+        }
+    }
+    _tile_release();
+}
+
+}  // namespace mla

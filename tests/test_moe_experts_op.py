@@ -288,10 +288,13 @@ def test_reduced_precision_compute(rng, runtime):
         if int8_activations_here():
             want_q8 = ref.moe_experts(part["x"], part["ids"], part["wts"], w13, w2, q8_groups=(128, 32))
             # the down projection's int8 activations are quantised from f32 gate/up results, which
-            # differ from the float64 reference's in the last bits: now and then one rounds to the
-            # neighbouring code (one step of its block's scale, ~1e-3 of the output); all else matches
-            dev = np.abs(got - want_q8) / scale
-            assert np.quantile(dev, 0.99) < 1e-4 and dev.max() < 5e-3, (n, np.quantile(dev, 0.99), dev.max())
+            # differ from the float64 reference's in the last bits (and between the VNNI dots and
+            # the AMX tiles, whose f32 folds run in another order): now and then one rounds to the
+            # neighbouring code (one step of its block's scale, ~1e-3 of that token's whole output
+            # row); every other token matches
+            dev = np.abs(got - want_q8).max(axis=1) / scale
+            off = int((dev > 1e-4).sum())
+            assert off <= max(1, n // 20) and dev.max() < 5e-3, (n, off, dev.max())
             assert err_f32 > 1e-6, f"int8 activations expected on this CPU, but the result is f32-exact ({err_f32:.1e})"
         else:
             assert err_f32 < TOL, n

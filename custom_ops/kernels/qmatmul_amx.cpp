@@ -105,7 +105,9 @@ void qtile_amx(int bits_index, const QActs& acts, const int64_t* rows, int64_t m
     }
     const int kstride = static_cast<int>(K);
     _tile_loadconfig(&kConfig);
-    alignas(64) int32_t ct[4][16 * 16];
+    // Block sums leave the tiles through ct, double-buffered: block bk - 1's sums are folded while
+    // block bk's tile products run (the fold is vector work as long as the products themselves).
+    alignas(64) int32_t ct[2][4][16 * 16];
     for (int64_t t0 = 0; t0 < m; t0 += 32) {  // two token tiles at a time: 4 accumulator tiles
         const int64_t n0 = std::min<int64_t>(16, m - t0), n1 = std::clamp<int64_t>(m - t0 - 16, 0, 16);
         const int8_t* a0 = token_tile(acts, rows, t0, n0, K, sc.a[0]);
@@ -115,6 +117,19 @@ void qtile_amx(int bits_index, const QActs& acts, const int64_t* rows, int64_t m
         for (int64_t t = 0; t < nt; ++t) std::memcpy(&sc.d[t * blocks_k], acts.q8(rows[t0 + t]).d, blocks_k * sizeof(float));
         __m512 acc[32][2];
         for (int64_t t = 0; t < 32; ++t) acc[t][0] = acc[t][1] = _mm512_setzero_ps();
+        // acc[t][h] += block bk's sums x (d of token t's block bk) x (the rows' scales of its group).
+        const auto fold = [&](int64_t bk, const int32_t (*sums)[16 * 16]) {
+            const int64_t g = bk * block / group;
+            const __m512 s0 = _mm512_loadu_ps(&sc.sv[g * kTileRows]), s1 = _mm512_loadu_ps(&sc.sv[g * kTileRows + 16]);
+            for (int64_t t = 0; t < nt; ++t) {
+                const int tile = t < 16 ? 0 : 2, r = static_cast<int>(t % 16);
+                const __m512 d = _mm512_set1_ps(sc.d[t * blocks_k + bk]);
+                acc[t][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(sums[tile] + 16 * r)),
+                                            _mm512_mul_ps(s0, d), acc[t][0]);
+                acc[t][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(sums[tile + 1] + 16 * r)),
+                                            _mm512_mul_ps(s1, d), acc[t][1]);
+            }
+        };
         for (int64_t bk = 0; bk < blocks_k; ++bk) {
             _tile_zero(0);
             _tile_zero(1);
@@ -131,22 +146,14 @@ void qtile_amx(int bits_index, const QActs& acts, const int64_t* rows, int64_t m
                 _tile_dpbsud(2, 5, 6);
                 _tile_dpbsud(3, 5, 7);
             }
-            _tile_stored(0, ct[0], 64);
-            _tile_stored(1, ct[1], 64);
-            _tile_stored(2, ct[2], 64);
-            _tile_stored(3, ct[3], 64);
-            // acc[t][h] += sums x (d of token t's block bk) x (the rows' scales of its group).
-            const int64_t g = bk * block / group;
-            const __m512 s0 = _mm512_loadu_ps(&sc.sv[g * kTileRows]), s1 = _mm512_loadu_ps(&sc.sv[g * kTileRows + 16]);
-            for (int64_t t = 0; t < nt; ++t) {
-                const int tile = t < 16 ? 0 : 2, r = static_cast<int>(t % 16);
-                const __m512 d = _mm512_set1_ps(sc.d[t * blocks_k + bk]);
-                acc[t][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(ct[tile] + 16 * r)),
-                                            _mm512_mul_ps(s0, d), acc[t][0]);
-                acc[t][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(ct[tile + 1] + 16 * r)),
-                                            _mm512_mul_ps(s1, d), acc[t][1]);
-            }
+            if (bk > 0) fold(bk - 1, ct[(bk - 1) & 1]);
+            int32_t(*out)[16 * 16] = ct[bk & 1];
+            _tile_stored(0, out[0], 64);
+            _tile_stored(1, out[1], 64);
+            _tile_stored(2, out[2], 64);
+            _tile_stored(3, out[3], 64);
         }
+        fold(blocks_k - 1, ct[(blocks_k - 1) & 1]);
         // Less the zero points' term, sum over groups of scale x zero point x gsum, and out.
         for (int64_t t = 0; t < nt; ++t) {
             const float* gsum = acts.q8(rows[t0 + t]).gsum;

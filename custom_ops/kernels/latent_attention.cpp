@@ -208,7 +208,7 @@ void absorbed_task_amx(const IsaKernels& K, const AbsorbedSeq& s, const Partial&
 // "bf16", on a CPU with AMX; shapes the tiles cover).
 bool amx_decode(bool bf16_products, int64_t w, int64_t r) {
 #if defined(MLA_HAVE_AMX)
-    return bf16_products && w % 32 == 0 && r % 32 == 0 && r < w && amx_bf16_usable();
+    return bf16_products && w % 32 == 0 && r % 32 == 0 && amx_bf16_usable();  // r < w: plan_attention
 #else
     (void)bf16_products, (void)w, (void)r;
     return false;
@@ -409,7 +409,7 @@ const float* as_f32(const TensorView& t, std::vector<float>& keep) {
 struct Workspace::Attention {
     AbsorbedBuffers absorbed;
     std::vector<AbsorbedSeq> seqs;
-    std::vector<AbsorbedRef> refs;
+    std::vector<AbsorbedRef> refs, runs;  // absorbed sequences; their runs of consecutive tokens
     std::vector<ExpandedSeq> expanded;
     std::vector<float> q_lat, lat, out_f32, q_f32[2], w_f32[2];
 };
@@ -566,51 +566,40 @@ void run_attention(const AttentionPlan& plan, const TensorView& out, const Threa
         // q_lat = [q_nope @ W_UK | q_pe] for every (token, head) of the absorbed sequences.
         float* q_lat = grow(ws.q_lat, absorbed_rows * w);
         float* lat = grow(ws.lat, absorbed_rows * r);
-        const int64_t n_abs = static_cast<int64_t>(absorbed.size());
-        // When the absorbed sequences' tokens are one run (a decode batch, or any batch without
-        // an expanded sequence), each head's up-projections take all of them as the rows of one
-        // product, so its weights are read once per call instead of once per sequence.
-        bool one_run = true;
-        for (int64_t i = 1; i < n_abs; ++i)
-            one_run = one_run && absorbed[i].start == absorbed[i - 1].start + absorbed[i - 1].qlen;
-        const int64_t run_start = absorbed[0].start, run_tokens = absorbed_rows / heads;
-        if (one_run) {
-            th.parallel_for(heads, [&](int64_t h) {
-                up_project(run_tokens, r, dn, qn + (run_start * heads + h) * dn, heads * dn, wuk, wuk16, h * dn * r,
-                           q_lat + h * w, heads * w);
-                for (int64_t t = 0; t < run_tokens; ++t)
-                    std::copy_n(qp + ((run_start + t) * heads + h) * dr, dr, q_lat + (t * heads + h) * w + r);
-            });
-        } else {
-            th.parallel_for(n_abs * heads, [&](int64_t k) {
-                const AbsorbedRef& a = absorbed[k / heads];
-                const int64_t h = k % heads;
-                float* dst = q_lat + (a.offset + h) * w;
-                up_project(a.qlen, r, dn, qn + (a.start * heads + h) * dn, heads * dn, wuk, wuk16, h * dn * r, dst,
-                           heads * w);
-                for (int64_t t = 0; t < a.qlen; ++t)
-                    std::copy_n(qp + ((a.start + t) * heads + h) * dr, dr, dst + t * heads * w + r);
-            });
+        // The absorbed sequences' tokens in runs of consecutive tokens (a decode batch, or any
+        // batch without an expanded sequence between them, is one run): each head's
+        // up-projections take a run's tokens as the rows of one product, so its weights are read
+        // once per run instead of once per sequence. A run's rows follow each other in q_lat / lat
+        // as its sequences' do (row = offset + t * heads + h).
+        std::vector<AbsorbedRef>& runs = ws.runs;
+        runs.clear();
+        for (const AbsorbedRef& a : absorbed) {
+            if (!runs.empty() && runs.back().start + runs.back().qlen == a.start)
+                runs.back().qlen += a.qlen;
+            else
+                runs.push_back(a);
         }
+        const int64_t n_runs = static_cast<int64_t>(runs.size());
+        th.parallel_for(n_runs * heads, [&](int64_t k) {
+            const AbsorbedRef& a = runs[k / heads];
+            const int64_t h = k % heads;
+            float* dst = q_lat + (a.offset + h) * w;
+            up_project(a.qlen, r, dn, qn + (a.start * heads + h) * dn, heads * dn, wuk, wuk16, h * dn * r, dst, heads * w);
+            for (int64_t t = 0; t < a.qlen; ++t)
+                std::copy_n(qp + ((a.start + t) * heads + h) * dr, dr, dst + t * heads * w + r);
+        });
         ws.seqs.clear();
         for (const AbsorbedRef& a : absorbed)
             ws.seqs.push_back(AbsorbedSeq{seq_cache(cache, bt, a.b), q_lat + a.offset * w, a.qlen, heads,
                                           index_at(seq_lens, a.b), lat + a.offset * r});
         run_absorbed(K, ws.seqs, r, scale, th, ws.absorbed, amx_decode(plan.bf16_products, w, r));
-        // o = o_lat @ W_UV per head.
-        if (one_run) {
-            th.parallel_for(heads, [&](int64_t h) {
-                up_project(run_tokens, dv, r, lat + h * r, heads * r, wuv, wuv16, h * r * dv,
-                           of + (run_start * heads + h) * dv, heads * dv);
-            });
-        } else {
-            th.parallel_for(n_abs * heads, [&](int64_t k) {
-                const AbsorbedRef& a = absorbed[k / heads];
-                const int64_t h = k % heads;
-                up_project(a.qlen, dv, r, lat + (a.offset + h) * r, heads * r, wuv, wuv16, h * r * dv,
-                           of + (a.start * heads + h) * dv, heads * dv);
-            });
-        }
+        // o = o_lat @ W_UV per head, a run's tokens at once.
+        th.parallel_for(n_runs * heads, [&](int64_t k) {
+            const AbsorbedRef& a = runs[k / heads];
+            const int64_t h = k % heads;
+            up_project(a.qlen, dv, r, lat + (a.offset + h) * r, heads * r, wuv, wuv16, h * r * dv,
+                       of + (a.start * heads + h) * dv, heads * dv);
+        });
     }
     if (!expanded.empty()) {
         f32_weights();

@@ -10,6 +10,8 @@
 #include <limits>
 
 #include "amx.hpp"
+#include "numeric.hpp"
+#include "vec_exp.hpp"
 
 namespace mla {
 namespace {
@@ -18,14 +20,6 @@ constexpr int64_t kRows = 64;  // cache rows per chunk: four 16-row tiles
 
 const TileConfig kConfig;
 
-inline uint16_t bf16_bits(float x) {  // round to nearest even, as vcvtneps2bf16
-    uint32_t u;
-    std::memcpy(&u, &x, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>(u >> 16 | 0x40);  // quiet NaN
-    u += 0x7fffu + (u >> 16 & 1);
-    return static_cast<uint16_t>(u >> 16);
-}
-
 inline __m256i to_bf16(__m512 v) {
     const __m256bh h = _mm512_cvtneps_pbh(v);
     __m256i out;
@@ -33,25 +27,10 @@ inline __m256i to_bf16(__m512 v) {
     return out;
 }
 
-// exp(x) for x <= 0 as isa_impl.hpp's exp_neg (2^n from the exponent bits times a degree-6
-// polynomial on [-0.5, 0.5]); -inf and very negative inputs give 0.
-inline __m512 exp_neg(__m512 x) {
-    const __m512 lo = _mm512_set1_ps(-87.3f);
-    const __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LE_OQ);
-    x = _mm512_max_ps(x, lo);
-    const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
-    const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512 f = _mm512_sub_ps(t, n);
-    __m512 p = _mm512_set1_ps(1.535336188319500e-4f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.339887440266574e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618437357674640e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550332471162809e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402264791363012e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472028550421e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    return _mm512_maskz_mul_ps(static_cast<__mmask16>(~under), p, _mm512_castsi512_ps(e));
-}
+// exp(x) for x <= 0, the f32 kernels' (vec_exp.hpp) on one zmm.
+typedef float vf16 __attribute__((vector_size(64)));
+typedef int32_t vi16 __attribute__((vector_size(64)));
+inline __m512 exp_neg(__m512 x) { return (__m512)exp_neg_lanes<vf16, vi16>((vf16)x); }
 
 // r[i] (row i of a 16 x 16 block) becomes column i.
 inline void transpose16(__m512 r[16]) {
@@ -91,7 +70,7 @@ void AmxDecodeRows::begin(const float* q, int64_t m, int64_t w, int64_t r) {
     for (int64_t i = 0; i < m; ++i) {
         const int64_t g = i / 16, j = i % 16;
         for (int64_t d = 0; d < w; ++d)
-            qt_[((g * ks + d / 32) * 16 + (d % 32) / 2) * 32 + j * 2 + d % 2] = bf16_bits(q[i * w + d]);
+            qt_[((g * ks + d / 32) * 16 + (d % 32) / 2) * 32 + j * 2 + d % 2] = f32_to_bf16(q[i * w + d]);
     }
     kb_.resize(kRows * w);
     vp_.resize(kRows * r);

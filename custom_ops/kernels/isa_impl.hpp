@@ -17,6 +17,7 @@
 
 #include "isa.hpp"
 #include "numeric.hpp"
+#include "vec_exp.hpp"
 
 namespace mla {
 namespace MLA_ISA_NS {
@@ -70,18 +71,21 @@ static inline vf widen_bf16(const uint16_t* p) {
 #endif
 }
 
-// Register-blocked micro-kernel: MR rows of A times a 16-wide panel of B (16 / L vectors),
-// accumulated in registers; B's panel row is loaded once per k and shared by all MR rows.
-template <int MR>
-static inline void micro16(int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
-                           float* c, int64_t ldc, bool accumulate) {
-    constexpr int NV = 16 / L;
+// One vector of B's row: f32 as it is, bf16 widened as it is loaded.
+static inline vf load_b(const float* p) { return loadu(p); }
+static inline vf load_b(const uint16_t* p) { return widen_bf16(p); }
+
+// Register-blocked micro-kernel: MR rows of A times NV vectors of B's columns, accumulated in
+// registers; B's row segment is loaded once per k and shared by all MR rows.
+template <int MR, int NV, typename B>
+static inline void micro_rows(int64_t k, const float* a, int64_t lda, const B* b, int64_t ldb, float* c,
+                              int64_t ldc, bool accumulate) {
     vf acc[MR][NV];
     for (int i = 0; i < MR; ++i)
         for (int u = 0; u < NV; ++u) acc[i][u] = accumulate ? loadu(c + i * ldc + u * L) : splat(0.f);
     for (int64_t p = 0; p < k; ++p) {
         vf bv[NV];
-        for (int u = 0; u < NV; ++u) bv[u] = loadu(b + p * ldb + u * L);
+        for (int u = 0; u < NV; ++u) bv[u] = load_b(b + p * ldb + u * L);
         for (int i = 0; i < MR; ++i) {
             const vf av = splat(a[i * lda + p]);
             for (int u = 0; u < NV; ++u) acc[i][u] += av * bv[u];
@@ -89,6 +93,13 @@ static inline void micro16(int64_t k, const float* a, int64_t lda, const float* 
     }
     for (int i = 0; i < MR; ++i)
         for (int u = 0; u < NV; ++u) storeu(c + i * ldc + u * L, acc[i][u]);
+}
+
+// MR rows of A times a 16-wide panel of f32 B (16 / L vectors).
+template <int MR>
+static inline void micro16(int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
+                           float* c, int64_t ldc, bool accumulate) {
+    micro_rows<MR, 16 / L>(k, a, lda, b, ldb, c, ldc, accumulate);
 }
 
 template <int MR>
@@ -328,29 +339,8 @@ static void load_rows(const RowFormat& f, const void* const* rows, int64_t n, fl
     }
 }
 
-// exp(x) for x <= 0 (softmax after subtracting the max), as 2^(x log2 e) split into an integer
-// power (built in the exponent bits) and a degree-6 polynomial on [-0.5, 0.5]; relative error
-// ~2e-7. -inf and very negative inputs give 0.
-static inline vf exp_neg(vf x) {
-    const vf lo = splat(-87.3f);
-    x = x < lo ? lo : x;  // vector compare+select; keeps 2^n representable
-    const vf t = x * splat(1.44269504088896341f);
-    // Round to nearest with the 1.5 * 2^23 trick (|t| < 2^22 here), branch-free and vectorised.
-    const vf n = (t + splat(12582912.0f)) - splat(12582912.0f);
-    const vf f = t - n;  // in [-0.5, 0.5]
-    vf p = splat(1.535336188319500e-4f);
-    p = p * f + splat(1.339887440266574e-3f);
-    p = p * f + splat(9.618437357674640e-3f);
-    p = p * f + splat(5.550332471162809e-2f);
-    p = p * f + splat(2.402264791363012e-1f);
-    p = p * f + splat(6.931472028550421e-1f);
-    p = p * f + splat(1.0f);
-    const vi e = (__builtin_convertvector(n, vi) + 127) << 23;
-    vf scale;
-    std::memcpy(&scale, &e, sizeof(scale));
-    const vf r = p * scale;
-    return x <= lo ? splat(0.f) : r;
-}
+// exp(x) for x <= 0 (softmax after subtracting the max): vec_exp.hpp.
+static inline vf exp_neg(vf x) { return exp_neg_lanes<vf, vi>(x); }
 
 static float scale_max(float* x, int64_t n, float scale) {
     const vf sv = splat(scale);
@@ -543,34 +533,15 @@ static void row_axpy(int64_t m, int64_t n, int64_t width, const float* p, int64_
     axpy_rows_tail<kAxpyRows - 1>(m - i, n, width, p + i * ldp, ldp, rows, o + i * ldo, ldo, pf);
 }
 
-// MR rows of C, V vectors of columns, summed over k in registers: each B row segment is widened
-// once as it is loaded and serves all MR rows.
-template <int MR, int V>
-static inline void bf16b_tile(int64_t k, const float* a, int64_t lda, const uint16_t* b, int64_t ldb, float* c,
-                              int64_t ldc, bool accumulate) {
-    vf acc[MR][V];
-    for (int i = 0; i < MR; ++i)
-        for (int v = 0; v < V; ++v) acc[i][v] = accumulate ? loadu(c + i * ldc + v * L) : vf{};
-    for (int64_t p = 0; p < k; ++p) {
-        vf bv[V];
-        for (int v = 0; v < V; ++v) bv[v] = widen_bf16(b + p * ldb + v * L);
-        for (int i = 0; i < MR; ++i) {
-            const vf av = splat(a[i * lda + p]);
-            for (int v = 0; v < V; ++v) acc[i][v] += av * bv[v];
-        }
-    }
-    for (int i = 0; i < MR; ++i)
-        for (int v = 0; v < V; ++v) storeu(c + i * ldc + v * L, acc[i][v]);
-}
-
-// MR rows of C across all n columns: tiles of 4 vectors, then single vectors, then scalars.
+// MR rows of C against bf16 B across all n columns: tiles of 4 vectors (each B row segment widened
+// once and shared by the MR rows), then single vectors, then scalars.
 template <int MR>
 static void bf16b_rows(int64_t n, int64_t k, const float* a, int64_t lda, const uint16_t* b, int64_t ldb, float* c,
                        int64_t ldc, bool accumulate) {
     constexpr int V = 4;
     int64_t j = 0;
-    for (; j + V * L <= n; j += V * L) bf16b_tile<MR, V>(k, a, lda, b + j, ldb, c + j, ldc, accumulate);
-    for (; j + L <= n; j += L) bf16b_tile<MR, 1>(k, a, lda, b + j, ldb, c + j, ldc, accumulate);
+    for (; j + V * L <= n; j += V * L) micro_rows<MR, V>(k, a, lda, b + j, ldb, c + j, ldc, accumulate);
+    for (; j + L <= n; j += L) micro_rows<MR, 1>(k, a, lda, b + j, ldb, c + j, ldc, accumulate);
     for (; j < n; ++j)
         for (int i = 0; i < MR; ++i) {
             float s = accumulate ? c[i * ldc + j] : 0.f;

@@ -13,7 +13,7 @@ namespace mla {
 namespace {
 
 struct Cpu {
-    bool tile = false, bf16 = false, int8 = false;
+    bool bf16 = false, int8 = false;  // the units this process may use
 };
 
 Cpu detect() {
@@ -28,7 +28,6 @@ Cpu detect() {
     const bool avx512_bf16 = __get_cpuid_count(7, 1, &a1, &b1, &c1, &d1) && (a1 >> 5 & 1);
     constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
     if (syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) != 0) return cpu;
-    cpu.tile = true;
     cpu.bf16 = amx_bf16 && avx512_bf16;
     cpu.int8 = amx_int8;
     return cpu;

@@ -29,10 +29,10 @@ thread_local Scratch tls;
 // values) -> four B rows: out[q] dword n = line[n / 4] dword (n % 4) * 4 + q, i.e. inputs 4q..4q+3
 // of the 16 rows.
 inline void transpose_lines(const __m512i line[4], __m512i out[4]) {
+    // Dword n of the pair (a, b) that vpermt2d picks for quad 0: (n % 8) / 4 selects a or b.
+    const __m512i quad0 = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
     for (int q = 0; q < 4; ++q) {
-        alignas(64) int32_t idx[16];
-        for (int n = 0; n < 16; ++n) idx[n] = (n % 8) / 4 * 16 + (n % 4) * 4 + q;
-        const __m512i ix = _mm512_load_si512(idx);
+        const __m512i ix = _mm512_add_epi32(quad0, _mm512_set1_epi32(q));
         const __m512i lo = _mm512_permutex2var_epi32(line[0], ix, line[1]);  // rows 0-7 in dwords 0-7
         const __m512i hi = _mm512_permutex2var_epi32(line[2], ix, line[3]);  // rows 8-15 in dwords 8-15
         out[q] = _mm512_mask_blend_epi32(0xFF00, lo, hi);

@@ -103,10 +103,10 @@ const MoeIsa& moe_isa() {
 
 const char* moe_isa_name() { return moe_isa().name; }
 
-MoeCompute moe_compute_from_name(const std::string& name) {
+MoeCompute moe_compute_from_name(const char* op, const std::string& name) {
     if (name == "f32" || name.empty()) return MoeCompute::f32;
     if (name == "bf16") return MoeCompute::bf16;
-    throw Error(std::string(kOp) + ": attribute 'compute' must be f32 or bf16, got '" + name + "'");
+    throw Error(std::string(op) + ": attribute 'compute' must be f32 or bf16, got '" + name + "'");
 }
 
 std::vector<std::pair<size_t, const char*>> int4_zero_point_inputs(MoeBits bits) {

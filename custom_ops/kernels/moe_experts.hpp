@@ -44,7 +44,8 @@ std::vector<std::pair<size_t, const char*>> int4_zero_point_inputs(MoeBits bits)
 // FullyConnected does with its dynamic quantization and llama.cpp with its Q8 activations; f32 with
 // the portable table and on AVX-512 CPUs without VNNI.
 enum class MoeCompute { f32, bf16 };
-MoeCompute moe_compute_from_name(const std::string& name);  // "f32" | "bf16", else mla::Error
+// An op's `compute` attribute: "f32" (or absent) | "bf16", else mla::Error naming op.
+MoeCompute moe_compute_from_name(const char* op, const std::string& name);
 
 void moe_experts(const MoeInputs& in, MoeBits bits, const TensorView& out, const Threading& threading,
                  MoeCompute compute = MoeCompute::f32);

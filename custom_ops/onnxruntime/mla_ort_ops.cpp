@@ -329,18 +329,13 @@ struct DecodeOp : MlaOp<DecodeOp, DecodeKernel> {
 
 std::string string_attr(const OrtApi& api, const OrtKernelInfo* info, const char* op, const char* name);
 
-bool bf16_compute(const std::string& compute) {
-    if (compute.empty() || compute == "f32") return false;
-    if (compute == "bf16") return true;
-    throw mla::Error("MlaPagedAttention: attribute 'compute' must be f32 or bf16, got '" + compute + "'");
-}
-
 struct AttentionKernel {
     AttentionKernel(const OrtApi& api, const OrtKernelInfo* info, int num_threads)
         : scale_(float_attr(api, info, "MlaPagedAttention", "scale")),
           form_(int_attr(api, info, "form", 0)),
           kv_dtype_(kv_dtype_attr(api, info, "MlaPagedAttention")),
-          bf16_products_(bf16_compute(string_attr(api, info, "MlaPagedAttention", "compute"))),
+          bf16_products_(mla::moe_compute_from_name("MlaPagedAttention", string_attr(api, info, "MlaPagedAttention", "compute")) ==
+                         mla::MoeCompute::bf16),
           num_threads_(num_threads) {
         if (form_ < 0 || form_ > 2)
             throw mla::Error("MlaPagedAttention attribute 'form' must be 0 (auto), 1 (absorbed) or 2 (expanded), got " +
@@ -463,7 +458,7 @@ std::string string_attr(const OrtApi& api, const OrtKernelInfo* info, const char
 struct MoeExpertsKernel {
     MoeExpertsKernel(const OrtApi& api, const OrtKernelInfo* info, int num_threads)
         : bits_{int_attr(api, info, "w13_bits", 0), int_attr(api, info, "w2_bits", 0)},
-          compute_(mla::moe_compute_from_name(string_attr(api, info, "MlaMoeExperts", "compute"))),
+          compute_(mla::moe_compute_from_name("MlaMoeExperts", string_attr(api, info, "MlaMoeExperts", "compute"))),
           num_threads_(num_threads) {
         for (auto [name, b] : {std::make_pair("w13_bits", bits_.w13), std::make_pair("w2_bits", bits_.w2)})
             if (b != 4 && b != 8)
@@ -507,7 +502,7 @@ struct MoeExpertsOp : MlaOp<MoeExpertsOp, MoeExpertsKernel> {
 struct QLinearKernel {
     QLinearKernel(const OrtApi& api, const OrtKernelInfo* info, int num_threads)
         : bits_(int_attr(api, info, "bits", 0)),
-          compute_(mla::moe_compute_from_name(string_attr(api, info, "MlaQLinear", "compute"))),
+          compute_(mla::moe_compute_from_name("MlaQLinear", string_attr(api, info, "MlaQLinear", "compute"))),
           num_threads_(num_threads) {
         if (bits_ != 4 && bits_ != 8)
             throw mla::Error("MlaQLinear: attribute 'bits' must be 4 or 8, got " + std::to_string(bits_));

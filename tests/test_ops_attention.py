@@ -15,18 +15,24 @@ SMALL = dict(h=3, dn=24, dr=16, r=32, dv=20)
 ODD = dict(h=5, dn=10, dr=6, r=20, dv=12)
 
 
-def run_case(rng, seq_lens, qlens, dims, bs=16, form="auto", act="f32", cache_dtype="f32", weight_dtype="f32"):
+def attention_args(rng, p, dims, act="f32", weight_dtype="f32") -> tuple:
+    """paged_attention's inputs for problem p: random queries (act) and W_UK / W_UV (weight_dtype)."""
     h, dn, dr, r, dv = dims["h"], dims["dn"], dims["dr"], dims["r"], dims["dv"]
-    p = make_problem(rng, seq_lens, qlens, r + dr, bs, cache_dtype)
     t = int(p.qlens.sum())
     q_nope, q_pe = randn(rng, (t, h, dn), act), randn(rng, (t, h, dr), act)
     w_uk = randn(rng, (h, dn, r), weight_dtype, scale=dn ** -0.5)
     w_uv = randn(rng, (h, r, dv), weight_dtype, scale=r ** -0.5)
-    scale = (dn + dr) ** -0.5
-    args = (q_nope, q_pe, p.kv_cache, w_uk, w_uv, p.query_start_loc, p.seq_lens, p.block_tables, scale)
+    return (q_nope, q_pe, p.kv_cache, w_uk, w_uv, p.query_start_loc, p.seq_lens, p.block_tables, (dn + dr) ** -0.5)
+
+
+def run_case(rng, seq_lens, qlens, dims, bs=16, form="auto", act="f32", cache_dtype="f32", weight_dtype="f32"):
+    h, dr, r, dv = dims["h"], dims["dr"], dims["r"], dims["dv"]
+    p = make_problem(rng, seq_lens, qlens, r + dr, bs, cache_dtype)
+    t = int(p.qlens.sum())
+    args = attention_args(rng, p, dims, act, weight_dtype)
     out = kernels.paged_attention(*args, form=form)
     expected = ref.paged_attention_expanded(*args)
-    assert out.shape == (t, h, dv) and out.dtype == q_nope.dtype
+    assert out.shape == (t, h, dv) and out.dtype == args[0].dtype
     assert not np.isnan(out.astype(np.float32)).any(), "read a NaN-poisoned row no sequence owns"
     err = rel_err(out, expected)
     assert err <= TOL[act], f"form={form}: relative error {err:.3g} > {TOL[act]}"
@@ -65,14 +71,8 @@ def test_bf16_weights_f32_exact(rng, dims, form):
     absorbed form widens them in registers (gemm_bf16b), the expanded form through an f32 view;
     both must match the float64 reference on the same bf16 values to f32 accuracy. Decode rows,
     a multi-token row run and NaN-poisoned free slots."""
-    h, dn, dr, r, dv = dims["h"], dims["dn"], dims["dr"], dims["r"], dims["dv"]
-    p = make_problem(rng, [70, 1, 19], [1, 1, 5], r + dr, 16, "f32")
-    t = int(p.qlens.sum())
-    q_nope, q_pe = randn(rng, (t, h, dn), "f32"), randn(rng, (t, h, dr), "f32")
-    w_uk = randn(rng, (h, dn, r), "bf16", scale=dn ** -0.5)
-    w_uv = randn(rng, (h, r, dv), "bf16", scale=r ** -0.5)
-    scale = (dn + dr) ** -0.5
-    args = (q_nope, q_pe, p.kv_cache, w_uk, w_uv, p.query_start_loc, p.seq_lens, p.block_tables, scale)
+    p = make_problem(rng, [70, 1, 19], [1, 1, 5], dims["r"] + dims["dr"], 16, "f32")
+    args = attention_args(rng, p, dims, "f32", "bf16")
     out = kernels.paged_attention(*args, form=form)
     assert out.dtype == np.float32 and not np.isnan(out).any()
     err = rel_err(out, ref.paged_attention_expanded(*args))
@@ -112,15 +112,11 @@ def test_bf16_compute_decode_rows(rng, runtime, h, cache_dtype):
     tables, NaN in every unowned row, one multi-token row run in the same call. Without AMX the
     result is the f32 one, bit for bit; with it, it must differ (the bf16 path ran)."""
     dims = dict(DEEPSEEK, h=h)
-    dn, dr, r, dv = dims["dn"], dims["dr"], dims["r"], dims["dv"]
+    dr, r, dv = dims["dr"], dims["r"], dims["dv"]
     seq_lens, qlens = [1, 63, 64, 65, 1000, 37], [1, 1, 1, 1, 1, 4]
     p = make_problem(rng, seq_lens, qlens, r + dr, 16, cache_dtype, r=r)
     t = int(p.qlens.sum())
-    q_nope, q_pe = randn(rng, (t, h, dn), "f32"), randn(rng, (t, h, dr), "f32")
-    w_uk = randn(rng, (h, dn, r), "bf16", scale=dn ** -0.5)
-    w_uv = randn(rng, (h, r, dv), "bf16", scale=r ** -0.5)
-    scale = (dn + dr) ** -0.5
-    args = (q_nope, q_pe, p.kv_cache, w_uk, w_uv, p.query_start_loc, p.seq_lens, p.block_tables, scale)
+    args = attention_args(rng, p, dims, "f32", "bf16")
     kv = cache_dtype if cache_dtype == "int8" else None
     exact = kernels.paged_attention(*args, form="absorbed", kv_dtype=kv, num_threads=2, runtime=runtime)
     got = kernels.paged_attention(*args, form="absorbed", kv_dtype=kv, num_threads=2, compute="bf16", runtime=runtime)

@@ -108,7 +108,11 @@ static inline __m512i load32(const void* row, AmxDecodeRows::Rows kind, int64_t 
 // of S^T) and, for the first r columns, with the pair's values interleaved (V's B tiles: dword
 // (p, c) = [row 2p col c | row 2p + 1 col c]). Rows past n are zero, so their values stay finite
 // under a zero probability.
-void AmxDecodeRows::load_chunk(const void* const* rows, Rows kind, int64_t n) {
+//
+// The next chunk's rows are prefetched into L2 on the way, a line per row and step, so their reads
+// from memory overlap this chunk's tile products (the rows sit in blocks anywhere in the cache,
+// which the hardware prefetcher cannot follow across).
+void AmxDecodeRows::load_chunk(const void* const* rows, Rows kind, int64_t n, const void* const* next, int64_t next_n) {
     const int64_t w = w_, r = r_;
     uint16_t* kb = kb_.data();
     uint16_t* vp = vp_.data();
@@ -127,7 +131,14 @@ void AmxDecodeRows::load_chunk(const void* const* rows, Rows kind, int64_t n) {
             std::memset(vp + p * r * 2, 0, r * 2 * sizeof(uint16_t));
             continue;
         }
+        const char* pf0 = j0 < next_n ? static_cast<const char*>(next[j0]) : nullptr;
+        const char* pf1 = j1 < next_n ? static_cast<const char*>(next[j1]) : nullptr;
+        const int64_t elt = kind == Rows::f32 ? 4 : 2;
         for (int64_t c = 0; c < w; c += 32) {
+            if (pf0 != nullptr)
+                for (int64_t b = c * elt; b < (c + 32) * elt; b += 64) _mm_prefetch(pf0 + b, _MM_HINT_T1);
+            if (pf1 != nullptr)
+                for (int64_t b = c * elt; b < (c + 32) * elt; b += 64) _mm_prefetch(pf1 + b, _MM_HINT_T1);
             const __m512i a = load32(rows[j0], kind, c);
             const __m512i b = j1 < n ? load32(rows[j1], kind, c) : zero;
             _mm512_storeu_si512(kb + j0 * w + c, a);
@@ -140,13 +151,14 @@ void AmxDecodeRows::load_chunk(const void* const* rows, Rows kind, int64_t n) {
     }
 }
 
-void AmxDecodeRows::chunk(const void* const* rows, Rows kind, int64_t n, float scale) {
+void AmxDecodeRows::chunk(const void* const* rows, Rows kind, int64_t n, float scale, const void* const* next,
+                          int64_t next_n) {
     const int64_t w = w_, r = r_, ks = w / 32;
     const uint16_t* kb = kb_.data();
     const uint16_t* vp = vp_.data();
     uint16_t* pr = pr_.data();
     float* st = st_.data();
-    load_chunk(rows, kind, n);
+    load_chunk(rows, kind, n, next, next_n);
     const int kb_stride = static_cast<int>(w * 2), o_stride = static_cast<int>(r * 4);
     const __m512 vscale = _mm512_set1_ps(scale);
     for (int64_t g = 0; g < groups_; ++g) {

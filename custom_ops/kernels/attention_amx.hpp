@@ -26,14 +26,16 @@ public:
     // What chunk() reads: rows of f32, f16 or bf16 values (other cache formats are widened to f32
     // rows first).
     enum class Rows { f32, f16, bf16 };
-    // n (1..64) cache rows of width w in the given element type.
-    void chunk(const void* const* rows, Rows kind, int64_t n, float scale);
+    // n (1..64) cache rows of width w in the given element type; the next chunk's next_n rows
+    // (none: 0) are fetched toward the core meanwhile, as the f32 kernels' PrefetchStream does.
+    void chunk(const void* const* rows, Rows kind, int64_t n, float scale, const void* const* next = nullptr,
+               int64_t next_n = 0);
     // The state of the m rows: running max, sum of exponentials, unnormalised output [m, r] (ldo).
     void end(float* mx, float* l, float* o, int64_t ldo);
 
 private:
     int64_t m_ = 0, w_ = 0, r_ = 0, groups_ = 0;
-    void load_chunk(const void* const* rows, Rows kind, int64_t n);
+    void load_chunk(const void* const* rows, Rows kind, int64_t n, const void* const* next, int64_t next_n);
     std::vector<uint16_t> qt_, kb_, vp_, pr_;
     std::vector<float> st_, ot_, mx_, l_;
 };

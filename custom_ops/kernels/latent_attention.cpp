@@ -189,16 +189,21 @@ void absorbed_task_amx(const IsaKernels& K, const AbsorbedSeq& s, const Partial&
     float* kr = direct ? nullptr : Scratch::get(tls.kr, kChunk * w);
     AmxDecodeRows& amx = tls_amx;
     amx.begin(s.q, s.heads, w, r);
-    const void* chunk_rows[kChunk];
-    for (int64_t c0 = p.c_begin; c0 < p.c_end; c0 += kChunk) {
+    const void* rows_at[2][kChunk];  // this chunk's rows and the next one's (direct formats)
+    for (int64_t c0 = p.c_begin, i = 0; c0 < p.c_end; c0 += kChunk, i ^= 1) {
         const int64_t n = std::min(kChunk, p.c_end - c0);
+        const void** chunk_rows = rows_at[i];
         if (direct) {
-            for (int64_t j = 0; j < n; ++j) chunk_rows[j] = s.cache.row(c0 + j);
+            if (c0 == p.c_begin)
+                for (int64_t j = 0; j < n; ++j) chunk_rows[j] = s.cache.row(c0 + j);
+            const int64_t next_n = std::clamp<int64_t>(p.c_end - c0 - kChunk, 0, kChunk);
+            for (int64_t j = 0; j < next_n; ++j) rows_at[i ^ 1][j] = s.cache.row(c0 + kChunk + j);
+            amx.chunk(chunk_rows, rows_kind, n, scale, rows_at[i ^ 1], next_n);
         } else {
             gather_chunk(K, s.cache, c0, n, kr);
             for (int64_t j = 0; j < n; ++j) chunk_rows[j] = kr + j * w;
+            amx.chunk(chunk_rows, rows_kind, n, scale);
         }
-        amx.chunk(chunk_rows, rows_kind, n, scale);
     }
     amx.end(p.mx, p.l, p.o, r);
 }

@@ -184,11 +184,14 @@ for i in {cases!r}:
               f"max q8 error {max(errs[i, 'q8'] for i in cases):.1e}")
 
 
-def test_amx_int8_tiles_give_the_vnni_sums(tmp_path, rng):
-    """On CPUs with AMX-INT8 the many-row products run on tiles (qmatmul_amx.cpp), elsewhere on the
-    vector dots: both sum the same int32 products, so the two (MLA_EXPORT_AMX=0 against the
+@pytest.mark.parametrize("rows", [70, 8, 13, 20])
+def test_amx_int8_tiles_give_the_vnni_sums(tmp_path, rng, rows):
+    """On CPUs with AMX-INT8 products of 8 rows and more run on tiles (qmatmul_amx.cpp), elsewhere
+    on the vector dots: both sum the same int32 products, so the two (MLA_EXPORT_AMX=0 against the
     default, each in a child process) agree with the reference on int8 activations; on an AMX CPU
-    they must differ in the last bits (the f32 folds run in another order: the tiles ran)."""
+    they must differ in the last bits (the f32 folds run in another order: the tiles ran). Rows:
+    70 (prefill: two full token tiles, then a 6-row one), 8 and 13 (one short token tile: decode),
+    20 (a full and a 4-row one)."""
     import os
     import subprocess
     import sys
@@ -198,7 +201,7 @@ def test_amx_int8_tiles_give_the_vnni_sums(tmp_path, rng):
     if not int8_activations_here():
         pytest.skip("no int8 activations on this CPU")
     weights, w = _case(rng, 96, 256, 8, None)
-    x = rng.standard_normal((70, 256)).astype(np.float32)
+    x = rng.standard_normal((rows, 256)).astype(np.float32)
     (tmp_path / "m.onnx").write_bytes(_model(256, 96, weights, 8, compute="bf16").SerializeToString())
     np.save(tmp_path / "x.npy", x)
     script = f"""

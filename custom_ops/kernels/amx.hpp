@@ -14,8 +14,9 @@ namespace mla {
 bool amx_bf16_usable();
 bool amx_int8_usable();
 
-// ldtilecfg's 64-byte operand with every tile 16 rows of 64 bytes: 16 x 16 f32 / int32
-// accumulators, 16 x 32 bf16 or 16 x 64 int8 operands, so one configuration serves every product.
+// ldtilecfg's 64-byte operand, by default every tile 16 rows of 64 bytes: 16 x 16 f32 / int32
+// accumulators, 16 x 32 bf16 or 16 x 64 int8 operands (the attention's one configuration; the
+// integer products set fewer rows for token tiles of fewer than 16 tokens).
 struct alignas(64) TileConfig {
     uint8_t palette = 1, start_row = 0;
     uint8_t reserved[14] = {};

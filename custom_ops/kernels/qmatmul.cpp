@@ -146,7 +146,7 @@ void qtile(const MoeIsa& isa, int bi, const QActs& acts, const int64_t* rows, in
         // rows outside, tokens inside: a second chunk of tokens finds the 4 rows' codes in cache
         if (acts.has_q8()) {
 #if defined(MLA_HAVE_AMX)
-            // Prefill-sized row counts on AMX-INT8 tiles where the CPU has them (same sums).
+            // From a decode batch of 8 rows on AMX-INT8 tiles where the CPU has them (same sums).
             if (m >= kAmxRows && qtile_amx_fits(K, group) && amx_int8_usable())
                 return qtile_amx(bi, acts, rows, m, blocks, K, group, c);
 #endif

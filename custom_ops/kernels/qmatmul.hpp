@@ -28,8 +28,13 @@ constexpr int64_t kTileRows = 32;   // weight rows per tile
 // its f32 panels had taken ~40 s (Zen 3, 2 cores; the panels' fdot then spilled its registers).
 constexpr int64_t kManyRows = 8;
 // From how many int8 activation rows a tile runs on AMX-INT8 tiles where the CPU has them
-// (qmatmul_amx.hpp): a tile product covers 16 rows.
-constexpr int64_t kAmxRows = 16;
+// (qmatmul_amx.hpp): 8, a decode batch of 8. Measured on the 102400 x 2048 lm_head (2 cores,
+// cold weights, alternated runs, ms VNNI dots -> tiles): int8 5 rows 10.6-10.8 -> 11.3-11.6,
+// 6 rows 11.3-16.8 -> 11.1-12.6, 8 rows 12.9-13.1 -> 12.3-12.4, 12 rows 15.9-17.3 -> 13.9-14.3;
+// int4 8 rows 11.5-11.7 -> 8.4-9.5. The 3-layer V2-Lite int8 decode step at batch 8: 66-70 ->
+// 64.3-64.9 ms. (Small projections whose weights stay in cache, e.g. 2048 x 2048 at 8 rows, are
+// ~25% slower on the tiles: their per-call re-layout is not hidden behind memory reads.)
+constexpr int64_t kAmxRows = 8;
 constexpr int64_t kNeverMany = INT64_MAX;
 // From how many rows QActs quantises them on every thread (one row is microseconds: decode's few
 // rows stay on the calling thread).

@@ -6,8 +6,9 @@
 // the block's d, less the zero points' term through gsum. A product tile C[16 tokens x 16 weight
 // rows] += A[16 tokens x 64 int8] . B[16 x 16 x 4 u8] (tdpbsud) takes the activation rows as they
 // lie and the weights re-laid once per call into B's layout (dword n of row kq = the codes of
-// weight row n at inputs 4kq..4kq+3): one 32-row tile's weights are re-laid once and serve every
-// token of the call.
+// weight row n at inputs 4kq..4kq+3): one 32-row tile's weights are re-laid once, step by step
+// as the first 32 tokens' products run, and serve every token of the call. Token tiles of fewer
+// than 16 rows are configured as such (a batch of 8 decode tokens multiplies no padding).
 #pragma once
 
 #include <cstdint>

@@ -196,8 +196,10 @@ class LLMEngine:
         rows = [i for i, r in enumerate(reqs) if r.num_computed_tokens == r.num_tokens]
         if not rows:
             return outputs
+        # Every row (decode's usual case): the logits as they are, no copy of [B, vocab] floats.
+        picked = logits if len(rows) == logits.shape[0] else logits[rows]
         sampled = self.sampler.sample(
-            logits[rows], [reqs[i].params for i in rows], [reqs[i].generator for i in rows]
+            picked, [reqs[i].params for i in rows], [reqs[i].generator for i in rows]
         )
         now = time.time()
         for i, token in zip(rows, sampled.tolist()):

@@ -83,7 +83,11 @@ class Sampler:
             raise ValueError(f"logits {logits.shape} must have one row per request ({len(params)})")
         tokens = np.empty(logits.shape[0], dtype=np.int64)
         greedy = np.fromiter((p.greedy for p in params), dtype=bool, count=len(params))
-        # First maximum on ties, as torch.argmax and transformers' greedy search pick.
+        # First maximum on ties, as torch.argmax and transformers' greedy search pick. An all-greedy
+        # batch takes argmax over the logits in place (a boolean mask would copy [B, vocab] floats).
+        if greedy.all():
+            tokens[:] = np.argmax(logits, axis=-1)
+            return tokens
         tokens[greedy] = np.argmax(logits[greedy], axis=-1)
         for b in np.flatnonzero(~greedy).tolist():
             tokens[b] = self._sample_row(logits[b], params[b], generators[b])

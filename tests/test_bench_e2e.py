@@ -98,3 +98,25 @@ def test_memory_wait_for_an_export_dir_uses_the_runtimes_estimate(tmp_path):
     assert _ours_need_gb(out, "bf16") == pytest.approx(need / 2**30)
     (out / "mla_graph.json").unlink()  # no contract to read: the weights file's size
     assert _ours_need_gb(out, "bf16") == pytest.approx(bins / 2**30)
+
+
+def test_profile_groups_name_each_node_kind():
+    """The decode-step profile groups the exporter's node names (friendly name, weight input's
+    name) by part: the fused MoE node (named <layer>.mlp.routed_experts, input 1 from TopK) is the
+    routed experts, not 'other nodes'."""
+    from mla_export.bench.workers import classify_node
+
+    cases = {
+        ("model.layers.1.mlp.routed_experts", "Reference", "TopK_96"): "MoE routed experts",
+        ("model.layers.1.mlp.shared_experts.up_proj", "Reference",
+         "model.layers.1.mlp.shared_experts.up_proj.weight.qlinear.q"): "MoE shared expert (FC)",
+        ("logits", "Reference", "lm_head.weight.qlinear.q"): "lm_head",
+        ("layers.0.paged_attention", "Reference", "Add_37"): "attention op (MLA custom ops, incl. cache write)",
+        ("model.layers.0.mlp.down_proj", "Reference", "model.layers.0.mlp.down_proj.weight.qlinear.q"):
+            "dense MLP (FC)",
+        ("model.layers.2.self_attn.o_proj", "Reference", "model.layers.2.self_attn.o_proj.weight.qlinear.q"):
+            "attention projections (FC: q, kv_a, o)",
+        ("Multiply_12", "Multiply", ""): "other nodes (norms, rope, routing, gathers, ...)",
+    }
+    for (name, node_type, weight), want in cases.items():
+        assert classify_node(name, node_type, weight) == want, name

@@ -224,7 +224,8 @@ def classify_node(name: str, node_type: str, weight: str = "") -> str:
         return "lm_head"
     if "shared_experts" in w:
         return "MoE shared expert (FC)"
-    if "experts" in w or "moe" in n:
+    # the fused MlaMoeExperts node is named <layer>.mlp.routed_experts (its input 1 is TopK's)
+    if "experts" in w or "moe" in n or "routed_experts" in n:
         return "MoE routed experts"
     if ".mlp." in w:
         return "dense MLP (FC)" if "gate.weight" not in w else "MoE router"

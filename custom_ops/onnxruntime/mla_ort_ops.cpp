@@ -166,21 +166,26 @@ int64_t int_attr(const OrtApi& api, const OrtKernelInfo* info, const char* name,
     return value;
 }
 
+// An optional string attribute ("" when absent).
+std::string string_attr(const OrtApi& api, const OrtKernelInfo* info, const char* op, const char* name) {
+    size_t size = 0;
+    if (OrtStatus* st = api.KernelInfoGetAttribute_string(info, name, nullptr, &size)) {
+        api.ReleaseStatus(st);
+        return "";
+    }
+    std::string value(size, '\0');
+    if (OrtStatus* st = api.KernelInfoGetAttribute_string(info, name, value.data(), &size)) {
+        api.ReleaseStatus(st);
+        throw mla::Error(std::string(op) + ": cannot read the string attribute '" + name + "'");
+    }
+    value.resize(size > 0 ? size - 1 : 0);  // size counts the terminating NUL
+    return value;
+}
+
 // The cache's row format from the optional string attribute 'kv_dtype' (absent = "": by the
 // cache's element type, u8 bytes = bf16 rows; see kernels/cache_format.hpp).
 mla::KvDtype kv_dtype_attr(const OrtApi& api, const OrtKernelInfo* info, const char* op) {
-    size_t size = 0;
-    if (OrtStatus* st = api.KernelInfoGetAttribute_string(info, "kv_dtype", nullptr, &size)) {
-        api.ReleaseStatus(st);
-        return mla::KvDtype::automatic;
-    }
-    std::string value(size, '\0');
-    if (OrtStatus* st = api.KernelInfoGetAttribute_string(info, "kv_dtype", value.data(), &size)) {
-        api.ReleaseStatus(st);
-        throw mla::Error(std::string(op) + ": cannot read the string attribute 'kv_dtype'");
-    }
-    value.resize(size > 0 ? size - 1 : 0);  // size counts the terminating NUL
-    return mla::kv_dtype_from_name(op, value);
+    return mla::kv_dtype_from_name(op, string_attr(api, info, op, "kv_dtype"));
 }
 
 // int4 zero points given as constant initializers, scanned once when the kernel is made (a bad
@@ -327,8 +332,6 @@ struct DecodeOp : MlaOp<DecodeOp, DecodeKernel> {
 
 // ------------------------------------------------------------------ MlaPagedAttention
 
-std::string string_attr(const OrtApi& api, const OrtKernelInfo* info, const char* op, const char* name);
-
 struct AttentionKernel {
     AttentionKernel(const OrtApi& api, const OrtKernelInfo* info, int num_threads)
         : scale_(float_attr(api, info, "MlaPagedAttention", "scale")),
@@ -438,22 +441,6 @@ struct StepCheckOp : Ort::CustomOpBase<StepCheckOp, StepCheckKernel, /*WithStatu
 };
 
 // ------------------------------------------------------------------ MlaMoeExperts
-
-// An optional string attribute ("" when absent).
-std::string string_attr(const OrtApi& api, const OrtKernelInfo* info, const char* op, const char* name) {
-    size_t size = 0;
-    if (OrtStatus* st = api.KernelInfoGetAttribute_string(info, name, nullptr, &size)) {
-        api.ReleaseStatus(st);
-        return "";
-    }
-    std::string value(size, '\0');
-    if (OrtStatus* st = api.KernelInfoGetAttribute_string(info, name, value.data(), &size)) {
-        api.ReleaseStatus(st);
-        throw mla::Error(std::string(op) + ": cannot read the string attribute '" + name + "'");
-    }
-    value.resize(size > 0 ? size - 1 : 0);  // size counts the terminating NUL
-    return value;
-}
 
 struct MoeExpertsKernel {
     MoeExpertsKernel(const OrtApi& api, const OrtKernelInfo* info, int num_threads)

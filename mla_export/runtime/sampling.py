@@ -81,16 +81,13 @@ class Sampler:
         """One token id per row of logits [B, vocab]; row b uses params[b] and generators[b]."""
         if logits.ndim != 2 or logits.shape[0] != len(params) or len(params) != len(generators):
             raise ValueError(f"logits {logits.shape} must have one row per request ({len(params)})")
-        tokens = np.empty(logits.shape[0], dtype=np.int64)
-        greedy = np.fromiter((p.greedy for p in params), dtype=bool, count=len(params))
-        # First maximum on ties, as torch.argmax and transformers' greedy search pick. An all-greedy
-        # batch takes argmax over the logits in place (a boolean mask would copy [B, vocab] floats).
-        if greedy.all():
-            tokens[:] = np.argmax(logits, axis=-1)
-            return tokens
-        tokens[greedy] = np.argmax(logits[greedy], axis=-1)
-        for b in np.flatnonzero(~greedy).tolist():
-            tokens[b] = self._sample_row(logits[b], params[b], generators[b])
+        # First maximum on ties, as torch.argmax and transformers' greedy search pick. Every row's
+        # argmax over the logits in place (selecting the greedy rows first copied [B, vocab] floats);
+        # the other rows then draw their token.
+        tokens = np.argmax(logits, axis=-1).astype(np.int64, copy=False)
+        for b, p in enumerate(params):
+            if not p.greedy:
+                tokens[b] = self._sample_row(logits[b], p, generators[b])
         return tokens
 
     @staticmethod

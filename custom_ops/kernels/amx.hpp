@@ -1,6 +1,6 @@
 // Whether AMX tiles may be used here, and the one tile configuration our AMX kernels load
 // (attention_amx.cpp: bf16 decode attention; qmatmul_amx.cpp: int8-activation products of the
-// integer ops for many rows). Only called when the build has them (MLA_HAVE_AMX).
+// integer ops from 8 rows). Only called when the build has them (MLA_HAVE_AMX).
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-// AMX-INT8 tiles for the integer ops' many-row products (see qmatmul_amx.hpp). Compiled with
+// AMX-INT8 tiles for the integer ops' products of 8 rows and more (see qmatmul_amx.hpp). Compiled with
 // -mamx-tile -mamx-int8 -mavx512f/bw/vl/dq (CMakeLists.txt); entered only when amx_int8_usable()
 // says the CPU and the OS allow it (amx.hpp).
 #include "qmatmul_amx.hpp"
@@ -27,7 +27,7 @@ constexpr int64_t kStep = 64;  // inputs per tile product
 
 struct Scratch {
     std::vector<uint8_t> w;      // the tile's weights in B layout: [K / 64][2 row halves][16][64]
-    std::vector<int8_t> a[2];    // gathered activation rows of a token tile: [16][K]
+    std::vector<int8_t> a[2];    // gathered activation rows of a token tile: [n <= 16][K]
     std::vector<float> sv, szp;  // per group: the 32 rows' scales, and scale x zero point
     std::vector<float> d;        // per token of the pair and activation block: its d
 };

@@ -1,5 +1,6 @@
-// qtile's int8-activation products for many activation rows (prefill) on AMX-INT8 tiles, under the
-// reduced-precision mode on CPUs with AMX-INT8 (Sapphire Rapids and later Xeons); see amx.hpp.
+// qtile's int8-activation products from 8 activation rows (decode batches, prefill) on AMX-INT8
+// tiles, under the reduced-precision mode on CPUs with AMX-INT8 (Sapphire Rapids and later Xeons);
+// see amx.hpp.
 //
 // The same sums as the VNNI kernel (moe_isa_impl.hpp's qdot_q8): int32 dot products of the u8
 // codes with the int8 activations over each activation block, scaled by the row's group scale and

@@ -132,6 +132,21 @@ def test_bf16_compute_decode_rows(rng, runtime, h, cache_dtype):
         np.testing.assert_array_equal(decode_rows, exact[:5])
 
 
+@pytest.mark.parametrize("block_size", [8, 32, 48])
+def test_bf16_compute_decode_rows_block_sizes(rng, block_size):
+    """The AMX path reads a bf16 cache's 16-row groups where they lie when the 16 rows are one
+    block's (block sizes 16, 32, 48) and copies them otherwise (8: every group spans two blocks;
+    a partial last group always): f32 reference at the bf16 tolerance, NaN in unowned rows."""
+    dims = DEEPSEEK
+    seq_lens, qlens = [1, 15, 16, 17, 64, 100, 700], [1] * 7
+    p = make_problem(rng, seq_lens, qlens, dims["r"] + dims["dr"], block_size, "bf16", r=dims["r"])
+    args = attention_args(rng, p, dims, "f32", "bf16")
+    got = kernels.paged_attention(*args, form="absorbed", num_threads=2, compute="bf16")
+    assert not np.isnan(got).any(), "read a NaN-poisoned row no sequence owns"
+    err = rel_err(got, ref.paged_attention_expanded(*args))
+    assert err <= TOL["bf16"], f"block size {block_size}: relative error {err:.3g}"
+
+
 def test_bf16_compute_attribute_checked(rng):
     p = make_problem(rng, [5], [1], 20 + 6, 4)
     args = (randn(rng, (1, 5, 10)), randn(rng, (1, 5, 6)), p.kv_cache, randn(rng, (5, 10, 20)), randn(rng, (5, 20, 12)),

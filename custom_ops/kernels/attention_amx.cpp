@@ -10,13 +10,10 @@
 #include <limits>
 
 #include "amx.hpp"
-#include "numeric.hpp"
 #include "vec_exp.hpp"
 
 namespace mla {
 namespace {
-
-constexpr int64_t kRows = 64;  // cache rows per chunk: four 16-row tiles
 
 const TileConfig kConfig;
 
@@ -59,31 +56,8 @@ inline void transpose16(__m512 r[16]) {
     }
 }
 
-}  // namespace
-
-void AmxDecodeRows::begin(const float* q, int64_t m, int64_t w, int64_t r) {
-    m_ = m, w_ = w, r_ = r, groups_ = (m + 15) / 16;
-    const int64_t ks = w / 32;
-    // Q^T as B tiles: tile (g, s) row p holds, for query row 16g + j, the bf16 pair of inputs
-    // 32s + 2p and 32s + 2p + 1 in its dword j (rows past m zero: they score 0 and are dropped).
-    qt_.assign(groups_ * ks * 512, 0);
-    for (int64_t i = 0; i < m; ++i) {
-        const int64_t g = i / 16, j = i % 16;
-        for (int64_t d = 0; d < w; ++d)
-            qt_[((g * ks + d / 32) * 16 + (d % 32) / 2) * 32 + j * 2 + d % 2] = f32_to_bf16(q[i * w + d]);
-    }
-    kb_.resize(kRows * w);
-    vp_.resize(kRows * r);
-    pr_.resize(16 * kRows);
-    st_.resize(kRows * 16);
-    ot_.assign(groups_ * 16 * r, 0.f);
-    mx_.assign(groups_ * 16, -std::numeric_limits<float>::infinity());
-    l_.assign(groups_ * 16, 0.f);
-    _tile_loadconfig(&kConfig);
-}
-
 // 32 values of a row from column c, as bf16 in one zmm.
-static inline __m512i load32(const void* row, AmxDecodeRows::Rows kind, int64_t c) {
+inline __m512i load32(const void* row, AmxDecodeRows::Rows kind, int64_t c) {
     __m512 lo, hi;
     switch (kind) {
         case AmxDecodeRows::Rows::bf16:
@@ -104,84 +78,128 @@ static inline __m512i load32(const void* row, AmxDecodeRows::Rows kind, int64_t 
     return out;
 }
 
-// The chunk's rows in bf16 both ways, in one pass over each pair of rows: row-major (the A tiles
-// of S^T) and, for the first r columns, with the pair's values interleaved (V's B tiles: dword
-// (p, c) = [row 2p col c | row 2p + 1 col c]). Rows past n are zero, so their values stay finite
-// under a zero probability.
-//
-// The next chunk's rows are prefetched into L2 on the way, a line per row and step, so their reads
-// from memory overlap this chunk's tile products (the rows sit in blocks anywhere in the cache,
-// which the hardware prefetcher cannot follow across).
-void AmxDecodeRows::load_chunk(const void* const* rows, Rows kind, int64_t n, const void* const* next, int64_t next_n) {
-    const int64_t w = w_, r = r_;
-    uint16_t* kb = kb_.data();
-    uint16_t* vp = vp_.data();
-    // vpermt2w indices: columns 0-15 (then 16-31) of the two rows, alternating.
-    alignas(64) uint16_t lo_idx[32], hi_idx[32];
-    for (int i = 0; i < 16; ++i) {
-        lo_idx[2 * i] = static_cast<uint16_t>(i), lo_idx[2 * i + 1] = static_cast<uint16_t>(32 + i);
-        hi_idx[2 * i] = static_cast<uint16_t>(16 + i), hi_idx[2 * i + 1] = static_cast<uint16_t>(48 + i);
-    }
-    const __m512i ilo = _mm512_load_si512(lo_idx), ihi = _mm512_load_si512(hi_idx);
-    const __m512i zero = _mm512_setzero_si512();
-    for (int64_t p = 0; p < kRows / 2; ++p) {
-        const int64_t j0 = 2 * p, j1 = 2 * p + 1;
-        if (j0 >= n) {  // both rows past the chunk
-            std::memset(kb + j0 * w, 0, 2 * w * sizeof(uint16_t));
-            std::memset(vp + p * r * 2, 0, r * 2 * sizeof(uint16_t));
-            continue;
-        }
-        const char* pf0 = j0 < next_n ? static_cast<const char*>(next[j0]) : nullptr;
-        const char* pf1 = j1 < next_n ? static_cast<const char*>(next[j1]) : nullptr;
-        const int64_t elt = kind == Rows::f32 ? 4 : 2;
-        for (int64_t c = 0; c < w; c += 32) {
-            if (pf0 != nullptr)
-                for (int64_t b = c * elt; b < (c + 32) * elt; b += 64) _mm_prefetch(pf0 + b, _MM_HINT_T1);
-            if (pf1 != nullptr)
-                for (int64_t b = c * elt; b < (c + 32) * elt; b += 64) _mm_prefetch(pf1 + b, _MM_HINT_T1);
-            const __m512i a = load32(rows[j0], kind, c);
-            const __m512i b = j1 < n ? load32(rows[j1], kind, c) : zero;
-            _mm512_storeu_si512(kb + j0 * w + c, a);
-            _mm512_storeu_si512(kb + j1 * w + c, b);
-            if (c < r) {
-                _mm512_storeu_si512(vp + (p * r + c) * 2, _mm512_permutex2var_epi16(a, ilo, b));
-                _mm512_storeu_si512(vp + (p * r + c + 16) * 2, _mm512_permutex2var_epi16(a, ihi, b));
+}  // namespace
+
+void AmxDecodeRows::begin(const float* q, int64_t m, int64_t w, int64_t r) {
+    m_ = m, w_ = w, r_ = r, groups_ = (m + 15) / 16;
+    const int64_t ks = w / 32;
+    // Q^T as B tiles: tile (g, s) row p holds, for query row 16g + j, the bf16 pair of inputs
+    // 32s + 2p and 32s + 2p + 1 in its dword j (rows past m zero: they score 0 and are dropped).
+    // Built as a 16 x 16 dword transpose of the rows' bf16 pairs (a tile row per pair).
+    qt_.resize(groups_ * ks * 512);
+    for (int64_t g = 0; g < groups_; ++g)
+        for (int64_t s = 0; s < ks; ++s) {
+            __m512 pairs[16];
+            for (int64_t j = 0; j < 16; ++j) {
+                const int64_t i = 16 * g + j;
+                if (i >= m) {
+                    pairs[j] = _mm512_setzero_ps();
+                    continue;
+                }
+                const float* src = q + i * w + 32 * s;
+                const __m512bh h = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + 16), _mm512_loadu_ps(src));
+                std::memcpy(&pairs[j], &h, sizeof h);
             }
+            transpose16(pairs);
+            uint16_t* tile = qt_.data() + (g * ks + s) * 512;
+            for (int p = 0; p < 16; ++p) _mm512_storeu_ps(tile + 32 * p, pairs[p]);
         }
-    }
+    kb_.resize(kRows * w);
+    pe_.resize(kGroups * 256);
+    po_.resize(kGroups * 256);
+    st_.resize(kRows * 16);
+    ot_.assign(groups_ * 16 * r, 0.f);
+    mx_.assign(groups_ * 16, -std::numeric_limits<float>::infinity());
+    l_.assign(groups_ * 16, 0.f);
+    _tile_loadconfig(&kConfig);
 }
 
+// Where the tiles of each 16-row group of the chunk read their rows: bf16 rows that lie 16 in a
+// row in one cache block are read where they live (no copy: the paged cache's blocks are
+// row-major, so a block of 16 rows is a tile's rows at the row stride); any other group (f32 or
+// f16 rows, rows split across blocks, the chunk's partial last group) is converted into kb_ as
+// bf16 rows, rows past n zero (the zero probabilities of the last group would otherwise meet
+// whatever the cache holds there, and 0 x NaN is NaN).
+int64_t AmxDecodeRows::place_groups(const void* const* rows, Rows kind, int64_t n, const uint16_t* base[kGroups],
+                                    int64_t stride[kGroups]) {
+    const int64_t w = w_, ng = (n + 15) / 16;
+    const int64_t row_bytes = w * (kind == Rows::f32 ? 4 : 2);
+    for (int64_t g = 0; g < ng; ++g) {
+        const int64_t j0 = 16 * g, valid = std::min<int64_t>(16, n - j0);
+        bool direct = kind == Rows::bf16 && valid == 16;
+        for (int64_t j = 1; direct && j < 16; ++j)
+            direct = static_cast<const char*>(rows[j0 + j]) == static_cast<const char*>(rows[j0]) + j * row_bytes;
+        if (direct) {
+            base[g] = static_cast<const uint16_t*>(rows[j0]);
+            stride[g] = row_bytes;
+            continue;
+        }
+        uint16_t* kb = kb_.data() + j0 * w;
+        for (int64_t j = 0; j < valid; ++j)
+            for (int64_t c = 0; c < w; c += 32) _mm512_storeu_si512(kb + j * w + c, load32(rows[j0 + j], kind, c));
+        std::memset(kb + valid * w, 0, (16 - valid) * w * sizeof(uint16_t));
+        base[g] = kb;
+        stride[g] = w * 2;
+    }
+    return ng;
+}
+
+// One chunk: S^T = K . Q^T (cache rows as A tiles, Q^T pairs as B), the online softmax with the
+// 16 query rows in the lanes, then O += P . V with V's rows as B tiles as they lie. A tile product
+// reduces over pairs of adjacent values of B's columns, so P enters twice, once with each
+// probability in the low bf16 of its pair and once in the high one (the other half zero): the
+// first product sums P . V's even columns, the second the odd ones (O's 32-column groups keep
+// 16 even then 16 odd columns; end() puts them back in order). That is twice the tile products
+// of a pair-interleaved copy of V, but no copy: the products were never the bound, the copy's
+// stores were.
 void AmxDecodeRows::chunk(const void* const* rows, Rows kind, int64_t n, float scale, const void* const* next,
                           int64_t next_n) {
     const int64_t w = w_, r = r_, ks = w / 32;
-    const uint16_t* kb = kb_.data();
-    const uint16_t* vp = vp_.data();
-    uint16_t* pr = pr_.data();
+    const uint16_t* base[kGroups];
+    int64_t stride[kGroups];
+    const int64_t ng = place_groups(rows, kind, n, base, stride);
     float* st = st_.data();
-    load_chunk(rows, kind, n, next, next_n);
-    const int kb_stride = static_cast<int>(w * 2), o_stride = static_cast<int>(r * 4);
+    // The next chunk's rows are fetched into L2 across the score products (the rows sit in blocks
+    // anywhere in the cache, which the hardware prefetcher cannot follow across).
+    const int64_t row_lines = (w * (kind == Rows::f32 ? 4 : 2) + 63) / 64, lines = next_n * row_lines;
+    const int64_t per_step = (lines + ks - 1) / ks;
+    int64_t issued = 0;
+    const auto prefetch = [&](int64_t k) {
+        for (const int64_t e = std::min(lines, issued + k); issued < e; ++issued)
+            _mm_prefetch(static_cast<const char*>(next[issued / row_lines]) + 64 * (issued % row_lines), _MM_HINT_T1);
+    };
+    const int s0 = static_cast<int>(stride[0]), s1 = ng > 1 ? static_cast<int>(stride[1]) : 0;
+    const int s2 = ng > 2 ? static_cast<int>(stride[2]) : 0, s3 = ng > 3 ? static_cast<int>(stride[3]) : 0;
+    const int o_stride = static_cast<int>(r * 4);
     const __m512 vscale = _mm512_set1_ps(scale);
     for (int64_t g = 0; g < groups_; ++g) {
-        // S^T [64 positions x 16 query rows] in tiles 0-3.
+        // S^T [16 ng positions x 16 query rows] in tiles 0..ng-1.
         _tile_zero(0);
         _tile_zero(1);
         _tile_zero(2);
         _tile_zero(3);
         for (int64_t s = 0; s < ks; ++s) {
             _tile_loadd(5, qt_.data() + (g * ks + s) * 512, 64);
-            _tile_loadd(4, kb + 0 * 16 * w + 32 * s, kb_stride);
-            _tile_loadd(6, kb + 1 * 16 * w + 32 * s, kb_stride);
+            _tile_loadd(4, base[0] + 32 * s, s0);
             _tile_dpbf16ps(0, 4, 5);
-            _tile_loadd(7, kb + 2 * 16 * w + 32 * s, kb_stride);
-            _tile_dpbf16ps(1, 6, 5);
-            _tile_loadd(4, kb + 3 * 16 * w + 32 * s, kb_stride);
-            _tile_dpbf16ps(2, 7, 5);
-            _tile_dpbf16ps(3, 4, 5);
+            if (ng > 1) {
+                _tile_loadd(6, base[1] + 32 * s, s1);
+                _tile_dpbf16ps(1, 6, 5);
+            }
+            if (ng > 2) {
+                _tile_loadd(7, base[2] + 32 * s, s2);
+                _tile_dpbf16ps(2, 7, 5);
+            }
+            if (ng > 3) {
+                _tile_loadd(4, base[3] + 32 * s, s3);
+                _tile_dpbf16ps(3, 4, 5);
+            }
+            if (g == 0) prefetch(per_step);
         }
         _tile_stored(0, st + 0 * 256, 64);
-        _tile_stored(1, st + 1 * 256, 64);
-        _tile_stored(2, st + 2 * 256, 64);
-        _tile_stored(3, st + 3 * 256, 64);
+        if (ng > 1) _tile_stored(1, st + 1 * 256, 64);
+        if (ng > 2) _tile_stored(2, st + 2 * 256, 64);
+        if (ng > 3) _tile_stored(3, st + 3 * 256, 64);
         // Online softmax with the 16 query rows in the lanes.
         float* mxg = mx_.data() + 16 * g;
         float* lg = l_.data() + 16 * g;
@@ -199,7 +217,7 @@ void AmxDecodeRows::chunk(const void* const* rows, Rows kind, int64_t n, float s
             _mm512_storeu_ps(st + 16 * j, e);
             sum = _mm512_add_ps(sum, e);
         }
-        for (int64_t j = n; j < kRows; ++j) _mm512_storeu_ps(st + 16 * j, _mm512_setzero_ps());
+        for (int64_t j = n; j < 16 * ng; ++j) _mm512_storeu_ps(st + 16 * j, _mm512_setzero_ps());
         _mm512_storeu_ps(lg, _mm512_fmadd_ps(_mm512_loadu_ps(lg), alpha, sum));
         _mm512_storeu_ps(mxg, mnew);
         float* og = ot_.data() + g * 16 * r;
@@ -213,40 +231,65 @@ void AmxDecodeRows::chunk(const void* const* rows, Rows kind, int64_t n, float s
                     _mm512_storeu_ps(og + i * r + c, _mm512_mul_ps(_mm512_loadu_ps(og + i * r + c), ai));
             }
         }
-        // P row-major in bf16: 16 query rows x 64 positions.
-        for (int64_t b = 0; b < kRows / 16; ++b) {
+        // P's A tiles, 16 query rows x 16 positions each: dword p of row i is probability
+        // (i, 16b + p) in bf16, in its low half (pe_) or its high half (po_).
+        uint32_t* pe = pe_.data();
+        uint32_t* po = po_.data();
+        for (int64_t b = 0; b < ng; ++b) {
             __m512 blk[16];
             for (int j = 0; j < 16; ++j) blk[j] = _mm512_loadu_ps(st + 16 * (16 * b + j));
             transpose16(blk);
-            for (int i = 0; i < 16; ++i)
-                _mm256_storeu_si256(reinterpret_cast<__m256i*>(pr + i * kRows + 16 * b), to_bf16(blk[i]));
+            for (int i = 0; i < 16; ++i) {
+                const __m512i lo = _mm512_cvtepu16_epi32(to_bf16(blk[i]));
+                _mm512_storeu_si512(pe + (b * 16 + i) * 16, lo);
+                _mm512_storeu_si512(po + (b * 16 + i) * 16, _mm512_slli_epi32(lo, 16));
+            }
         }
-        // O += P . V, 16 query rows x 32 columns a step (tiles 0-1), positions 0-31 and 32-63.
-        _tile_loadd(6, pr, kRows * 2);
-        _tile_loadd(7, pr + 32, kRows * 2);
-        for (int64_t c = 0; c < r; c += 32) {
+        // O += P . V, 64 columns a step: tiles 0-1 even / odd columns of the first 32, 2-3 of the
+        // next 32.
+        for (int64_t c = 0; c < r; c += 64) {
             _tile_loadd(0, og + c, o_stride);
             _tile_loadd(1, og + c + 16, o_stride);
-            _tile_loadd(4, vp + (0 * r + c) * 2, o_stride);
-            _tile_loadd(5, vp + (16 * r + c) * 2, o_stride);
-            _tile_dpbf16ps(0, 6, 4);
-            _tile_loadd(2, vp + (0 * r + c + 16) * 2, o_stride);
-            _tile_dpbf16ps(0, 7, 5);
-            _tile_loadd(3, vp + (16 * r + c + 16) * 2, o_stride);
-            _tile_dpbf16ps(1, 6, 2);
-            _tile_dpbf16ps(1, 7, 3);
+            _tile_loadd(2, og + c + 32, o_stride);
+            _tile_loadd(3, og + c + 48, o_stride);
+            for (int64_t b = 0; b < ng; ++b) {
+                const int sb = static_cast<int>(stride[b]);
+                _tile_loadd(6, pe + b * 256, 64);
+                _tile_loadd(4, base[b] + c, sb);
+                _tile_dpbf16ps(0, 6, 4);
+                _tile_loadd(7, po + b * 256, 64);
+                _tile_dpbf16ps(1, 7, 4);
+                _tile_loadd(5, base[b] + c + 32, sb);
+                _tile_dpbf16ps(2, 6, 5);
+                _tile_dpbf16ps(3, 7, 5);
+            }
             _tile_stored(0, og + c, o_stride);
             _tile_stored(1, og + c + 16, o_stride);
+            _tile_stored(2, og + c + 32, o_stride);
+            _tile_stored(3, og + c + 48, o_stride);
         }
     }
+    prefetch(lines);  // all of it, whatever the steps did not cover
 }
 
 void AmxDecodeRows::end(float* mx, float* l, float* o, int64_t ldo) {
     _tile_release();
+    // Columns back in order: each 32-column group holds its 16 even then its 16 odd columns.
+    alignas(64) int32_t lo_idx[16], hi_idx[16];
+    for (int j = 0; j < 8; ++j) {
+        lo_idx[2 * j] = j, lo_idx[2 * j + 1] = 16 + j;
+        hi_idx[2 * j] = 8 + j, hi_idx[2 * j + 1] = 24 + j;
+    }
+    const __m512i ilo = _mm512_load_si512(lo_idx), ihi = _mm512_load_si512(hi_idx);
     for (int64_t i = 0; i < m_; ++i) {
         mx[i] = mx_[i];
         l[i] = l_[i];
-        std::memcpy(o + i * ldo, ot_.data() + i * r_, r_ * sizeof(float));
+        const float* src = ot_.data() + i * r_;
+        for (int64_t c = 0; c < r_; c += 32) {
+            const __m512 even = _mm512_loadu_ps(src + c), odd = _mm512_loadu_ps(src + c + 16);
+            _mm512_storeu_ps(o + i * ldo + c, _mm512_permutex2var_ps(even, ilo, odd));
+            _mm512_storeu_ps(o + i * ldo + c + 16, _mm512_permutex2var_ps(even, ihi, odd));
+        }
     }
 }
 

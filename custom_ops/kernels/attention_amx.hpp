@@ -6,10 +6,15 @@
 //
 // Why the layouts: a tile product C[16 x 16] += A[16 x 32 bf16] . B[16 pairs x 16 x 2 bf16]
 // reduces over pairs of adjacent values of B's columns. The scores are computed transposed,
-// S^T = K . Q^T: the cache rows (converted to bf16 once per chunk, shared by every head) are the
-// A tiles as they lie, and Q^T's pair layout is built once per task; the softmax then runs with
-// the 16 query rows in the 16 lanes of a vector. P . V takes P row-major (a 16 x 16 transpose per
-// 16 positions) and V with pairs of rows interleaved (one unpack per 16 columns).
+// S^T = K . Q^T: the cache rows are the A tiles as they lie (a bf16 cache's block of 16 rows is
+// read in place; other formats and split groups are converted to bf16 once per chunk, shared by
+// every head), Q^T's pair layout is built once per task, and the softmax runs with the 16 query
+// rows in the 16 lanes of a vector. P . V also takes V's rows as they lie, as B tiles: P enters
+// with each probability in the low, then in the high half of its pair (the other half zero), so
+// the two products give V's even and odd columns. On this hardware the tile loads and stores,
+// not the products, are what a chunk costs (a load ~40 cycles from L1, a product ~14): a copy of
+// V with its rows' values interleaved (the usual B layout) cost more in stores than the doubled
+// products do.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +26,8 @@ namespace mla {
 // visible to every query row (single-token decode). One per task, reused across calls.
 class AmxDecodeRows {
 public:
+    static constexpr int64_t kRows = 64;   // cache rows per chunk
+    static constexpr int64_t kGroups = 4;  // of 16 rows: one A tile each
     // q [m, w] f32 rows; w % 32 == 0, r % 64 == 0, r < w.
     void begin(const float* q, int64_t m, int64_t w, int64_t r);
     // What chunk() reads: rows of f32, f16 or bf16 values (other cache formats are widened to f32
@@ -35,8 +42,10 @@ public:
 
 private:
     int64_t m_ = 0, w_ = 0, r_ = 0, groups_ = 0;
-    void load_chunk(const void* const* rows, Rows kind, int64_t n, const void* const* next, int64_t next_n);
-    std::vector<uint16_t> qt_, kb_, vp_, pr_;
+    int64_t place_groups(const void* const* rows, Rows kind, int64_t n, const uint16_t* base[kGroups],
+                         int64_t stride[kGroups]);
+    std::vector<uint16_t> qt_, kb_;
+    std::vector<uint32_t> pe_, po_;
     std::vector<float> st_, ot_, mx_, l_;
 };
 

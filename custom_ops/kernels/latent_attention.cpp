@@ -213,7 +213,7 @@ void absorbed_task_amx(const IsaKernels& K, const AbsorbedSeq& s, const Partial&
 // "bf16", on a CPU with AMX; shapes the tiles cover).
 bool amx_decode(bool bf16_products, int64_t w, int64_t r) {
 #if defined(MLA_HAVE_AMX)
-    return bf16_products && w % 32 == 0 && r % 32 == 0 && amx_bf16_usable();  // r < w: plan_attention
+    return bf16_products && w % 32 == 0 && r % 64 == 0 && amx_bf16_usable();  // r < w: plan_attention
 #else
     (void)bf16_products, (void)w, (void)r;
     return false;

@@ -136,9 +136,11 @@ def test_bf16_compute_decode_rows(rng, runtime, h, cache_dtype):
 def test_bf16_compute_decode_rows_block_sizes(rng, block_size):
     """The AMX path reads a bf16 cache's 16-row groups where they lie when the 16 rows are one
     block's (block sizes 16, 32, 48) and copies them otherwise (8: every group spans two blocks;
-    a partial last group always): f32 reference at the bf16 tolerance, NaN in unowned rows."""
+    a partial last group always): f32 reference at the bf16 tolerance, NaN in unowned rows. 20
+    sequences: the decode run's up-projections (amx_up_project) take two token tiles, 16 and 4."""
     dims = DEEPSEEK
-    seq_lens, qlens = [1, 15, 16, 17, 64, 100, 700], [1] * 7
+    seq_lens = [1, 15, 16, 17, 64, 100, 700] + [int(n) for n in rng.integers(1, 300, 13)]
+    qlens = [1] * len(seq_lens)
     p = make_problem(rng, seq_lens, qlens, dims["r"] + dims["dr"], block_size, "bf16", r=dims["r"])
     args = attention_args(rng, p, dims, "f32", "bf16")
     got = kernels.paged_attention(*args, form="absorbed", num_threads=2, compute="bf16")

@@ -5,6 +5,7 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -291,6 +292,83 @@ void AmxDecodeRows::end(float* mx, float* l, float* o, int64_t ldo) {
             _mm512_storeu_ps(o + i * ldo + c + 16, _mm512_permutex2var_ps(even, ihi, odd));
         }
     }
+}
+
+bool amx_up_project_fits(int64_t n, int64_t k) { return n > 0 && k > 0 && n % 64 == 0 && k % 16 == 0; }
+
+namespace {
+// Per-thread buffers of amx_up_project: A's tiles (low / high halves) for every 16 inputs of k,
+// and the four output tiles of a 64-column step.
+struct UpProjectScratch {
+    std::vector<uint32_t> lo, hi;
+    alignas(64) float out[4][256];
+};
+thread_local UpProjectScratch tls_up;
+}  // namespace
+
+void amx_up_project(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const uint16_t* w, int64_t ldw,
+                    float* c, int64_t ldc) {
+    UpProjectScratch& sc = tls_up;
+    const int64_t kt = k / 16;
+    sc.lo.resize(kt * 256);
+    sc.hi.resize(kt * 256);
+    alignas(64) int32_t lo_idx[16], hi_idx[16];  // even / odd columns back in order
+    for (int j = 0; j < 8; ++j) {
+        lo_idx[2 * j] = j, lo_idx[2 * j + 1] = 16 + j;
+        hi_idx[2 * j] = 8 + j, hi_idx[2 * j + 1] = 24 + j;
+    }
+    const __m512i ilo = _mm512_load_si512(lo_idx), ihi = _mm512_load_si512(hi_idx);
+    const int w_stride = static_cast<int>(ldw * 2);
+    for (int64_t i0 = 0; i0 < m; i0 += 16) {
+        const int rows = static_cast<int>(std::min<int64_t>(16, m - i0));
+        TileConfig cfg;  // tiles 0-3 C, 6-7 A: `rows` rows; 4-5 B: 16 rows of k
+        for (int t = 0; t < 8; ++t) cfg.rows[t] = (t == 4 || t == 5) ? 16 : static_cast<uint8_t>(rows);
+        _tile_loadconfig(&cfg);
+        for (int64_t t = 0; t < kt; ++t)
+            for (int i = 0; i < rows; ++i) {
+                const __m512i v = _mm512_cvtepu16_epi32(to_bf16(_mm512_loadu_ps(a + (i0 + i) * lda + 16 * t)));
+                _mm512_storeu_si512(sc.lo.data() + t * 256 + 16 * i, v);
+                _mm512_storeu_si512(sc.hi.data() + t * 256 + 16 * i, _mm512_slli_epi32(v, 16));
+            }
+        for (int64_t j = 0; j < n; j += 64) {
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+            // The next 64 columns' lines of the same rows, fetched meanwhile (W's rows are strided:
+            // the hardware prefetcher does not run ahead across them). Once, on the first 16 tokens.
+            const bool prefetch = i0 == 0 && j + 64 < n;
+            for (int64_t t = 0; t < kt; ++t) {
+                const uint16_t* b = w + 16 * t * ldw + j;
+                if (prefetch)
+                    for (int r = 0; r < 16; ++r) {
+                        _mm_prefetch(reinterpret_cast<const char*>(b + r * ldw + 64), _MM_HINT_T0);
+                        _mm_prefetch(reinterpret_cast<const char*>(b + r * ldw + 96), _MM_HINT_T0);
+                    }
+                _tile_loadd(6, sc.lo.data() + t * 256, 64);
+                _tile_loadd(4, b, w_stride);
+                _tile_dpbf16ps(0, 6, 4);
+                _tile_loadd(7, sc.hi.data() + t * 256, 64);
+                _tile_dpbf16ps(1, 7, 4);
+                _tile_loadd(5, b + 32, w_stride);
+                _tile_dpbf16ps(2, 6, 5);
+                _tile_dpbf16ps(3, 7, 5);
+            }
+            _tile_stored(0, sc.out[0], 64);
+            _tile_stored(1, sc.out[1], 64);
+            _tile_stored(2, sc.out[2], 64);
+            _tile_stored(3, sc.out[3], 64);
+            for (int i = 0; i < rows; ++i) {
+                float* row = c + (i0 + i) * ldc + j;
+                for (int h = 0; h < 2; ++h) {
+                    const __m512 even = _mm512_load_ps(sc.out[2 * h] + 16 * i), odd = _mm512_load_ps(sc.out[2 * h + 1] + 16 * i);
+                    _mm512_storeu_ps(row + 32 * h, _mm512_permutex2var_ps(even, ilo, odd));
+                    _mm512_storeu_ps(row + 32 * h + 16, _mm512_permutex2var_ps(even, ihi, odd));
+                }
+            }
+        }
+    }
+    _tile_release();
 }
 
 }  // namespace mla

@@ -49,4 +49,14 @@ private:
     std::vector<float> st_, ot_, mx_, l_;
 };
 
+// C[m, n] = A[m, k] . W[k, n] on AMX bf16 tiles, W bf16 row-major (ldw), A f32 rows (rounded to
+// bf16), C f32 rows: the absorbed form's up-projections (q_nope . W_UK, o_lat . W_UV) of a decode
+// run. W's rows are the B tiles as they lie (16 rows of k a tile at the row stride: no copy of the
+// weights), so, as in P . V above, A enters as the low and the high halves of its pairs and the two
+// products give C's even and odd columns. Needs n % 64 == 0 and k % 16 == 0 (amx_up_project_fits).
+// Loads its own tile configuration (rows of A and C: up to 16 tokens) and releases the tiles.
+bool amx_up_project_fits(int64_t n, int64_t k);
+void amx_up_project(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const uint16_t* w, int64_t ldw,
+                    float* c, int64_t ldc);
+
 }  // namespace mla

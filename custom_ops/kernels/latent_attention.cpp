@@ -220,6 +220,26 @@ bool amx_decode(bool bf16_products, int64_t w, int64_t r) {
 #endif
 }
 
+// The AMX up-projection of a decode run (C[m, n] = A[m, k] . W[k, n], W bf16): its shape
+// condition, and the call (never reached without MLA_HAVE_AMX: amx_decode is false there).
+bool amx_up_fits(int64_t n, int64_t k) {
+#if defined(MLA_HAVE_AMX)
+    return amx_up_project_fits(n, k);
+#else
+    (void)n, (void)k;
+    return false;
+#endif
+}
+
+void up_project_amx(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const uint16_t* w, float* c,
+                    int64_t ldc) {
+#if defined(MLA_HAVE_AMX)
+    amx_up_project(m, n, k, a, lda, w, n, c, ldc);
+#else
+    (void)m, (void)n, (void)k, (void)a, (void)lda, (void)w, (void)c, (void)ldc;
+#endif
+}
+
 // How many context splits for each sequence (the plan step, FlashInfer-style): with one
 // thread none; else the work (rows x chunks) is cut into parts of about 1/(4 * threads) of the
 // total, so batch 1 uses every core and uneven lengths balance under dynamic scheduling, while
@@ -240,7 +260,10 @@ void plan_splits(const std::vector<AbsorbedSeq>& seqs, int num_threads, std::vec
 }
 
 // The buffers of the absorbed and expanded forms that outlive a call (Workspace::Attention).
-struct AbsorbedRef { int64_t b, start, qlen, offset; };  // offset: first row in the packed buffers
+struct AbsorbedRef {
+    int64_t b, start, qlen, offset;  // offset: first row in the packed buffers
+    bool amx_up = false;             // a run of single-token sequences whose up-projections take AMX tiles
+};
 struct AbsorbedBuffers {
     std::vector<int64_t> splits, order, first;
     std::vector<Partial> parts;
@@ -576,20 +599,31 @@ void run_attention(const AttentionPlan& plan, const TensorView& out, const Threa
         // up-projections take a run's tokens as the rows of one product, so its weights are read
         // once per run instead of once per sequence. A run's rows follow each other in q_lat / lat
         // as its sequences' do (row = offset + t * heads + h).
+        // Under the AMX decode path, runs of single-token sequences take their up-projections on
+        // AMX tiles too (amx_up_project: bf16 weights as stored, inputs
+        // rounded to bf16), so they are not merged with multi-token runs, which keep f32 products.
+        const bool amx = amx_decode(plan.bf16_products, w, r);
+        const bool amx_up = amx && w_bf16 && amx_up_fits(r, dn) && amx_up_fits(dv, r);
         std::vector<AbsorbedRef>& runs = ws.runs;
         runs.clear();
         for (const AbsorbedRef& a : absorbed) {
-            if (!runs.empty() && runs.back().start + runs.back().qlen == a.start)
+            const bool decode = amx_up && a.qlen == 1;
+            if (!runs.empty() && runs.back().start + runs.back().qlen == a.start && runs.back().amx_up == decode)
                 runs.back().qlen += a.qlen;
             else
-                runs.push_back(a);
+                runs.push_back(AbsorbedRef{a.b, a.start, a.qlen, a.offset, decode});
         }
         const int64_t n_runs = static_cast<int64_t>(runs.size());
         th.parallel_for(n_runs * heads, [&](int64_t k) {
             const AbsorbedRef& a = runs[k / heads];
             const int64_t h = k % heads;
             float* dst = q_lat + (a.offset + h) * w;
-            up_project(a.qlen, r, dn, qn + (a.start * heads + h) * dn, heads * dn, wuk, wuk16, h * dn * r, dst, heads * w);
+            if (a.amx_up)
+                up_project_amx(a.qlen, r, dn, qn + (a.start * heads + h) * dn, heads * dn, wuk16 + h * dn * r, dst,
+                               heads * w);
+            else
+                up_project(a.qlen, r, dn, qn + (a.start * heads + h) * dn, heads * dn, wuk, wuk16, h * dn * r, dst,
+                           heads * w);
             for (int64_t t = 0; t < a.qlen; ++t)
                 std::copy_n(qp + ((a.start + t) * heads + h) * dr, dr, dst + t * heads * w + r);
         });
@@ -597,13 +631,17 @@ void run_attention(const AttentionPlan& plan, const TensorView& out, const Threa
         for (const AbsorbedRef& a : absorbed)
             ws.seqs.push_back(AbsorbedSeq{seq_cache(cache, bt, a.b), q_lat + a.offset * w, a.qlen, heads,
                                           index_at(seq_lens, a.b), lat + a.offset * r});
-        run_absorbed(K, ws.seqs, r, scale, th, ws.absorbed, amx_decode(plan.bf16_products, w, r));
+        run_absorbed(K, ws.seqs, r, scale, th, ws.absorbed, amx);
         // o = o_lat @ W_UV per head, a run's tokens at once.
         th.parallel_for(n_runs * heads, [&](int64_t k) {
             const AbsorbedRef& a = runs[k / heads];
             const int64_t h = k % heads;
-            up_project(a.qlen, dv, r, lat + (a.offset + h) * r, heads * r, wuv, wuv16, h * r * dv,
-                       of + (a.start * heads + h) * dv, heads * dv);
+            if (a.amx_up)
+                up_project_amx(a.qlen, dv, r, lat + (a.offset + h) * r, heads * r, wuv16 + h * r * dv,
+                               of + (a.start * heads + h) * dv, heads * dv);
+            else
+                up_project(a.qlen, dv, r, lat + (a.offset + h) * r, heads * r, wuv, wuv16, h * r * dv,
+                           of + (a.start * heads + h) * dv, heads * dv);
         });
     }
     if (!expanded.empty()) {

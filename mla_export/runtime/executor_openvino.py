@@ -29,6 +29,7 @@ from .executor_common import CacheNotInPlaceError, MLAExecutor, check_cache_bind
 from .memory_plan import check_fits
 from .metadata import METADATA_INPUTS, MLAMetadata
 from .model_dir import graph_path
+from .weights_memory import read_ir
 
 __all__ = ["OpenVINOMLAExecutor", "CacheNotInPlaceError"]
 
@@ -44,13 +45,16 @@ class OpenVINOMLAExecutor(MLAExecutor):
         core = ov_core()
         path = graph_path(contract)
         self.graph_file = path.name
-        model = core.read_model(str(path))
+        weights = path.with_suffix(".bin") if path.suffix == ".xml" else path.parent / f"{path.name}.data"
+        check_fits(contract.raw["export"], precision, weights)  # a clear error instead of the OOM killer
+        if path.suffix == ".xml":  # the weights in huge-page memory (weights_memory.py), kept with the model
+            model, self._weights_memory = read_ir(core, path, weights)
+        else:
+            model, self._weights_memory = core.read_model(str(path)), None
         contract.validate_openvino_model(model)
         # The arrays the graph sees: f32 caches as they are, the others as their bytes.
         self._bound = [cache_binding(c) for c in self._kv_caches]
         check_cache_bindings(contract, self._bound)
-        weights = path.with_suffix(".bin") if path.suffix == ".xml" else path.parent / f"{path.name}.data"
-        check_fits(contract.raw["export"], precision, weights)  # a clear error instead of the OOM killer
         match_moe_compute(model, precision)
         config = {"INFERENCE_PRECISION_HINT": precision, "PERFORMANCE_HINT": "LATENCY"}
         if precision == "f32":  # f32 activations throughout: no dynamic int8 quantization of the inputs

@@ -59,9 +59,10 @@ def read_weights(bin_path: Path) -> tuple[mmap.mmap, int]:
 
 def read_ir(core: ov.Core, xml_path: Path, bin_path: Path) -> tuple[ov.Model, mmap.mmap | None]:
     """The IR with its weights in huge-page memory, and that memory (keep it alive with the model);
-    (model, None) under MLA_EXPORT_WEIGHTS_MMAP=1 or when the IR has no weights file."""
-    if use_file_mapping() or not bin_path.is_file():
-        return core.read_model(str(xml_path)), None
+    (model, None) under MLA_EXPORT_WEIGHTS_MMAP=1, when the IR has no weights file, or where
+    anonymous mappings do not exist."""
+    if use_file_mapping() or not bin_path.is_file() or not hasattr(mmap, "MAP_ANONYMOUS"):
+        return core.read_model(str(xml_path)), None  # (no anonymous mmap: not a POSIX system)
     buf, size = read_weights(bin_path)
     weights = ov.Tensor(np.frombuffer(buf, dtype=np.uint8, count=size), shared_memory=True)
     return core.read_model(xml_path.read_text(encoding="utf-8"), weights), buf

@@ -600,8 +600,8 @@ void run_attention(const AttentionPlan& plan, const TensorView& out, const Threa
         // once per run instead of once per sequence. A run's rows follow each other in q_lat / lat
         // as its sequences' do (row = offset + t * heads + h).
         // Under the AMX decode path, runs of single-token sequences take their up-projections on
-        // AMX tiles too (amx_up_project: bf16 weights as stored, inputs
-        // rounded to bf16), so they are not merged with multi-token runs, which keep f32 products.
+        // AMX tiles too (amx_up_project: bf16 weights as stored, inputs rounded to bf16), so they
+        // are not merged with multi-token runs, which keep f32 products.
         const bool amx = amx_decode(plan.bf16_products, w, r);
         const bool amx_up = amx && w_bf16 && amx_up_fits(r, dn) && amx_up_fits(dv, r);
         std::vector<AbsorbedRef>& runs = ws.runs;

@@ -6,9 +6,10 @@ of weights per decode step walks a page table entry every 4 KiB (and, in a VM, t
 behind it). Read into an anonymous mapping with MADV_HUGEPAGE instead, the same bytes sit in
 2 MiB pages where the kernel has them (THP "always" or "madvise", the common defaults):
 measured on the 3-layer V2-Lite-shaped int8 export (batch-8 decode step, 2 threads, Xeon VM,
-docs/BENCHMARKS.md) 62.7 ms mapped, 59.6 ms in anonymous 4 KiB pages, 55.7 ms in huge pages,
-with the same resident memory (the file mapping's pages were resident too; page-cache pages
-the read leaves behind are reclaimable and not the process's).
+alternated, docs/BENCHMARKS.md) 64.6-69.0 ms mapped against 57.6-62.2 ms from this buffer (in
+4 KiB anonymous pages it was ~2.5 ms slower than in huge ones), with the same resident memory
+(the file mapping's pages were resident too; page-cache pages the read leaves behind are
+reclaimable and not the process's).
 
 The buffer is read once at start-up (sequential reads, as fast as the file system), must outlive
 the compiled model (the constants point into it: OpenVINO shares a weights tensor's memory), and

@@ -57,6 +57,33 @@ inline void transpose16(__m512 r[16]) {
     }
 }
 
+// v's 16 values in bf16, as the low half (lo) and as the high half (hi) of 16 dwords, the other
+// half zero: A-tile rows whose products with a B tile take only the even (lo) or only the odd (hi)
+// value of each of B's pairs (how P . V and amx_up_project read B's rows as they lie).
+inline void store_pair_halves(__m512 v, uint32_t* lo, uint32_t* hi) {
+    const __m512i low = _mm512_cvtepu16_epi32(to_bf16(v));
+    _mm512_storeu_si512(lo, low);
+    _mm512_storeu_si512(hi, _mm512_slli_epi32(low, 16));
+}
+
+// Those products' outputs back in order: 16 even and 16 odd columns -> 32 columns.
+struct EvenOddOrder {
+    __m512i first, second;  // permutex2var indices of columns 0-15 and 16-31
+    EvenOddOrder() {
+        alignas(64) int32_t a[16], b[16];
+        for (int j = 0; j < 8; ++j) {
+            a[2 * j] = j, a[2 * j + 1] = 16 + j;
+            b[2 * j] = 8 + j, b[2 * j + 1] = 24 + j;
+        }
+        first = _mm512_load_si512(a), second = _mm512_load_si512(b);
+    }
+    void store(const float* even, const float* odd, float* dst) const {
+        const __m512 e = _mm512_loadu_ps(even), o = _mm512_loadu_ps(odd);
+        _mm512_storeu_ps(dst, _mm512_permutex2var_ps(e, first, o));
+        _mm512_storeu_ps(dst + 16, _mm512_permutex2var_ps(e, second, o));
+    }
+};
+
 // 32 values of a row from column c, as bf16 in one zmm.
 inline __m512i load32(const void* row, AmxDecodeRows::Rows kind, int64_t c) {
     __m512 lo, hi;
@@ -163,7 +190,7 @@ void AmxDecodeRows::chunk(const void* const* rows, Rows kind, int64_t n, float s
     // The next chunk's rows are fetched into L2 across the score products (the rows sit in blocks
     // anywhere in the cache, which the hardware prefetcher cannot follow across).
     const int64_t row_lines = (w * (kind == Rows::f32 ? 4 : 2) + 63) / 64, lines = next_n * row_lines;
-    const int64_t per_step = (lines + ks - 1) / ks;
+    const int64_t per_step = (lines + ks - 1) / ks;  // ks steps x per_step >= lines: all of them
     int64_t issued = 0;
     const auto prefetch = [&](int64_t k) {
         for (const int64_t e = std::min(lines, issued + k); issued < e; ++issued)
@@ -240,11 +267,7 @@ void AmxDecodeRows::chunk(const void* const* rows, Rows kind, int64_t n, float s
             __m512 blk[16];
             for (int j = 0; j < 16; ++j) blk[j] = _mm512_loadu_ps(st + 16 * (16 * b + j));
             transpose16(blk);
-            for (int i = 0; i < 16; ++i) {
-                const __m512i lo = _mm512_cvtepu16_epi32(to_bf16(blk[i]));
-                _mm512_storeu_si512(pe + (b * 16 + i) * 16, lo);
-                _mm512_storeu_si512(po + (b * 16 + i) * 16, _mm512_slli_epi32(lo, 16));
-            }
+            for (int i = 0; i < 16; ++i) store_pair_halves(blk[i], pe + (b * 16 + i) * 16, po + (b * 16 + i) * 16);
         }
         // O += P . V, 64 columns a step: tiles 0-1 even / odd columns of the first 32, 2-3 of the
         // next 32.
@@ -270,27 +293,17 @@ void AmxDecodeRows::chunk(const void* const* rows, Rows kind, int64_t n, float s
             _tile_stored(3, og + c + 48, o_stride);
         }
     }
-    prefetch(lines);  // all of it, whatever the steps did not cover
 }
 
 void AmxDecodeRows::end(float* mx, float* l, float* o, int64_t ldo) {
     _tile_release();
     // Columns back in order: each 32-column group holds its 16 even then its 16 odd columns.
-    alignas(64) int32_t lo_idx[16], hi_idx[16];
-    for (int j = 0; j < 8; ++j) {
-        lo_idx[2 * j] = j, lo_idx[2 * j + 1] = 16 + j;
-        hi_idx[2 * j] = 8 + j, hi_idx[2 * j + 1] = 24 + j;
-    }
-    const __m512i ilo = _mm512_load_si512(lo_idx), ihi = _mm512_load_si512(hi_idx);
+    const EvenOddOrder order;
     for (int64_t i = 0; i < m_; ++i) {
         mx[i] = mx_[i];
         l[i] = l_[i];
         const float* src = ot_.data() + i * r_;
-        for (int64_t c = 0; c < r_; c += 32) {
-            const __m512 even = _mm512_loadu_ps(src + c), odd = _mm512_loadu_ps(src + c + 16);
-            _mm512_storeu_ps(o + i * ldo + c, _mm512_permutex2var_ps(even, ilo, odd));
-            _mm512_storeu_ps(o + i * ldo + c + 16, _mm512_permutex2var_ps(even, ihi, odd));
-        }
+        for (int64_t c = 0; c < r_; c += 32) order.store(src + c, src + c + 16, o + i * ldo + c);
     }
 }
 
@@ -312,12 +325,7 @@ void amx_up_project(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda
     const int64_t kt = k / 16;
     sc.lo.resize(kt * 256);
     sc.hi.resize(kt * 256);
-    alignas(64) int32_t lo_idx[16], hi_idx[16];  // even / odd columns back in order
-    for (int j = 0; j < 8; ++j) {
-        lo_idx[2 * j] = j, lo_idx[2 * j + 1] = 16 + j;
-        hi_idx[2 * j] = 8 + j, hi_idx[2 * j + 1] = 24 + j;
-    }
-    const __m512i ilo = _mm512_load_si512(lo_idx), ihi = _mm512_load_si512(hi_idx);
+    const EvenOddOrder order;
     const int w_stride = static_cast<int>(ldw * 2);
     for (int64_t i0 = 0; i0 < m; i0 += 16) {
         const int rows = static_cast<int>(std::min<int64_t>(16, m - i0));
@@ -325,11 +333,9 @@ void amx_up_project(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda
         for (int t = 0; t < 8; ++t) cfg.rows[t] = (t == 4 || t == 5) ? 16 : static_cast<uint8_t>(rows);
         _tile_loadconfig(&cfg);
         for (int64_t t = 0; t < kt; ++t)
-            for (int i = 0; i < rows; ++i) {
-                const __m512i v = _mm512_cvtepu16_epi32(to_bf16(_mm512_loadu_ps(a + (i0 + i) * lda + 16 * t)));
-                _mm512_storeu_si512(sc.lo.data() + t * 256 + 16 * i, v);
-                _mm512_storeu_si512(sc.hi.data() + t * 256 + 16 * i, _mm512_slli_epi32(v, 16));
-            }
+            for (int i = 0; i < rows; ++i)
+                store_pair_halves(_mm512_loadu_ps(a + (i0 + i) * lda + 16 * t), sc.lo.data() + t * 256 + 16 * i,
+                                  sc.hi.data() + t * 256 + 16 * i);
         for (int64_t j = 0; j < n; j += 64) {
             _tile_zero(0);
             _tile_zero(1);
@@ -358,14 +364,9 @@ void amx_up_project(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda
             _tile_stored(1, sc.out[1], 64);
             _tile_stored(2, sc.out[2], 64);
             _tile_stored(3, sc.out[3], 64);
-            for (int i = 0; i < rows; ++i) {
-                float* row = c + (i0 + i) * ldc + j;
-                for (int h = 0; h < 2; ++h) {
-                    const __m512 even = _mm512_load_ps(sc.out[2 * h] + 16 * i), odd = _mm512_load_ps(sc.out[2 * h + 1] + 16 * i);
-                    _mm512_storeu_ps(row + 32 * h, _mm512_permutex2var_ps(even, ilo, odd));
-                    _mm512_storeu_ps(row + 32 * h + 16, _mm512_permutex2var_ps(even, ihi, odd));
-                }
-            }
+            for (int i = 0; i < rows; ++i)
+                for (int h = 0; h < 2; ++h)
+                    order.store(sc.out[2 * h] + 16 * i, sc.out[2 * h + 1] + 16 * i, c + (i0 + i) * ldc + j + 32 * h);
         }
     }
     _tile_release();

@@ -202,23 +202,33 @@ void moe_experts(const MoeInputs& in, MoeBits bits, const TensorView& out, const
     // Phase 2: y[t, cols] = sum over t's pairs, experts ascending, of w_p * (act_p . down rows).
     const QActs aa(act.get(), P, d.I, d.g2, mode, some_few, isa, th);
     std::fill(y, y + d.T * d.H, 0.f);
-    spread(th, d.H / kPanel, [&](int64_t item) {
-        const int64_t c0 = item * kPanel;
+    const auto down_tile = [&](int64_t item, int64_t e) {  // expert e's share of columns item * 32 ..
+        const int64_t c0 = item * kPanel, p0 = start[e], m = start[e + 1] - p0;
         thread_local std::vector<float> tile;
-        for (int64_t e : active) {
-            const int64_t p0 = start[e], m = start[e + 1] - p0;
-            QBlock blocks[kPanel / 4];
-            for (int64_t j = 0; j < kPanel / 4; ++j) blocks[j] = w2.block(e * d.H + c0 + 4 * j);
-            if (static_cast<int64_t>(tile.size()) < m * kPanel) tile.resize(m * kPanel);
-            float* c = tile.data();
-            qtile(isa, bi2, aa, pair_row.data() + p0, m, blocks, d.I, d.g2, c, many_rows(mode));
-            for (int64_t t = 0; t < m; ++t) {
-                float* dst = y + pair_tok[p0 + t] * d.H + c0;
-                const float wt = pair_w[p0 + t];
-                for (int64_t j = 0; j < kPanel; ++j) dst[j] += wt * c[t * kPanel + j];
-            }
+        QBlock blocks[kPanel / 4];
+        for (int64_t j = 0; j < kPanel / 4; ++j) blocks[j] = w2.block(e * d.H + c0 + 4 * j);
+        if (static_cast<int64_t>(tile.size()) < m * kPanel) tile.resize(m * kPanel);
+        float* c = tile.data();
+        qtile(isa, bi2, aa, pair_row.data() + p0, m, blocks, d.I, d.g2, c, many_rows(mode));
+        for (int64_t t = 0; t < m; ++t) {
+            float* dst = y + pair_tok[p0 + t] * d.H + c0;
+            const float wt = pair_w[p0 + t];
+            for (int64_t j = 0; j < kPanel; ++j) dst[j] += wt * c[t * kPanel + j];
         }
-    });
+    };
+    if (some_many) {  // uneven items: each takes its columns through every expert
+        dynamic_for(th, d.H / kPanel, [&](int64_t item) {
+            for (int64_t e : active) down_tile(item, e);
+        });
+    } else {
+        // Decode: each core takes one run of columns and walks it expert by expert, so it reads one
+        // contiguous run of each expert's down rows (~1.4 MB at V2-Lite's dims) instead of a 45 KB
+        // piece per expert per item. Each element still sums its experts in ascending order.
+        split_ranges(th, d.H / kPanel, [&](int64_t begin, int64_t end) {
+            for (int64_t e : active)
+                for (int64_t item = begin; item < end; ++item) down_tile(item, e);
+        });
+    }
 }
 
 }  // namespace mla

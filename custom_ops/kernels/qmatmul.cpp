@@ -82,10 +82,14 @@ void quantize_row_q8(int64_t K, int64_t group, const float* x, int8_t* q, float*
     }
 }
 
-void split_for(const Threading& th, int64_t n, const std::function<void(int64_t)>& body) {
+void split_ranges(const Threading& th, int64_t n, const std::function<void(int64_t, int64_t)>& body) {
     const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(n, th.num_threads));
-    dynamic_for(th, parts, [&](int64_t part) {
-        for (int64_t i = n * part / parts; i < n * (part + 1) / parts; ++i) body(i);
+    dynamic_for(th, parts, [&](int64_t part) { body(n * part / parts, n * (part + 1) / parts); });
+}
+
+void split_for(const Threading& th, int64_t n, const std::function<void(int64_t)>& body) {
+    split_ranges(th, n, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) body(i);
     });
 }
 

@@ -97,6 +97,8 @@ private:
 // prefetcher follows (handing out interleaved items made both cores' streams jump: lm_head-sized
 // int8 streams went from ~23 to ~36 GB/s on 2 cores). Uneven work (prefill) keeps dynamic_for.
 void split_for(const Threading& th, int64_t n, const std::function<void(int64_t)>& body);
+// The same split, each worker given its run [begin, end) whole (to walk it in its own order).
+void split_ranges(const Threading& th, int64_t n, const std::function<void(int64_t, int64_t)>& body);
 
 // c[t * 32 + r] = act(rows[t]) . w_r for the m activation rows `rows` (indices into acts) and the
 // 32 weight rows of `blocks`. bits_index: 0 = int8 codes, 1 = int4. Dot products on the codes for

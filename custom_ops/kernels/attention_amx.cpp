@@ -313,7 +313,7 @@ namespace {
 // Per-thread buffers of amx_up_project: A's tiles (low / high halves) for every 16 inputs of k,
 // and the four output tiles of a 64-column step.
 struct UpProjectScratch {
-    std::vector<uint32_t> lo, hi;
+    LineVector<uint32_t> lo, hi;
     alignas(64) float out[4][256];
 };
 thread_local UpProjectScratch tls_up;

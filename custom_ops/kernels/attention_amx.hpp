@@ -20,6 +20,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "aligned_vector.hpp"
+
 namespace mla {
 
 // Online-softmax attention state of m query rows over chunks of at most 64 cache rows, each
@@ -44,9 +46,10 @@ private:
     int64_t m_ = 0, w_ = 0, r_ = 0, groups_ = 0;
     int64_t place_groups(const void* const* rows, Rows kind, int64_t n, const uint16_t* base[kGroups],
                          int64_t stride[kGroups]);
-    std::vector<uint16_t> qt_, kb_;
-    std::vector<uint32_t> pe_, po_;
-    std::vector<float> st_, ot_, mx_, l_;
+    LineVector<uint16_t> qt_, kb_;  // tile operands and results: rows on whole cache lines
+    LineVector<uint32_t> pe_, po_;
+    LineVector<float> st_, ot_;
+    std::vector<float> mx_, l_;
 };
 
 // C[m, n] = A[m, k] . W[k, n] on AMX bf16 tiles, W bf16 row-major (ldw), A f32 rows (rounded to

@@ -12,6 +12,8 @@
 #include <functional>
 #include <vector>
 
+#include "aligned_vector.hpp"
+
 #include "mla_tensor.hpp"
 #include "moe_isa.hpp"
 
@@ -88,7 +90,7 @@ private:
     const float* x_;
     int64_t K_, G_, block_ = 32;
     std::vector<float> sums_;
-    std::vector<int8_t> q_;
+    LineVector<int8_t> q_;  // row i at i * K: line-aligned A tiles when K % 64 == 0
     std::vector<float> d_, gsum_;
 };
 

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <vector>
 
+#include "aligned_vector.hpp"
 #include "amx.hpp"
 
 namespace mla {
@@ -26,8 +27,8 @@ TileConfig token_config(int n0, int n1) {
 constexpr int64_t kStep = 64;  // inputs per tile product
 
 struct Scratch {
-    std::vector<uint8_t> w;      // the tile's weights in B layout: [K / 64][2 row halves][16][64]
-    std::vector<int8_t> a[2];    // gathered activation rows of a token tile: [n <= 16][K]
+    LineVector<uint8_t> w;       // the tile's weights in B layout: [K / 64][2 row halves][16][64]
+    LineVector<int8_t> a[2];     // gathered activation rows of a token tile: [n <= 16][K]
     std::vector<float> sv, szp;  // per group: the 32 rows' scales, and scale x zero point
     std::vector<float> d;        // per token of the pair and activation block: its d
 };
@@ -84,7 +85,7 @@ inline __attribute__((always_inline)) void pack_step(int bits_index, const QBloc
 // The activation rows of one token tile (tokens t0 .. t0 + n, n <= 16) as an A operand of n rows:
 // where they are consecutive rows of acts, as they lie; else copied into buf.
 const int8_t* token_tile(const QActs& acts, const int64_t* rows, int64_t t0, int64_t n, int64_t K,
-                         std::vector<int8_t>& buf) {
+                         LineVector<int8_t>& buf) {
     bool consecutive = true;
     for (int64_t t = 1; consecutive && t < n; ++t) consecutive = rows[t0 + t] == rows[t0] + t;
     if (consecutive) return acts.q8(rows[t0]).q;

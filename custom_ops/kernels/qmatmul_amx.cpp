@@ -25,6 +25,7 @@ TileConfig token_config(int n0, int n1) {
     return cfg;
 }
 constexpr int64_t kStep = 64;  // inputs per tile product
+constexpr int64_t kPackPrefetch = 1024;  // bytes ahead in a 4-row block's codes
 
 struct Scratch {
     LineVector<uint8_t> w;       // the tile's weights in B layout: [K / 64][2 row halves][16][64]
@@ -59,7 +60,12 @@ inline __attribute__((always_inline)) void pack_step(int bits_index, const QBloc
         if (bits_index == 0) {  // int8: chunk c holds inputs 16c..16c+15 of each of a block's 4 rows
             for (int64_t c = 4 * s; c < 4 * s + 4; ++c) {
                 __m512i line[4], out[4];
-                for (int b = 0; b < 4; ++b) line[b] = _mm512_loadu_si512(blk[b].q + c * 64);
+                for (int b = 0; b < 4; ++b) {
+                    // 1 KB ahead in each block's run (4 steps): the reads then keep going while
+                    // this step's re-layout and products run (b8 step 51.8-52.6 -> 47.8-50.4 ms)
+                    _mm_prefetch(reinterpret_cast<const char*>(blk[b].q + c * 64 + kPackPrefetch), _MM_HINT_T0);
+                    line[b] = _mm512_loadu_si512(blk[b].q + c * 64);
+                }
                 transpose_lines(line, out);
                 const int64_t kq = (c - 4 * s) * 4;
                 for (int q = 0; q < 4; ++q) _mm512_storeu_si512(tile + (kq + q) * 64, out[q]);

@@ -303,19 +303,25 @@ void qdot_avx2(int64_t K, int64_t group, const float* const* x, const float* con
 // zero point's term is subtracted (a quarter in each of the row's 4 lanes).
 // Registers: NB x M int32 sums and NB x M f32 totals, so NB x M <= 8.
 // Measured on the 102400 x 2048 int8 lm_head, 2 cores (qmb micro-benchmark, against a plain read
-// of the same bytes): 1-2 tokens stream best with NB = 1 (NB = 2 1.2x slower) and a prefetch 1 KB
-// ahead: on the Xeon with AMX (2 cores, weights in 2 MiB pages, a C++ harness of this kernel,
-// alternated builds) 1 token 9.4 -> 7.8 ms (27 GB/s, a plain read's speed), 2 tokens 11.0 ->
-// 8.4-8.9 ms; 256 B ahead gained less, 2 KB the same. (An earlier machine measured the 1 KB
-// prefetch 1.1-1.4x slower for these; the Xeon is what runs AVX-512 VNNI here.) From 3 tokens the
+// of the same bytes): 1-2 tokens stream best with NB = 1 (NB = 2 1.2x slower). Whether a prefetch
+// 1 KB ahead helps them depends on the core: on the Zen 4 EPYC it held them to 1.1-1.4x a plain
+// read's time (without it they ran at read speed); on the Xeon with AMX (weights in 2 MiB pages,
+// a C++ harness of this kernel, alternated builds) it takes 1 token 9.4 -> 7.8 ms (27 GB/s, a plain
+// read's speed) and 2 tokens 11.0 -> 8.4-8.9 ms (256 B ahead gained less, 2 KB the same). So 1-2
+// tokens prefetch on Intel cores only (prefetch_few_rows). From 3 tokens the
 // dot products cost as much as the reads and the two no longer overlap (8 tokens: 14-16 ms against
 // a 7 ms read): broadcasts shared by two blocks (NB = 2: ~230 multiply-adds/ns a core in cache
 // against ~160) and a prefetch 32 KB ahead (the second 4 tokens run on cached codes, and the next
 // rows must be on their way meanwhile) bring 8 tokens to ~11 ms.
+inline bool prefetch_few_rows() {
+    static const bool intel = __builtin_cpu_is("intel");
+    return intel;
+}
 template <int BITS, int NB, int M>
 void qdot_q8(int64_t K, int64_t group, const QRow* x, const QBlock* blk, float* out, int64_t ldo) {
     static_assert(NB * M <= 8, "accumulators beyond the registers");
     constexpr int64_t kPrefetch8 = M >= 3 ? 32768 : 1024;  // int8 codes, bytes ahead
+    const bool prefetch8 = M >= 3 || prefetch_few_rows();
     const __m512i row_of_lane = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     const __m512i nibble = _mm512_set1_epi8(0x0F);
     const int64_t block = x[0].block;  // every row of a call has the same (q8_block(group))
@@ -342,9 +348,11 @@ void qdot_q8(int64_t K, int64_t group, const QRow* x, const QBlock* blk, float* 
                 __m512i lo[NB], hi[NB];  // each block's 4 rows' codes of inputs k..k+15 and k+16..k+31
                 for (int b = 0; b < NB; ++b) {
                     if (BITS == 8) {
-                        const char* next = reinterpret_cast<const char*>(blk[b].q + (k / 16) * 64 + kPrefetch8);
-                        _mm_prefetch(next, _MM_HINT_T0);
-                        _mm_prefetch(next + 64, _MM_HINT_T0);
+                        if (prefetch8) {
+                            const char* next = reinterpret_cast<const char*>(blk[b].q + (k / 16) * 64 + kPrefetch8);
+                            _mm_prefetch(next, _MM_HINT_T0);
+                            _mm_prefetch(next + 64, _MM_HINT_T0);
+                        }
                         lo[b] = _mm512_loadu_si512(blk[b].q + (k / 16) * 64);
                         hi[b] = _mm512_loadu_si512(blk[b].q + (k / 16) * 64 + 64);
                     } else {

@@ -221,9 +221,10 @@ void moe_experts(const MoeInputs& in, MoeBits bits, const TensorView& out, const
             for (int64_t e : active) down_tile(item, e);
         });
     } else {
-        // Decode: each core takes one run of columns and walks it expert by expert, so it reads one
+        // Each core takes one run of columns and walks it expert by expert, so it reads one
         // contiguous run of each expert's down rows (~1.4 MB at V2-Lite's dims) instead of a 45 KB
-        // piece per expert per item. Each element still sums its experts in ascending order.
+        // piece per expert per item (decode's batch-8 MoE 16.0-16.7 -> 13.4-14.4 ms with the 1-2
+        // token prefetch). Each element still sums its experts in ascending order, whatever the split.
         split_ranges(th, d.H / kPanel, [&](int64_t begin, int64_t end) {
             for (int64_t e : active)
                 for (int64_t item = begin; item < end; ++item) down_tile(item, e);

@@ -563,9 +563,12 @@ void run_attention(const AttentionPlan& plan, const TensorView& out, const Threa
         wuv = as_f32(*plan.w_uv, ws.w_f32[1]);
     };
     // C[m, n] = A[m, k] . W[k, n] for a head's W at element offset `at` of W_UK or W_UV.
-    const auto up_project = [&](int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* wf,
-                                const uint16_t* wb, int64_t at, float* c, int64_t ldc) {
-        if (w_bf16)
+    // amx: a run of single-token sequences under the AMX decode path (AbsorbedRef::amx_up; bf16 weights).
+    const auto up_project = [&](bool amx, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+                                const float* wf, const uint16_t* wb, int64_t at, float* c, int64_t ldc) {
+        if (amx)
+            up_project_amx(m, n, k, a, lda, wb + at, c, ldc);
+        else if (w_bf16)
             K.gemm_bf16b(m, n, k, a, lda, wb + at, n, c, ldc, false);
         else
             K.gemm(m, n, k, a, lda, wf + at, n, c, ldc, false);
@@ -618,12 +621,8 @@ void run_attention(const AttentionPlan& plan, const TensorView& out, const Threa
             const AbsorbedRef& a = runs[k / heads];
             const int64_t h = k % heads;
             float* dst = q_lat + (a.offset + h) * w;
-            if (a.amx_up)
-                up_project_amx(a.qlen, r, dn, qn + (a.start * heads + h) * dn, heads * dn, wuk16 + h * dn * r, dst,
-                               heads * w);
-            else
-                up_project(a.qlen, r, dn, qn + (a.start * heads + h) * dn, heads * dn, wuk, wuk16, h * dn * r, dst,
-                           heads * w);
+            up_project(a.amx_up, a.qlen, r, dn, qn + (a.start * heads + h) * dn, heads * dn, wuk, wuk16, h * dn * r,
+                       dst, heads * w);
             for (int64_t t = 0; t < a.qlen; ++t)
                 std::copy_n(qp + ((a.start + t) * heads + h) * dr, dr, dst + t * heads * w + r);
         });
@@ -636,12 +635,8 @@ void run_attention(const AttentionPlan& plan, const TensorView& out, const Threa
         th.parallel_for(n_runs * heads, [&](int64_t k) {
             const AbsorbedRef& a = runs[k / heads];
             const int64_t h = k % heads;
-            if (a.amx_up)
-                up_project_amx(a.qlen, dv, r, lat + (a.offset + h) * r, heads * r, wuv16 + h * r * dv,
-                               of + (a.start * heads + h) * dv, heads * dv);
-            else
-                up_project(a.qlen, dv, r, lat + (a.offset + h) * r, heads * r, wuv, wuv16, h * r * dv,
-                           of + (a.start * heads + h) * dv, heads * dv);
+            up_project(a.amx_up, a.qlen, dv, r, lat + (a.offset + h) * r, heads * r, wuv, wuv16, h * r * dv,
+                       of + (a.start * heads + h) * dv, heads * dv);
         });
     }
     if (!expanded.empty()) {

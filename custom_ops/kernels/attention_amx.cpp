@@ -191,10 +191,14 @@ void AmxDecodeRows::chunk(const void* const* rows, Rows kind, int64_t n, float s
     // anywhere in the cache, which the hardware prefetcher cannot follow across).
     const int64_t row_lines = (w * (kind == Rows::f32 ? 4 : 2) + 63) / 64, lines = next_n * row_lines;
     const int64_t per_step = (lines + ks - 1) / ks;  // ks steps x per_step >= lines: all of them
-    int64_t issued = 0;
+    // The next line to fetch, as (row, line in the row): counters, not a division per line (an
+    // integer division per prefetched line had taken ~30% of this function's time).
+    int64_t pr = 0, pl = 0;
     const auto prefetch = [&](int64_t k) {
-        for (const int64_t e = std::min(lines, issued + k); issued < e; ++issued)
-            _mm_prefetch(static_cast<const char*>(next[issued / row_lines]) + 64 * (issued % row_lines), _MM_HINT_T1);
+        for (; k > 0 && pr < next_n; --k) {
+            _mm_prefetch(static_cast<const char*>(next[pr]) + 64 * pl, _MM_HINT_T1);
+            if (++pl == row_lines) pl = 0, ++pr;
+        }
     };
     const int s0 = static_cast<int>(stride[0]), s1 = ng > 1 ? static_cast<int>(stride[1]) : 0;
     const int s2 = ng > 2 ? static_cast<int>(stride[2]) : 0, s3 = ng > 3 ? static_cast<int>(stride[3]) : 0;

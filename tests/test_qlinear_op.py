@@ -184,14 +184,15 @@ for i in {cases!r}:
               f"max q8 error {max(errs[i, 'q8'] for i in cases):.1e}")
 
 
-@pytest.mark.parametrize("rows", [70, 8, 13, 20])
-def test_amx_int8_tiles_give_the_vnni_sums(tmp_path, rng, rows):
+@pytest.mark.parametrize("rows, group", [(70, None), (8, None), (13, None), (20, None), (11, 64), (16, 128)])
+def test_amx_int8_tiles_give_the_vnni_sums(tmp_path, rng, rows, group):
     """On CPUs with AMX-INT8 products of 8 rows and more run on tiles (qmatmul_amx.cpp), elsewhere
     on the vector dots: both sum the same int32 products, so the two (MLA_EXPORT_AMX=0 against the
     default, each in a child process) agree with the reference on int8 activations; on an AMX CPU
     they must differ in the last bits (the f32 folds run in another order: the tiles ran). Rows:
-    70 (prefill: two full token tiles, then a 6-row one), 8 and 13 (one short token tile: decode),
-    20 (a full and a 4-row one)."""
+    70 (prefill: two full token tiles, then a 6-row one), 8, 11, 13 and 16 (one token tile:
+    decode), 20 (a full and a 4-row one). int8 weights per channel (group None) and in groups of
+    128 and 64 inputs (activation blocks of 128 and 64: 2 and 1 tile steps a fold)."""
     import os
     import subprocess
     import sys
@@ -200,7 +201,9 @@ def test_amx_int8_tiles_give_the_vnni_sums(tmp_path, rng, rows):
 
     if not int8_activations_here():
         pytest.skip("no int8 activations on this CPU")
-    weights, w = _case(rng, 96, 256, 8, None)
+    wf = (rng.standard_normal((96, 256)) * 0.1).astype(np.float32)
+    qw = quantize(wf, 8, group)
+    weights, w = list(moe_operands(qw)), dequantize(qw)
     x = rng.standard_normal((rows, 256)).astype(np.float32)
     (tmp_path / "m.onnx").write_bytes(_model(256, 96, weights, 8, compute="bf16").SerializeToString())
     np.save(tmp_path / "x.npy", x)
@@ -217,7 +220,7 @@ np.save(sys.argv[1], _run_openvino(onnx.load({str(tmp_path)!r} + "/m.onnx"), {{"
                              text=True, timeout=300, env=env)
         assert res.returncode == 0, res.stderr[-2000:]
         outs[amx] = np.load(tmp_path / f"y{amx}.npy")
-    want = ref.linear(x, w, q8_group=256)
+    want = ref.linear(x, w, q8_group=group or 256)
     scale = np.abs(want).max()
     for amx, got in outs.items():
         assert np.abs(got - want).max() / scale < 1e-4, amx

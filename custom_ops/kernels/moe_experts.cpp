@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -22,6 +23,7 @@
 #include "numeric.hpp"
 #include "qmatmul.hpp"
 #include "validate.hpp"
+#include "vec_exp.hpp"
 
 namespace mla {
 
@@ -92,7 +94,21 @@ Dims check_all(const MoeInputs& in, MoeBits bits) {
     return d;
 }
 
-inline float silu(float v) { return v / (1.f + std::exp(-v)); }
+// dst[j] = silu(gate[j]) * up[j] for 16 columns, in vector lanes: the sigmoid from e = exp(-|g|)
+// (<= 1, vec_exp.hpp's domain, relative error ~2e-7): 1 / (1 + e) for g >= 0, e / (1 + e) below.
+// Scalar std::exp here was ~1.8% of a decode item's time (16 columns of one expert's gate and up
+// rows for 1-2 tokens, 3-layer V2-Lite int8 batch 8).
+typedef float vf16 __attribute__((vector_size(64)));
+typedef int32_t vi16 __attribute__((vector_size(64)));
+inline void silu_mul16(const float* gate, const float* up, float* dst) {
+    vf16 g, u;
+    std::memcpy(&g, gate, sizeof g);
+    std::memcpy(&u, up, sizeof u);
+    const vf16 e = exp_neg_lanes<vf16, vi16>(g > 0.f ? -g : g);
+    const vf16 sig = (g >= 0.f ? vf16{} + 1.f : e) / (1.f + e);
+    const vf16 r = g * sig * u;
+    std::memcpy(dst, &r, sizeof r);
+}
 
 }  // namespace
 
@@ -195,7 +211,7 @@ void moe_experts(const MoeInputs& in, MoeBits bits, const TensorView& out, const
         qtile(isa, bi13, xa, pair_tok.data() + p0, m, blocks, d.H, d.g13, c, many_rows(mode));
         for (int64_t t = 0; t < m; ++t) {
             float* dst = act.get() + (p0 + t) * d.I + i0;
-            for (int64_t j = 0; j < 16; ++j) dst[j] = silu(c[t * kPanel + j]) * c[t * kPanel + 16 + j];
+            silu_mul16(c + t * kPanel, c + t * kPanel + 16, dst);
         }
     });
 

@@ -191,8 +191,8 @@ void AmxDecodeRows::chunk(const void* const* rows, Rows kind, int64_t n, float s
     // anywhere in the cache, which the hardware prefetcher cannot follow across).
     const int64_t row_lines = (w * (kind == Rows::f32 ? 4 : 2) + 63) / 64, lines = next_n * row_lines;
     const int64_t per_step = (lines + ks - 1) / ks;  // ks steps x per_step >= lines: all of them
-    // The next line to fetch, as (row, line in the row): counters, not a division per line (an
-    // integer division per prefetched line had taken ~30% of this function's time).
+    // The next line to fetch, as (row, line in the row): counters, not an integer division per
+    // line (the op at batch 8 x 1040 rows, f16 cache, warm: 0.98-1.07 -> 0.93-0.94 ms).
     int64_t pr = 0, pl = 0;
     const auto prefetch = [&](int64_t k) {
         for (; k > 0 && pr < next_n; --k) {

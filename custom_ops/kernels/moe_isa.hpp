@@ -70,6 +70,11 @@ struct MoeIsa {
     // quantize_row_q8, bit for bit (round to nearest even, as std::nearbyint), in vector code
     // where the table has it: prefill quantises every activation row of every integer matmul.
     void (*quantize_q8)(int64_t K, int64_t group, const float* x, int8_t* q, float* d, float* gsum);
+    // qdot_q8 on int8 codes in 16-row tiles (qmatmul.hpp's tile16 layout): [nb - 1][M - 1] runs nb
+    // tiles of 16 rows (the b-th at q + b * 16 * K) against M = 1..4 activation rows; s and zp
+    // point at the first row's groups. out[t * ldo + r] for r < 16 * nb. Null but on VNNI CPUs.
+    void (*qdot_q8_t16[2][4])(int64_t K, int64_t group, const QRow* x, const uint8_t* q, const float* s,
+                              const uint8_t* zp, int64_t groups, float* out, int64_t ldo);
 };
 
 const MoeIsa& moe_isa();

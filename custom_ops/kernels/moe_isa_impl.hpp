@@ -416,6 +416,67 @@ void quantize_q8(int64_t K, int64_t group, const float* x, int8_t* q, float* d, 
     }
 }
 #define MLA_MOE_Q8_QUANTIZE quantize_q8
+
+// int8 codes in 16-row tiles (qmatmul.hpp's tile16 layout, MlaQLinear's weights on VNNI CPUs
+// without AMX): one 64-byte load holds inputs 4j..4j+3 of 16 rows, row r in int32 lane r, and
+// vpdpbusd against the token's 4 activations broadcast to every lane adds each row's 4 products
+// into its own lane. So one accumulator carries 16 rows (the 4-row layout's carries 4, and each is
+// converted, scaled and folded per activation block), and nothing is added across lanes at the
+// end. NB tiles of 16 rows (at q + b * 16 * K) by M activation rows; s / zp point at the first
+// row's groups (row stride `groups`). Measured on the 102400 x 2048 int8 lm_head (Zen 4, 2 cores,
+// a C++ harness of both kernels on the same codes in 2 MiB pages, alternated, medians of 15):
+// 1-2 rows as the 4-row kernel (memory-bound), 4 rows 8.3 -> 6.2 ms, 8 rows 9.4 -> 7.6 ms.
+template <int NB, int M>
+void qdot_q8_t16(int64_t K, int64_t group, const QRow* x, const uint8_t* q, const float* s, const uint8_t* zp,
+                 int64_t groups, float* out, int64_t ldo) {
+    static_assert(NB * M <= 8, "accumulators beyond the registers");
+    const int64_t block = x[0].block;
+    __m512 tot[NB][M];
+    for (int b = 0; b < NB; ++b)
+        for (int t = 0; t < M; ++t) tot[b][t] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < groups; ++g) {
+        __m512 sv[NB], szv[NB];  // per lane: the row's scale, and scale x zero point
+        for (int b = 0; b < NB; ++b) {
+            alignas(64) float sl[16], zl[16];
+            for (int r = 0; r < 16; ++r) {
+                sl[r] = s[(16 * b + r) * groups + g];
+                zl[r] = static_cast<float>(zp[(16 * b + r) * groups + g]);
+            }
+            sv[b] = _mm512_load_ps(sl);
+            szv[b] = _mm512_mul_ps(sv[b], _mm512_load_ps(zl));
+        }
+        for (int64_t b0 = g * group; b0 < (g + 1) * group; b0 += block) {
+            __m512i acc[NB][M];
+            for (int b = 0; b < NB; ++b)
+                for (int t = 0; t < M; ++t) acc[b][t] = _mm512_setzero_si512();
+            for (int64_t k = b0; k < b0 + block; k += 4) {
+                __m512i w[NB];
+                for (int b = 0; b < NB; ++b) w[b] = _mm512_loadu_si512(q + b * 16 * K + k * 16);
+                for (int t = 0; t < M; ++t) {
+                    int32_t quad;
+                    std::memcpy(&quad, x[t].q + k, 4);
+                    const __m512i xb = _mm512_set1_epi32(quad);
+                    for (int b = 0; b < NB; ++b) acc[b][t] = _mm512_dpbusd_epi32(acc[b][t], w[b], xb);
+                }
+            }
+            for (int t = 0; t < M; ++t) {
+                const __m512 d = _mm512_set1_ps(x[t].d[b0 / block]);
+                for (int b = 0; b < NB; ++b)
+                    tot[b][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[b][t]), _mm512_mul_ps(sv[b], d), tot[b][t]);
+            }
+        }
+        for (int t = 0; t < M; ++t) {
+            const __m512 gs = _mm512_set1_ps(x[t].gsum[g]);
+            for (int b = 0; b < NB; ++b) tot[b][t] = _mm512_fnmadd_ps(szv[b], gs, tot[b][t]);
+        }
+    }
+    for (int t = 0; t < M; ++t)
+        for (int b = 0; b < NB; ++b) _mm512_storeu_ps(out + t * ldo + 16 * b, tot[b][t]);
+}
+#define MLA_MOE_Q8_T16 \
+    {{qdot_q8_t16<1, 1>, qdot_q8_t16<1, 2>, qdot_q8_t16<1, 3>, qdot_q8_t16<1, 4>}, \
+     {qdot_q8_t16<2, 1>, qdot_q8_t16<2, 2>, qdot_q8_t16<2, 3>, qdot_q8_t16<2, 4>}}
+
 #elif defined(__AVX2__)
 // The same products on AVX2 without VNNI, as llama.cpp's AVX2 dots do: vpmaddubsw multiplies u8 by
 // s8 and adds pairs into int16 (saturating), vpmaddwd by ones adds pairs of those into int32. One
@@ -576,6 +637,9 @@ void quantize_q8(int64_t K, int64_t group, const float* x, int8_t* q, float* d, 
 #else
 #define MLA_MOE_Q8 {}
 #endif
+#ifndef MLA_MOE_Q8_T16
+#define MLA_MOE_Q8_T16 {}
+#endif
 
 
 }  // namespace
@@ -588,6 +652,7 @@ const MoeIsa MLA_MOE_TABLE = {
     MLA_MOE_FDOT,
     MLA_MOE_Q8,
     MLA_MOE_Q8_QUANTIZE,
+    MLA_MOE_Q8_T16,
 };
 
 }  // namespace MLA_MOE_NS

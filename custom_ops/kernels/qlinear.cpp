@@ -28,6 +28,8 @@ Dims check_all(const QLinearInputs& in, int64_t bits) {
     d.K = in.x.dim(in.x.rank() - 1);
     d.M = in.x.numel() / (d.K > 0 ? d.K : 1);
     check_rank(kOp, in.w_q, 2);
+    if (in.tile16 && bits != 8)
+        throw Error(std::string(kOp) + ": attribute 'layout' tile16 holds int8 codes only, got bits " + std::to_string(bits));
     d.N = in.w_q.dim(0);
     if (d.N % kTileRows != 0)
         fail(kOp, in.w_q, "needs an output size divisible by 32, got " + std::to_string(d.N));
@@ -36,6 +38,12 @@ Dims check_all(const QLinearInputs& in, int64_t bits) {
 }
 
 }  // namespace
+
+bool qlinear_tile16_from_name(const std::string& layout) {
+    if (layout == "rows4") return false;
+    if (layout == "tile16") return true;
+    throw Error(std::string(kOp) + ": attribute 'layout' must be rows4 or tile16, got '" + layout + "'");
+}
 
 std::vector<std::pair<size_t, const char*>> int4_zero_point_inputs(int64_t bits) {
     if (bits != 4) return {};
@@ -69,6 +77,7 @@ void qlinear(const QLinearInputs& in, int64_t bits, const TensorView& out, const
     for (int64_t i = 0; i < d.M; ++i) rows[i] = i;
     const QWeights w{in.w_q.ptr<uint8_t>(), in.w_s.ptr<float>(), in.w_zp.ptr<uint8_t>(), in.w_q.dim(1), d.K / d.group};
     const int bi = bits == 4 ? 1 : 0;
+    const bool t16 = in.tile16 && tile16_dots(isa, mode) && acts.has_q8();
     float* y = out.ptr<float>();
     // Decode's few rows (a step's sequences): one pass over the codes, each core streaming one run
     // of them (split_for). More rows (prefill): work items are (block of rows, tile), handed out
@@ -81,14 +90,28 @@ void qlinear(const QLinearInputs& in, int64_t bits, const TensorView& out, const
     const auto tile_at = [&](int64_t item) {
         const int64_t n0 = (item % n_tiles) * kTileRows, r0 = (item / n_tiles) * row_block;
         const int64_t m = std::min(row_block, d.M - r0);
-        QBlock blocks[kTileRows / 4];
-        for (int64_t j = 0; j < kTileRows / 4; ++j) blocks[j] = w.block(n0 + 4 * j);
         thread_local std::vector<float> tile;
         if (static_cast<int64_t>(tile.size()) < m * kTileRows) tile.resize(m * kTileRows);
         float* c = tile.data();
-        // every row block of a call takes the call's form (acts holds its rows for that form only;
-        // the last block may be shorter than many_from)
-        qtile(isa, bi, acts, rows.data() + r0, m, blocks, d.K, d.group, c, many ? 0 : many_from);
+        if (t16) {
+            qtile16(isa, acts, rows.data() + r0, m, w.q + n0 * w.row_bytes, w.s + n0 * w.groups, w.zp + n0 * w.groups,
+                    w.groups, d.K, d.group, c);
+        } else {
+            QWeights tw = w;
+            int64_t first = n0;
+            if (in.tile16) {  // a kernel of the 4-row layout: this tile's codes rewritten into it first
+                thread_local LineVector<uint8_t> rows4;
+                rows4.resize(kTileRows * d.K);
+                tile16_to_rows4(w.q + n0 * w.row_bytes, kTileRows, d.K, rows4.data());
+                tw = QWeights{rows4.data(), w.s + n0 * w.groups, w.zp + n0 * w.groups, w.row_bytes, w.groups};
+                first = 0;
+            }
+            QBlock blocks[kTileRows / 4];
+            for (int64_t j = 0; j < kTileRows / 4; ++j) blocks[j] = tw.block(first + 4 * j);
+            // every row block of a call takes the call's form (acts holds its rows for that form only;
+            // the last block may be shorter than many_from)
+            qtile(isa, bi, acts, rows.data() + r0, m, blocks, d.K, d.group, c, many ? 0 : many_from);
+        }
         for (int64_t t = 0; t < m; ++t)
             for (int64_t j = 0; j < kTileRows; ++j) y[(r0 + t) * d.N + n0 + j] = c[t * kTileRows + j];
     };

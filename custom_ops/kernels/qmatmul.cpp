@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 
 #include "validate.hpp"
@@ -192,6 +193,34 @@ void qtile(const MoeIsa& isa, int bi, const QActs& acts, const int64_t* rows, in
             for (int64_t r0 = 0; r0 < kTileRows; r0 += 4)
                 isa.fdot[mt - 1](k0, kb, s.a.data() + t0, w + r0 * kb, c + t0 * kTileRows + r0, kTileRows);
         }
+    }
+}
+
+void qtile16(const MoeIsa& isa, const QActs& acts, const int64_t* rows, int64_t m, const uint8_t* q, const float* s,
+             const uint8_t* zp, int64_t groups, int64_t K, int64_t group, float* c) {
+    Scratch& sc = tls;
+    sc.q8.resize(m);
+    for (int64_t t = 0; t < m; ++t) sc.q8[t] = acts.q8(rows[t]);
+    if (m <= 2) {  // memory-bound: one 16-row tile a call, as the 4-row kernel's single block
+        for (int64_t b = 0; b < kTileRows / kTile16Rows; ++b)
+            isa.qdot_q8_t16[0][m - 1](K, group, sc.q8.data(), q + b * kTile16Rows * K, s + b * kTile16Rows * groups,
+                                      zp + b * kTile16Rows * groups, groups, c + b * kTile16Rows, kTileRows);
+        return;
+    }
+    // both 16-row tiles a call (the activations' broadcasts shared), 4 activation rows a call: the
+    // second call finds the 32 rows' codes in cache
+    for (int64_t t0 = 0; t0 < m; t0 += 4) {
+        const int64_t mt = std::min<int64_t>(4, m - t0);
+        isa.qdot_q8_t16[1][mt - 1](K, group, sc.q8.data() + t0, q, s, zp, groups, c + t0 * kTileRows, kTileRows);
+    }
+}
+
+void tile16_to_rows4(const uint8_t* src, int64_t rows, int64_t K, uint8_t* dst) {
+    for (int64_t r = 0; r < rows; ++r) {
+        const uint8_t* tile = src + (r / kTile16Rows) * kTile16Rows * K + 4 * (r % kTile16Rows);
+        uint8_t* block = dst + (r / 4) * 4 * K + 16 * (r % 4);  // chunk c of the row at block + 64c
+        for (int64_t k = 0; k < K; k += 4)
+            std::memcpy(block + (k / 16) * 64 + k % 16, tile + 16 * k, 4);
     }
 }
 

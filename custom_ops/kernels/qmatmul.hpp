@@ -109,4 +109,20 @@ void split_ranges(const Threading& th, int64_t n, const std::function<void(int64
 void qtile(const MoeIsa& isa, int bits_index, const QActs& acts, const int64_t* rows, int64_t m,
            const QBlock* blocks, int64_t K, int64_t group, float* c, int64_t many_from);
 
+// The tile16 layout of int8 codes (MlaQLinear's `layout = "tile16"`; the runtime writes it on VNNI
+// CPUs without AMX, mla_export/runtime/qlinear_tiles.py): rows in tiles of 16, and within a tile
+// the 4 codes of inputs 4j..4j+3 of its 16 rows in one 64-byte line, row r at bytes 4r..4r+3:
+// row 16i + r, input 4j + e at byte 16i * K + 64j + 4r + e. A 32-row tile of qtile() spans the
+// same bytes in either layout (32 * K from its first row), only their order differs.
+constexpr int64_t kTile16Rows = 16;
+// Whether tile16 codes run their own int8 dots here (the table has them and the mode is q8).
+inline bool tile16_dots(const MoeIsa& isa, const QMode& mode) { return mode.q8_dots && isa.qdot_q8_t16[0][0] != nullptr; }
+// c[t * 32 + r] as qtile's, for the 32 rows of tile16 codes at q (s, zp: their first row's groups)
+// on int8 activation rows (tile16_dots, acts.has_q8()).
+void qtile16(const MoeIsa& isa, const QActs& acts, const int64_t* rows, int64_t m, const uint8_t* q, const float* s,
+             const uint8_t* zp, int64_t groups, int64_t K, int64_t group, float* c);
+// rows (a multiple of 16) of tile16 codes at src rewritten in the 4-row layout at dst (rows * K
+// bytes): where tile16 codes meet a kernel of the 4-row layout (f32, AVX2, the portable table).
+void tile16_to_rows4(const uint8_t* src, int64_t rows, int64_t K, uint8_t* dst);
+
 }  // namespace mla

@@ -491,6 +491,8 @@ struct QLinearKernel {
         : bits_(int_attr(api, info, "bits", 0)),
           compute_(mla::moe_compute_from_name("MlaQLinear", string_attr(api, info, "MlaQLinear", "compute"))),
           num_threads_(num_threads) {
+        const std::string layout = string_attr(api, info, "MlaQLinear", "layout");
+        tile16_ = mla::qlinear_tile16_from_name(layout.empty() ? "rows4" : layout);
         if (bits_ != 4 && bits_ != 8)
             throw mla::Error("MlaQLinear: attribute 'bits' must be 4 or 8, got " + std::to_string(bits_));
         zero_points_.scan(api, info, "MlaQLinear", mla::int4_zero_point_inputs(bits_));
@@ -499,7 +501,7 @@ struct QLinearKernel {
         return guarded("MlaQLinear", [&] {
             Ort::KernelContext ctx(context);
             const mla::QLinearInputs in{input_view(ctx, 0, "x"), input_view(ctx, 1, "w_q"), input_view(ctx, 2, "w_s"),
-                                        input_view(ctx, 3, "w_zp"), zero_points_.covers(ctx)};
+                                        input_view(ctx, 3, "w_zp"), zero_points_.covers(ctx), tile16_};
             const std::vector<int64_t> shape = mla::qlinear_shape(in, bits_);
             auto out = ctx.GetOutput(0, shape.data(), shape.size());
             mla::qlinear(in, bits_, output_view(out, "output"), ort_threading(context, num_threads_), compute_);
@@ -508,6 +510,7 @@ struct QLinearKernel {
     int64_t bits_;
     mla::MoeCompute compute_;
     int num_threads_;
+    bool tile16_ = false;
     ConstantZeroPoints zero_points_;
 };
 

@@ -55,7 +55,9 @@ ov::OutputVector convert_moe_experts(const ov::frontend::NodeContext& ctx) {
 ov::OutputVector convert_qlinear(const ov::frontend::NodeContext& ctx) {
     const int64_t bits = ctx.get_attribute<int64_t>("bits");
     const std::string compute = ctx.get_attribute<std::string>("compute", "f32");
-    return std::make_shared<mla_ov::MlaQLinear>(inputs_of(ctx), bits, compute)->outputs();
+    const std::string layout = ctx.get_attribute<std::string>("layout", "rows4");
+    return std::make_shared<mla_ov::MlaQLinear>(inputs_of(ctx), bits, compute, mla_ov::ZeroPointScan::Bytes{}, layout)
+        ->outputs();
 }
 
 }  // namespace

@@ -388,8 +388,9 @@ bool MlaMoeExperts::evaluate(ov::TensorVector& outputs, const ov::TensorVector& 
 
 // ---------------------------------------------------------------- MlaQLinear
 
-MlaQLinear::MlaQLinear(const ov::OutputVector& args, int64_t bits, std::string compute, ZeroPointScan::Bytes inherited)
-    : Op(args), m_bits(bits), m_compute(std::move(compute)) {
+MlaQLinear::MlaQLinear(const ov::OutputVector& args, int64_t bits, std::string compute, ZeroPointScan::Bytes inherited,
+                       std::string layout)
+    : Op(args), m_bits(bits), m_compute(std::move(compute)), m_layout(std::move(layout)) {
     m_zp.inherited = std::move(inherited);
     constructor_validate_and_infer_types();
 }
@@ -399,6 +400,9 @@ void MlaQLinear::validate_and_infer_types() {
     NODE_VALIDATION_CHECK(this, m_bits == 4 || m_bits == 8, "MlaQLinear attribute 'bits' must be 4 or 8, got ", m_bits);
     NODE_VALIDATION_CHECK(this, m_compute == "f32" || m_compute == "bf16",
                           "MlaQLinear attribute 'compute' must be f32 or bf16, got '", m_compute, "'");
+    NODE_VALIDATION_CHECK(this, m_layout == "rows4" || (m_layout == "tile16" && m_bits == 8),
+                          "MlaQLinear attribute 'layout' must be rows4, or tile16 with bits 8; got '", m_layout,
+                          "' with bits ", m_bits);
     try {
         m_zp.update(*this, mla::int4_zero_point_inputs(m_bits));
     } catch (const mla::Error& e) {
@@ -415,19 +419,21 @@ void MlaQLinear::validate_and_infer_types() {
 }
 
 std::shared_ptr<ov::Node> MlaQLinear::clone_with_new_inputs(const ov::OutputVector& args) const {
-    return std::make_shared<MlaQLinear>(args, m_bits, m_compute, m_zp.for_clone(*this, mla::int4_zero_point_inputs(m_bits)));
+    return std::make_shared<MlaQLinear>(args, m_bits, m_compute, m_zp.for_clone(*this, mla::int4_zero_point_inputs(m_bits)),
+                                        m_layout);
 }
 
 bool MlaQLinear::visit_attributes(ov::AttributeVisitor& visitor) {
     visitor.on_attribute("bits", m_bits);
     visitor.on_attribute("compute", m_compute);
+    visitor.on_attribute("layout", m_layout);
     return true;
 }
 
 bool MlaQLinear::evaluate(ov::TensorVector& outputs, const ov::TensorVector& inputs) const {
     return recorded([&] {
         const mla::QLinearInputs in{view(inputs[0], "x"), view(inputs[1], "w_q"), view(inputs[2], "w_s"),
-                                    view(inputs[3], "w_zp"), m_zp.checked};
+                                    view(inputs[3], "w_zp"), m_zp.checked, mla::qlinear_tile16_from_name(m_layout)};
         const std::vector<int64_t> shape = mla::qlinear_shape(in, m_bits);
         outputs[0].set_shape(ov::Shape(shape.begin(), shape.end()));
         mla::qlinear(in, m_bits, view(outputs[0], "output"), ov_threading(), mla::moe_compute_from_name("MlaQLinear", m_compute));

@@ -132,14 +132,16 @@ class MlaQLinear : public ov::op::Op {
 public:
     OPENVINO_OP("MlaQLinear", "mla_export");
     MlaQLinear() = default;
-    // compute: as MlaMoeExperts'.
+    // compute: as MlaMoeExperts'. layout: the codes' order, "rows4" (as exported) or "tile16" (int8
+    // codes the runtime rewrote for VNNI CPUs; qmatmul.hpp).
     MlaQLinear(const ov::OutputVector& args, int64_t bits, std::string compute = "f32",
-               ZeroPointScan::Bytes inherited = {});
+               ZeroPointScan::Bytes inherited = {}, std::string layout = "rows4");
     MLA_OV_OP_OVERRIDES
 
 private:
     int64_t m_bits = 8;
     std::string m_compute = "f32";
+    std::string m_layout = "rows4";
     ZeroPointScan m_zp;
 };
 

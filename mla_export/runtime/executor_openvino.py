@@ -29,6 +29,7 @@ from .executor_common import CacheNotInPlaceError, MLAExecutor, check_cache_bind
 from .memory_plan import check_fits
 from .metadata import METADATA_INPUTS, MLAMetadata
 from .model_dir import graph_path
+from .qlinear_tiles import pack_qlinear_tiles
 from .weights_memory import read_ir
 
 __all__ = ["OpenVINOMLAExecutor", "CacheNotInPlaceError"]
@@ -56,6 +57,7 @@ class OpenVINOMLAExecutor(MLAExecutor):
         self._bound = [cache_binding(c) for c in self._kv_caches]
         check_cache_bindings(contract, self._bound)
         match_moe_compute(model, precision)
+        pack_qlinear_tiles(model, self._weights_memory, precision)  # VNNI CPUs: int8 projections in 16-row tiles
         config = {"INFERENCE_PRECISION_HINT": precision, "PERFORMANCE_HINT": "LATENCY"}
         if precision == "f32":  # f32 activations throughout: no dynamic int8 quantization of the inputs
             config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = 0  # of int8/int4-weight matmuls (on by default with VNNI)

@@ -1,0 +1,118 @@
+"""MlaQLinear's int8 codes rewritten in 16-row tiles before the model compiles, on VNNI CPUs.
+
+The export stores integer codes in blocks of 4 rows (custom_ops/kernels/moe_isa.hpp), which every
+kernel reads: one 64-byte load holds 16 inputs of 4 rows, so a dot product's sums sit 4 lanes per
+row and each accumulator is converted, scaled and folded per activation block for only 4 rows.
+With several activation rows (batched decode, prefill) those folds cost as much as the products on
+AVX-512 VNNI CPUs. In the tile16 layout (qmatmul.hpp) one load holds 4 inputs of 16 rows, a row per
+int32 lane: measured on the 102400 x 2048 int8 lm_head (Zen 4, 2 cores, docs/KERNELS.md) 4 rows
+8.3 -> 6.2 ms, 8 rows 9.4 -> 7.6 ms, 1-2 rows the same.
+
+So under a bf16 hint on a CPU with AVX512_VNNI and without AMX-INT8 (AMX CPUs run 8 and more rows
+on their tiles from the 4-row layout), the runtime rewrites each int8 MlaQLinear's codes in place
+in the weights buffer it read the IR into (weights_memory.py: private anonymous memory, written
+before compile and never after) and sets the op's `layout` attribute to "tile16". Nothing is
+copied: resident memory stays the same. The op computes the same products in either layout
+(any layout on any CPU: a kernel of the 4-row layout rewrites a tile16 tile back first), so the
+choice is speed only. `MLA_EXPORT_QLINEAR_TILES=0` keeps the exported layout, `=1` forces the
+rewrite (tests; slower where the CPU has no VNNI kernel for it).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from pathlib import Path
+
+import numpy as np
+import openvino as ov
+
+__all__ = ["rows4_to_tile16", "tile16_to_rows4", "want_tile16", "pack_qlinear_tiles"]
+
+TILE_ROWS = 16
+_CHUNK_ROWS = 4096  # rows rewritten at a time: a bounded temporary (8 MiB at K = 2048)
+
+
+def _check(codes: np.ndarray) -> tuple[int, int]:
+    if codes.dtype != np.uint8 or codes.ndim != 2:
+        raise ValueError(f"int8 codes must be a u8 [N, K] array, got {codes.dtype} {codes.shape}")
+    n, k = codes.shape
+    if n % TILE_ROWS or k % 16:
+        raise ValueError(f"int8 codes [N, K] need N % 16 == 0 and K % 16 == 0 for 16-row tiles, got {codes.shape}")
+    return n, k
+
+
+def rows4_to_tile16(codes: np.ndarray) -> np.ndarray:
+    """int8 codes [N, K] in the 4-row layout (row 4b + r, input 16c + j at byte
+    b * 4K + (4c + r) * 16 + j) -> the same bytes in the tile16 layout (row 16i + r, input 4q + e
+    at byte 16i * K + 64q + 4r + e)."""
+    n, k = _check(codes)
+    # a row's 4 codes of one input quad stay together in both layouts: moved as one uint32
+    a = np.ascontiguousarray(codes).view(np.uint32).reshape(n // 16, 4, k // 16, 4, 4)  # [tile, block, chunk, row, quad]
+    return np.ascontiguousarray(a.transpose(0, 2, 4, 1, 3)).view(np.uint8).reshape(n, k)
+
+
+def tile16_to_rows4(codes: np.ndarray) -> np.ndarray:
+    """The inverse of rows4_to_tile16."""
+    n, k = _check(codes)
+    a = np.ascontiguousarray(codes).view(np.uint32).reshape(n // 16, k // 16, 4, 4, 4)  # [tile, chunk, quad, block, row]
+    return np.ascontiguousarray(a.transpose(0, 3, 1, 4, 2)).view(np.uint8).reshape(n, k)
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def want_tile16(precision: str) -> bool:
+    """Whether this process rewrites int8 MlaQLinear codes in 16-row tiles (see the module doc)."""
+    forced = os.environ.get("MLA_EXPORT_QLINEAR_TILES", "")
+    if forced in ("0", "1"):
+        return forced == "1"
+    if precision != "bf16" or os.environ.get("MLA_EXPORT_ISA", "") in ("avx2", "generic"):
+        return False
+    flags = _cpu_flags()
+    return "avx512_vnni" in flags and "amx_int8" not in flags
+
+
+def pack_qlinear_tiles(model: ov.Model, weights: mmap.mmap | None, precision: str) -> int:
+    """Rewrites, in `weights` (the buffer the model's Constants point into, read_ir's), the codes of
+    every int8 MlaQLinear in the 4-row layout into 16-row tiles and marks the op; returns how many
+    ops were marked. Nothing happens without that buffer (OpenVINO's read-only file mapping) or when
+    want_tile16() says no. Codes shared by several ops are rewritten once."""
+    if weights is None or not want_tile16(precision):
+        return 0
+    buf = np.frombuffer(weights, dtype=np.uint8)
+    base, size = buf.ctypes.data, buf.size
+    done: set[int] = set()
+    marked = 0
+    for op in model.get_ops():
+        if op.get_type_name() != "MlaQLinear":
+            continue
+        attrs = op.get_attributes()
+        if attrs.get("bits") != 8 or attrs.get("layout", "rows4") != "rows4":
+            continue
+        const = op.input_value(1).get_node()
+        if const.get_type_name() != "Constant":
+            continue
+        codes = const.data
+        n, k = codes.shape if codes.ndim == 2 else (0, 0)
+        offset = codes.ctypes.data - base
+        if codes.dtype != np.uint8 or codes.ndim != 2 or n % TILE_ROWS or k % 16:
+            continue
+        if offset < 0 or offset + codes.nbytes > size:  # not in our buffer: leave it as exported
+            continue
+        if offset not in done:
+            target = buf[offset:offset + codes.nbytes].reshape(n, k)
+            for r0 in range(0, n, _CHUNK_ROWS):
+                r1 = min(n, r0 + _CHUNK_ROWS)
+                target[r0:r1] = rows4_to_tile16(np.array(target[r0:r1]))
+            done.add(offset)
+        op.set_attribute("layout", "tile16")
+        marked += 1
+    return marked

@@ -1,0 +1,228 @@
+"""MlaQLinear's int8 codes in 16-row tiles (layout = "tile16"; qmatmul.hpp, runtime/qlinear_tiles.py).
+
+The layout functions against an explicit index formula; the op on tile16 codes against the
+float64 reference in both runtimes (f32 compute: exact, through the 4-row kernels; compute="bf16":
+the reference on int8 activations, through the tile16 VNNI dots where the CPU has them, through the
+4-row ones of every other table); the attribute's errors; and the runtime's in-place rewrite of an
+int8 export: exact against transformers at f32 (the rewrite forced, MLA_EXPORT_QLINEAR_TILES=1),
+and at bf16 the same logits as the exported layout up to the f32 folds' order.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from mla_export import reference as ref
+from mla_export.export.quantize import dequantize, moe_operands, quantize
+from mla_export.runtime.qlinear_tiles import rows4_to_tile16, tile16_to_rows4
+from test_moe_experts_op import RUNTIMES, TOL, int8_activations_here
+
+NAMES = ["w_q", "w_s", "w_zp"]
+
+
+def _model(k, n, weights, compute="f32", layout="tile16", bits=8):
+    inits = [numpy_helper.from_array(np.ascontiguousarray(a), name) for a, name in zip(weights, NAMES)]
+    node = helper.make_node("MlaQLinear", ["x"] + NAMES, ["y"], domain="mla_export", bits=bits, compute=compute,
+                            layout=layout)
+    graph = helper.make_graph([node], "qlinear", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, n])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("mla_export", 1)])
+
+
+def _case(rng, n, k, group=None):
+    """int8 codes of a random [n, k] weight (per channel, or in groups), in the tile16 layout."""
+    w = (rng.standard_normal((n, k)) * 0.1).astype(np.float32)
+    qw = quantize(w, 8, group)
+    codes, s, zp = moe_operands(qw)
+    return [rows4_to_tile16(codes), s, zp], dequantize(qw)
+
+
+def test_layout_index_formula(rng):
+    """Row 4b + r, input 16c + j of the 4-row layout at byte b * 4K + (4c + r) * 16 + j; row 16i + r,
+    input 4q + e of tile16 at byte 16i * K + 64q + 4r + e; the two functions invert each other."""
+    n, k = 48, 96
+    w = rng.integers(0, 256, (n, k), dtype=np.uint8)
+    rows4 = np.zeros(n * k, np.uint8)
+    tile16 = np.zeros(n * k, np.uint8)
+    for row in range(n):
+        for col in range(k):
+            rows4[(row // 4) * 4 * k + (4 * (col // 16) + row % 4) * 16 + col % 16] = w[row, col]
+            tile16[(row // 16) * 16 * k + 64 * (col // 4) + 4 * (row % 16) + col % 4] = w[row, col]
+    rows4, tile16 = rows4.reshape(n, k), tile16.reshape(n, k)
+    assert np.array_equal(rows4_to_tile16(rows4), tile16)
+    assert np.array_equal(tile16_to_rows4(tile16), rows4)
+    with pytest.raises(ValueError, match="N % 16"):
+        rows4_to_tile16(np.zeros((40, 64), np.uint8))
+
+
+SHAPES = [  # N, K, int8 group (None: per channel), rows of x
+    (32, 64, None, 1), (64, 256, None, 2), (96, 128, None, 3), (64, 2048, None, 4), (128, 256, 64, 5),
+    (32, 256, 128, 8), (64, 96, 32, 11), (96, 64, None, 300)]
+
+
+@pytest.mark.parametrize("runtime", list(RUNTIMES))
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "N{}-K{}-g{}-M{}".format(*s))
+def test_tile16_matches_reference(rng, runtime, shape):
+    n, k, group, m = shape
+    weights, w = _case(rng, n, k, group)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    want = ref.linear(x, w)
+    scale = np.abs(want).max()
+    got = RUNTIMES[runtime](_model(k, n, weights, "f32"), {"x": x})
+    assert np.abs(got - want).max() / scale < TOL
+    got = RUNTIMES[runtime](_model(k, n, weights, "bf16"), {"x": x})
+    if int8_activations_here():  # every row exactly the reference on int8 activations
+        row_err = np.abs(got - ref.linear(x, w, q8_group=group or k)).max(axis=1) / scale
+        assert row_err.max() < 1e-4, (row_err.argmax(), row_err.max())
+    else:
+        assert np.abs(got - want).max() / scale < TOL
+
+
+def test_every_table_reads_tile16(tmp_path, rng):
+    """Each vector table this CPU runs (MLA_EXPORT_ISA, in a child process): the AVX-512 one's tile16
+    dots on VNNI CPUs, and the 4-row kernels of the others (a tile rewritten back first) give the
+    reference's result, on int8 activations where the table has them and f32 elsewhere."""
+    from test_moe_experts_op import _cpu_has
+    from test_ops_isa import HAS
+
+    cases = [(64, 256, None, 1), (64, 256, 64, 7), (32, 128, None, 40)]
+    for i, (n, k, group, m) in enumerate(cases):
+        weights, w = _case(rng, n, k, group)
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        (tmp_path / f"m{i}.onnx").write_bytes(_model(k, n, weights, "bf16").SerializeToString())
+        np.save(tmp_path / f"x{i}.npy", x)
+        np.save(tmp_path / f"q8_{i}.npy", ref.linear(x, w, q8_group=group or k))
+        np.save(tmp_path / f"f32_{i}.npy", ref.linear(x, w))
+    script = f"""
+import numpy as np, onnx, sys
+sys.path.insert(0, {os.path.dirname(__file__)!r})
+from test_moe_experts_op import _run_openvino
+for i in range({len(cases)}):
+    got = _run_openvino(onnx.load({str(tmp_path)!r} + f"/m{{i}}.onnx"), {{"x": np.load({str(tmp_path)!r} + f"/x{{i}}.npy")}})
+    for kind in ("q8", "f32"):
+        want = np.load({str(tmp_path)!r} + f"/{{kind}}_{{i}}.npy")
+        print("ERR", i, kind, np.abs(got - want).max() / np.abs(want).max())
+"""
+    for isa in [name for name, runs in HAS.items() if runs]:
+        res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                             env=dict(os.environ, MLA_EXPORT_ISA=isa))
+        assert res.returncode == 0, res.stderr[-2000:]
+        errs = {(int(i), kind): float(e) for _, i, kind, e in (line.split() for line in res.stdout.splitlines()
+                                                                  if line.startswith("ERR"))}
+        assert len(errs) == 2 * len(cases), res.stdout
+        int8_acts = isa == "avx2" or (isa == "avx512" and _cpu_has("avx512_vnni"))
+        for i in range(len(cases)):
+            assert errs[i, "q8" if int8_acts else "f32"] < (1e-4 if int8_acts else TOL), (isa, i, errs)
+        print(f"[qlinear tile16, compute=bf16] {isa}: int8 activations {int8_acts}, errors {errs}")
+
+
+@pytest.mark.parametrize("runtime", list(RUNTIMES))
+def test_bad_layout_names_the_attribute(rng, runtime):
+    weights, _ = _case(rng, 32, 64)
+    x = np.zeros((1, 64), np.float32)
+    with pytest.raises(Exception, match="layout"):
+        RUNTIMES[runtime](_model(64, 32, weights, layout="cols8"), {"x": x})
+    w4 = list(moe_operands(quantize(np.ones((32, 64), np.float32), 4, 32)))
+    with pytest.raises(Exception, match="layout"):  # tile16 holds int8 codes only
+        RUNTIMES[runtime](_model(64, 32, w4, layout="tile16", bits=4), {"x": x})
+
+
+# --------------------------------------------------------------- the runtime's rewrite of an export
+
+@pytest.fixture(scope="module")
+def int8_export(tmp_path_factory):
+    from hf_models import load_hf
+    from mla_export.export import export_model
+    from mla_export.presets import make_checkpoint
+    from test_export_quantized import BLOCK, CONFIGS
+
+    model_type, overrides = CONFIGS["v2-lite"]
+    root = tmp_path_factory.mktemp("tiles")
+    ckpt = make_checkpoint(root / "ckpt", model_type, seed=21, **overrides)
+    out = root / "int8"
+    export_model(ckpt, out, fmt="openvino", block_size=BLOCK, kv_dtype="f32", weight_format="int8")
+    return ckpt, out, load_hf(ckpt)
+
+
+def _runner(out, cfg, precision, tiles, monkeypatch):
+    """The export compiled as the runtime's executor does (weights read into its buffer, the ops'
+    compute set, the codes rewritten or not); returns run(feeds) -> logits and how many ops were
+    marked tile16."""
+    from mla_export import ov_core
+    from mla_export.cache_binding import cache_binding
+    from mla_export.runtime.executor_openvino import match_moe_compute
+    from mla_export.runtime.qlinear_tiles import pack_qlinear_tiles
+    from mla_export.runtime.weights_memory import read_ir
+    from test_export_quantized import BLOCK, NUM_BLOCKS
+
+    monkeypatch.setenv("MLA_EXPORT_QLINEAR_TILES", "1" if tiles else "0")
+    core = ov_core()
+    model, buf = read_ir(core, out / "openvino_model.xml", out / "openvino_model.bin")
+    assert buf is not None
+    match_moe_compute(model, precision)
+    marked = pack_qlinear_tiles(model, buf, precision)
+    config = {"INFERENCE_PRECISION_HINT": precision}
+    if precision == "f32":
+        config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = 0
+    compiled = core.compile_model(model, "CPU", config)
+    width = cfg.kv_lora_rank + cfg.qk_rope_head_dim
+    caches = [np.full((NUM_BLOCKS, BLOCK, width), np.nan, np.float32) for _ in range(cfg.num_hidden_layers)]
+    request = compiled.create_infer_request()
+
+    def run(feeds):
+        feeds = dict(feeds, **{f"kv_cache.{i}": cache_binding(c) for i, c in enumerate(caches)})
+        result = request.infer(feeds, share_inputs=True)
+        return result[compiled.output("logits")].copy()
+
+    run.keep = (buf, model)  # the constants point into buf
+    return run, marked, model
+
+
+def test_rewritten_export_is_exact_at_f32(int8_export, rng, monkeypatch):
+    """Forced on any CPU at f32: every int8 MlaQLinear is marked and its codes rewritten in place,
+    and the logits stay within 1e-4 of transformers on the weights the codes decode to (as the
+    exported layout's, test_export_quantized.py)."""
+    from hf_models import PagedSession, drive_and_compare, load_hf
+    from test_export_quantized import (BLOCK, NUM_BLOCKS, PROMPT_LENS, SCHEDULE, _quantize_like_the_export)
+    from test_export_quantized import TOL as EXPORT_TOL
+
+    ckpt, out, _ = int8_export
+    hf = load_hf(ckpt)
+    _quantize_like_the_export(hf, "int8")
+    run, marked, model = _runner(out, hf.config, "f32", True, monkeypatch)
+    int8_ops = [op for op in model.get_ops() if op.get_type_name() == "MlaQLinear" and op.get_attributes()["bits"] == 8]
+    assert marked == len(int8_ops) > 0
+    assert all(op.get_attributes()["layout"] == "tile16" for op in int8_ops)
+    prompts = {s: np.random.default_rng(5).integers(2, hf.config.vocab_size, n) for s, n in PROMPT_LENS.items()}
+    stats = drive_and_compare(run, hf, PagedSession(BLOCK, NUM_BLOCKS, rng), prompts, SCHEDULE, EXPORT_TOL)
+    assert stats["agree"] == stats["total"]
+
+
+def test_rewritten_export_at_bf16_matches_the_exported_layout(int8_export, monkeypatch):
+    """bf16 (int8 activations): the rewritten export's logits against the exported layout's on the
+    same steps: the same int32 sums, only the f32 folds in another order."""
+    from hf_models import PagedSession, drive_and_compare
+    from test_export_quantized import BLOCK, NUM_BLOCKS, PROMPT_LENS, SCHEDULE
+
+    _, out, hf = int8_export
+    run_t16, marked, _ = _runner(out, hf.config, "bf16", True, monkeypatch)
+    run_r4, none, _ = _runner(out, hf.config, "bf16", False, monkeypatch)
+    assert marked > 0 and none == 0
+    worst = []
+
+    def both(feeds):
+        a, b = run_t16(feeds), run_r4(feeds)
+        worst.append(float(np.abs(a - b).max() / np.abs(b).max()))
+        return b
+
+    prompts = {s: np.random.default_rng(5).integers(2, hf.config.vocab_size, n) for s, n in PROMPT_LENS.items()}
+    drive_and_compare(both, hf, PagedSession(BLOCK, NUM_BLOCKS, np.random.default_rng(3)), prompts, SCHEDULE,
+                      float("inf"))
+    print(f"[qlinear tile16, bf16] max relative logits difference to the exported layout: {max(worst):.1e}")
+    assert max(worst) < 1e-3, worst

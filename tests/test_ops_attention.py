@@ -89,16 +89,20 @@ def test_long_prefill_with_prefix_both_forms(rng):
         run_case(rng, [700], [300], SMALL, bs=32, form=form)
 
 
-def _amx_expected() -> bool:
-    """Whether the kernels take AMX tiles here: the CPU has them and neither MLA_EXPORT_ISA (a
-    table below avx512) nor MLA_EXPORT_AMX=0 turned them off."""
-    if os.environ.get("MLA_EXPORT_ISA", "avx512") not in ("", "avx512") or os.environ.get("MLA_EXPORT_AMX") == "0":
+def _bf16_decode_expected() -> bool:
+    """Whether decode rows multiply in bf16 here under compute="bf16": on AMX tiles (the CPU has
+    them, MLA_EXPORT_AMX is not 0) or AVX512-BF16 dots (the CPU has them, MLA_EXPORT_AVX512_BF16 is
+    not 0), with the AVX-512 table in use (MLA_EXPORT_ISA not a table below it)."""
+    if os.environ.get("MLA_EXPORT_ISA", "avx512") not in ("", "avx512"):
         return False
     try:
-        flags = open("/proc/cpuinfo").read().split()
+        flags = set(open("/proc/cpuinfo").read().split())
     except OSError:
         return False
-    return {"amx_tile", "amx_bf16", "avx512_bf16", "avx512f"} <= set(flags)
+    if not {"avx512_bf16", "avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags:
+        return False
+    amx = {"amx_tile", "amx_bf16"} <= flags and os.environ.get("MLA_EXPORT_AMX") != "0"
+    return amx or os.environ.get("MLA_EXPORT_AVX512_BF16") != "0"
 
 
 @pytest.mark.parametrize("runtime", [rt for rt in kernels.RUNTIMES if kernels.available(rt)])
@@ -106,11 +110,12 @@ def _amx_expected() -> bool:
                                            (128, "f16")])
 def test_bf16_compute_decode_rows(rng, runtime, h, cache_dtype):
     """compute="bf16" (the runtime's bf16 hint): single-token rows multiply in bf16 with f32 sums
-    on AMX tiles where the CPU has them (attention_amx.cpp), every other row as under f32. Against
-    the float64 reference at a bf16 tolerance: lengths around the 64-row chunk and a long one
-    (split across threads), head counts that fill 16-row tiles or not (20) and V3's 128, shuffled
-    tables, NaN in every unowned row, one multi-token row run in the same call. Without AMX the
-    result is the f32 one, bit for bit; with it, it must differ (the bf16 path ran)."""
+    on AMX tiles where the CPU has them (attention_amx.cpp), else in AVX512-BF16 dots where it has
+    those (attention_bf16.cpp), every other row as under f32. Against the float64 reference at a
+    bf16 tolerance: lengths around the 64-row chunk (odd ones: a row pair's lone last row) and a
+    long one (split across threads), head counts that fill 16-row groups or not (20) and V3's 128,
+    shuffled tables, NaN in every unowned row, one multi-token row run in the same call. Without
+    either unit the result is the f32 one, bit for bit; with one, it must differ (the bf16 path ran)."""
     dims = dict(DEEPSEEK, h=h)
     dr, r, dv = dims["dr"], dims["r"], dims["dv"]
     seq_lens, qlens = [1, 63, 64, 65, 1000, 37], [1, 1, 1, 1, 1, 4]
@@ -126,8 +131,8 @@ def test_bf16_compute_decode_rows(rng, runtime, h, cache_dtype):
     assert err <= TOL["bf16"], f"compute=bf16: relative error {err:.3g}"
     decode_rows, run_rows = got[:5], got[5:]
     np.testing.assert_array_equal(run_rows, exact[5:])  # multi-token rows keep the f32 kernels
-    if _amx_expected():
-        assert not np.array_equal(decode_rows, exact[:5]), "the AMX bf16 path did not run on an AMX CPU"
+    if _bf16_decode_expected():
+        assert not np.array_equal(decode_rows, exact[:5]), "the bf16 decode path did not run on this CPU"
     else:
         np.testing.assert_array_equal(decode_rows, exact[:5])
 

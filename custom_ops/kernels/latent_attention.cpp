@@ -19,6 +19,7 @@
 #if defined(MLA_HAVE_AMX)
 #include "amx.hpp"
 #include "attention_amx.hpp"
+#include "attention_bf16.hpp"
 #endif
 #include "numeric.hpp"
 #include "validate.hpp"
@@ -173,22 +174,21 @@ void absorbed_task(const IsaKernels& K, const AbsorbedSeq& s, const Partial& p, 
     }
 }
 
-#if defined(MLA_HAVE_AMX)
-thread_local AmxDecodeRows tls_amx;
-
-// absorbed_task for a single-token sequence on AMX bf16 tiles (compute "bf16" only): every row
-// sees every position of the part, so each chunk is one tile pass for all heads.
-void absorbed_task_amx(const IsaKernels& K, const AbsorbedSeq& s, const Partial& p, int64_t r, float scale) {
+// absorbed_task for a single-token sequence on bf16 products (compute "bf16" only): every row
+// sees every position of the part, so each chunk is one pass for all heads. Rows: an engine with
+// attention_amx.hpp's interface (AmxDecodeRows on AMX tiles, Bf16DecodeRows on AVX512-BF16 dots).
+template <class Engine>
+void absorbed_task_rows(const IsaKernels& K, const AbsorbedSeq& s, const Partial& p, int64_t r, float scale,
+                        Engine& eng) {
     const int64_t w = s.cache.width;
-    // f32, f16 and bf16 rows are read where they live (converted to bf16 on the way into the
-    // tiles); int8/fp8 rows are dequantised into f32 scratch first.
-    using Rows = AmxDecodeRows::Rows;
+    // f32, f16 and bf16 rows are read where they live (converted to bf16 on the way); int8/fp8
+    // rows are dequantised into f32 scratch first.
+    using Rows = typename Engine::Rows;
     const KvDtype kind = s.cache.rows->kind;
     const bool direct = kind == KvDtype::f32 || kind == KvDtype::f16 || kind == KvDtype::bf16;
     const Rows rows_kind = kind == KvDtype::f16 ? Rows::f16 : kind == KvDtype::bf16 ? Rows::bf16 : Rows::f32;
     float* kr = direct ? nullptr : Scratch::get(tls.kr, kChunk * w);
-    AmxDecodeRows& amx = tls_amx;
-    amx.begin(s.q, s.heads, w, r);
+    eng.begin(s.q, s.heads, w, r);
     const void* rows_at[2][kChunk];  // this chunk's rows and the next one's (direct formats)
     for (int64_t c0 = p.c_begin, i = 0; c0 < p.c_end; c0 += kChunk, i ^= 1) {
         const int64_t n = std::min(kChunk, p.c_end - c0);
@@ -198,26 +198,43 @@ void absorbed_task_amx(const IsaKernels& K, const AbsorbedSeq& s, const Partial&
                 for (int64_t j = 0; j < n; ++j) chunk_rows[j] = s.cache.row(c0 + j);
             const int64_t next_n = std::clamp<int64_t>(p.c_end - c0 - kChunk, 0, kChunk);
             for (int64_t j = 0; j < next_n; ++j) rows_at[i ^ 1][j] = s.cache.row(c0 + kChunk + j);
-            amx.chunk(chunk_rows, rows_kind, n, scale, rows_at[i ^ 1], next_n);
+            eng.chunk(chunk_rows, rows_kind, n, scale, rows_at[i ^ 1], next_n);
         } else {
             gather_chunk(K, s.cache, c0, n, kr);
             for (int64_t j = 0; j < n; ++j) chunk_rows[j] = kr + j * w;
-            amx.chunk(chunk_rows, rows_kind, n, scale);
+            eng.chunk(chunk_rows, rows_kind, n, scale);
         }
     }
-    amx.end(p.mx, p.l, p.o, r);
+    eng.end(p.mx, p.l, p.o, r);
 }
+
+#if defined(MLA_HAVE_AMX)
+thread_local AmxDecodeRows tls_amx;
+static_assert(AmxDecodeRows::kRows == kChunk, "the AMX engine's chunk is the kernels' chunk");
+#endif
+#if defined(MLA_HAVE_AVX512BF16)
+thread_local Bf16DecodeRows tls_bf16;
+static_assert(Bf16DecodeRows::kRows == kChunk, "the bf16 engine's chunk is the kernels' chunk");
 #endif
 
-// Whether the absorbed rows of this call may take the AMX bf16 path (decode rows, under compute
-// "bf16", on a CPU with AMX; shapes the tiles cover).
-bool amx_decode(bool bf16_products, int64_t w, int64_t r) {
+// How a call's single-token absorbed rows multiply: f32 kernels, AMX bf16 tiles, or AVX512-BF16
+// dot products (both bf16 only under compute "bf16").
+enum class DecodeRows { f32, amx, bf16 };
+
+DecodeRows decode_rows_path(bool bf16_products, int64_t w, int64_t r);
+
+// Which path the absorbed decode rows of this call take: under compute "bf16", AMX tiles on CPUs
+// with AMX (shapes the tiles cover), else AVX512-BF16 dots where the CPU has them; f32 otherwise.
+DecodeRows decode_rows_path(bool bf16_products, int64_t w, int64_t r) {
+    if (!bf16_products || w % 32 != 0) return DecodeRows::f32;  // r < w: plan_attention
 #if defined(MLA_HAVE_AMX)
-    return bf16_products && w % 32 == 0 && r % 64 == 0 && amx_bf16_usable();  // r < w: plan_attention
-#else
-    (void)bf16_products, (void)w, (void)r;
-    return false;
+    if (r % 64 == 0 && amx_bf16_usable()) return DecodeRows::amx;
 #endif
+#if defined(MLA_HAVE_AVX512BF16)
+    if (r % 32 == 0 && bf16_dots_usable()) return DecodeRows::bf16;
+#endif
+    (void)r;
+    return DecodeRows::f32;
 }
 
 // The AMX up-projection of a decode run (C[m, n] = A[m, k] . W[k, n], W bf16): its shape
@@ -278,8 +295,7 @@ T* grow(std::vector<T>& v, int64_t n) {
 }
 
 void run_absorbed(const IsaKernels& K, const std::vector<AbsorbedSeq>& seqs, int64_t r, float scale,
-                  const Threading& th, AbsorbedBuffers& buf, bool amx = false) {
-    (void)amx;  // without MLA_HAVE_AMX every task takes the f32 kernels
+                  const Threading& th, AbsorbedBuffers& buf, DecodeRows path = DecodeRows::f32) {
     std::vector<int64_t>& splits = buf.splits;
     plan_splits(seqs, th.num_threads, splits);
     std::vector<Partial>& parts = buf.parts;
@@ -305,9 +321,14 @@ void run_absorbed(const IsaKernels& K, const std::vector<AbsorbedSeq>& seqs, int
     std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return cost(a) > cost(b); });
     dynamic_for(th, static_cast<int64_t>(parts.size()), [&](int64_t k) {
         const Partial& p = parts[order[k]];
+        if (seqs[p.seq].qlen == 1) {
 #if defined(MLA_HAVE_AMX)
-        if (amx && seqs[p.seq].qlen == 1) return absorbed_task_amx(K, seqs[p.seq], p, r, scale);
+            if (path == DecodeRows::amx) return absorbed_task_rows(K, seqs[p.seq], p, r, scale, tls_amx);
 #endif
+#if defined(MLA_HAVE_AVX512BF16)
+            if (path == DecodeRows::bf16) return absorbed_task_rows(K, seqs[p.seq], p, r, scale, tls_bf16);
+#endif
+        }
         absorbed_task(K, seqs[p.seq], p, r, scale);
     });
     // Merge each sequence's splits: out = sum_k e^(m_k - M) o_k / sum_k e^(m_k - M) l_k.
@@ -605,8 +626,8 @@ void run_attention(const AttentionPlan& plan, const TensorView& out, const Threa
         // Under the AMX decode path, runs of single-token sequences take their up-projections on
         // AMX tiles too (amx_up_project: bf16 weights as stored, inputs rounded to bf16), so they
         // are not merged with multi-token runs, which keep f32 products.
-        const bool amx = amx_decode(plan.bf16_products, w, r);
-        const bool amx_up = amx && w_bf16 && amx_up_fits(r, dn) && amx_up_fits(dv, r);
+        const DecodeRows path = decode_rows_path(plan.bf16_products, w, r);
+        const bool amx_up = path == DecodeRows::amx && w_bf16 && amx_up_fits(r, dn) && amx_up_fits(dv, r);
         std::vector<AbsorbedRef>& runs = ws.runs;
         runs.clear();
         for (const AbsorbedRef& a : absorbed) {
@@ -630,7 +651,7 @@ void run_attention(const AttentionPlan& plan, const TensorView& out, const Threa
         for (const AbsorbedRef& a : absorbed)
             ws.seqs.push_back(AbsorbedSeq{seq_cache(cache, bt, a.b), q_lat + a.offset * w, a.qlen, heads,
                                           index_at(seq_lens, a.b), lat + a.offset * r});
-        run_absorbed(K, ws.seqs, r, scale, th, ws.absorbed, amx);
+        run_absorbed(K, ws.seqs, r, scale, th, ws.absorbed, path);
         // o = o_lat @ W_UV per head, a run's tokens at once.
         th.parallel_for(n_runs * heads, [&](int64_t k) {
             const AbsorbedRef& a = runs[k / heads];

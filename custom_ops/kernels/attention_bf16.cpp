@@ -1,0 +1,222 @@
+// AVX512-BF16 vector dot products for the absorbed decode rows (see attention_bf16.hpp). Compiled
+// with -mavx512f/bw/vl/dq -mavx512bf16 (CMakeLists.txt); entered only where bf16_dots_usable().
+#include "attention_bf16.hpp"
+
+#include <cpuid.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+
+#include "isa.hpp"
+#include "vec_exp.hpp"
+
+namespace mla {
+namespace {
+
+typedef float vf16 __attribute__((vector_size(64)));
+typedef int32_t vi16 __attribute__((vector_size(64)));
+inline __m512 exp_neg(__m512 x) { return (__m512)exp_neg_lanes<vf16, vi16>((vf16)x); }
+
+// 16 f32 lanes -> 16 bf16 values zero-extended into 16 dwords (the low half of each).
+inline __m512i bf16_dwords(__m512 v) {
+    const __m256bh h = _mm512_cvtneps_pbh(v);
+    __m256i w;
+    std::memcpy(&w, &h, sizeof w);
+    return _mm512_cvtepu16_epi32(w);
+}
+
+// 32 values of a row from column c, as bf16 in one zmm.
+inline __m512i load32(const void* row, Bf16DecodeRows::Rows kind, int64_t c) {
+    __m512 lo, hi;
+    switch (kind) {
+        case Bf16DecodeRows::Rows::bf16:
+            return _mm512_loadu_si512(static_cast<const uint16_t*>(row) + c);
+        case Bf16DecodeRows::Rows::f16: {
+            const uint16_t* h = static_cast<const uint16_t*>(row) + c;
+            lo = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h)));
+            hi = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + 16)));
+            break;
+        }
+        default:
+            lo = _mm512_loadu_ps(static_cast<const float*>(row) + c);
+            hi = _mm512_loadu_ps(static_cast<const float*>(row) + c + 16);
+    }
+    const __m512bh v = _mm512_cvtne2ps_pbh(hi, lo);
+    __m512i out;
+    std::memcpy(&out, &v, sizeof out);
+    return out;
+}
+
+inline __m512bh as_bh(__m512i v) {
+    __m512bh b;
+    std::memcpy(&b, &v, sizeof b);
+    return b;
+}
+inline __m512 dp(__m512 acc, __m512i a, __m512i b) { return _mm512_dpbf16_ps(acc, as_bh(a), as_bh(b)); }
+inline __m512i bcast_pair(const uint16_t* p) {
+    int32_t v;
+    std::memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+inline __m512i bcast_dword(const uint32_t* p) { return _mm512_set1_epi32(static_cast<int32_t>(*p)); }
+
+// The row pairs of V interleave two rows' 32-column groups with unpacklo/hi_epi16, which work
+// within 128-bit lanes: dword d of a group (d < 16 from unpacklo, then unpackhi) holds column
+// kColumn[d] of both rows. Outputs accumulate in that order; end() puts them back.
+constexpr int kColumn[32] = {0,  1,  2,  3,  8,  9,  10, 11, 16, 17, 18, 19, 24, 25, 26, 27,
+                             4,  5,  6,  7,  12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31};
+
+constexpr int kKeys = 16;  // cache rows a score tile: 16 accumulators, one Q^T load per pair
+constexpr int kCols = 16;  // output columns a P . V tile: 16 accumulators, one P^T load per row pair
+
+}  // namespace
+
+bool bf16_dots_usable() {
+    static const bool ok = [] {
+        const char* env = std::getenv("MLA_EXPORT_AVX512_BF16");
+        if (env && std::strcmp(env, "0") == 0) return false;
+        unsigned a = 0, b = 0, c = 0, d = 0;
+        if (!__get_cpuid_count(7, 1, &a, &b, &c, &d) || !(a >> 5 & 1)) return false;  // AVX512_BF16
+        return std::strcmp(isa().name, "avx512") == 0;
+    }();
+    return ok;
+}
+
+void Bf16DecodeRows::begin(const float* q, int64_t m, int64_t w, int64_t r) {
+    m_ = m, w_ = w, r_ = r, groups_ = (m + 15) / 16;
+    const int64_t pairs = w / 2;
+    // Q^T pairs: for group g and input pair p, dword i = head 16g + i's bf16 inputs 2p (low half)
+    // and 2p + 1 (high); heads past m zero (they score 0 and are dropped).
+    qt_.resize(groups_ * pairs * 32);
+    for (int64_t g = 0; g < groups_; ++g)
+        for (int64_t i = 0; i < 16; ++i) {
+            uint32_t* dst = reinterpret_cast<uint32_t*>(qt_.data() + g * pairs * 32) + i;
+            const int64_t head = 16 * g + i;
+            for (int64_t c = 0; c < w; c += 32) {
+                alignas(64) uint32_t two[16];
+                if (head < m)
+                    _mm512_store_si512(two, load32(q + head * w, Rows::f32, c));
+                else
+                    std::memset(two, 0, sizeof two);
+                for (int64_t p = 0; p < 16; ++p) dst[(c / 2 + p) * 16] = two[p];
+            }
+        }
+    kb_.resize(kRows * w);
+    vp_.resize(kRows / 2 * r);
+    pp_.resize(kRows / 2 * 16);
+    st_.resize(kRows * 16);
+    ot_.assign(groups_ * r * 16, 0.f);
+    mx_.assign(groups_ * 16, -std::numeric_limits<float>::infinity());
+    l_.assign(groups_ * 16, 0.f);
+}
+
+// One chunk: the rows in bf16 (read in place when they are), V's row pairs, then per group of 16
+// heads the scores S^T (a vector of 16 heads per row), the online softmax, and O^T += P . V.
+void Bf16DecodeRows::chunk(const void* const* rows, Rows kind, int64_t n, float scale, const void* const* next,
+                           int64_t next_n) {
+    const int64_t w = w_, r = r_, pairs = w / 2, np = (n + 1) / 2;
+    const uint16_t* row16[kRows];
+    for (int64_t j = 0; j < n; ++j) {
+        if (kind == Rows::bf16) {
+            row16[j] = static_cast<const uint16_t*>(rows[j]);
+            continue;
+        }
+        uint16_t* dst = kb_.data() + j * w;
+        for (int64_t c = 0; c < w; c += 32) _mm512_storeu_si512(dst + c, load32(rows[j], kind, c));
+        row16[j] = dst;
+    }
+    // V's row pairs: dword d of pair jp's 32-column group c holds column c + kColumn[d] of rows 2jp
+    // (low half) and 2jp + 1 (high); an odd last row pairs with zeros (its partner's probability is
+    // 0, and 0 x NaN would still poison the sum).
+    for (int64_t jp = 0; jp < np; ++jp) {
+        const uint16_t* a = row16[2 * jp];
+        const uint16_t* b = 2 * jp + 1 < n ? row16[2 * jp + 1] : nullptr;
+        uint32_t* dst = vp_.data() + jp * r;
+        for (int64_t c = 0; c < r; c += 32) {
+            const __m512i va = _mm512_loadu_si512(a + c);
+            const __m512i vb = b ? _mm512_loadu_si512(b + c) : _mm512_setzero_si512();
+            _mm512_storeu_si512(dst + c, _mm512_unpacklo_epi16(va, vb));
+            _mm512_storeu_si512(dst + c + 16, _mm512_unpackhi_epi16(va, vb));
+        }
+    }
+    // The next chunk's rows toward L2, spread over the first group's score tiles.
+    const int64_t row_lines = (w * (kind == Rows::f32 ? 4 : 2) + 63) / 64, lines = next_n * row_lines;
+    const int64_t tiles = (n + kKeys - 1) / kKeys, per_tile = (lines + tiles - 1) / tiles;
+    int64_t pr = 0, pl = 0;
+    const auto prefetch = [&](int64_t k) {
+        for (; k > 0 && pr < next_n; --k) {
+            _mm_prefetch(static_cast<const char*>(next[pr]) + 64 * pl, _MM_HINT_T1);
+            if (++pl == row_lines) pl = 0, ++pr;
+        }
+    };
+    const __m512 vscale = _mm512_set1_ps(scale);
+    float* st = st_.data();
+    for (int64_t g = 0; g < groups_; ++g) {
+        const uint32_t* qt = reinterpret_cast<const uint32_t*>(qt_.data() + g * pairs * 32);
+        // S^T: st[j] = the 16 heads' scores against row j.
+        for (int64_t j0 = 0; j0 < n; j0 += kKeys) {
+            const int64_t nk = std::min<int64_t>(kKeys, n - j0);
+            __m512 acc[kKeys];
+            for (int k = 0; k < kKeys; ++k) acc[k] = _mm512_setzero_ps();
+            if (nk == kKeys) {
+                for (int64_t p = 0; p < pairs; ++p) {
+                    const __m512i qv = _mm512_load_si512(qt + p * 16);
+                    for (int k = 0; k < kKeys; ++k) acc[k] = dp(acc[k], qv, bcast_pair(row16[j0 + k] + 2 * p));
+                }
+            } else {
+                for (int64_t p = 0; p < pairs; ++p) {
+                    const __m512i qv = _mm512_load_si512(qt + p * 16);
+                    for (int k = 0; k < nk; ++k) acc[k] = dp(acc[k], qv, bcast_pair(row16[j0 + k] + 2 * p));
+                }
+            }
+            for (int k = 0; k < nk; ++k) _mm512_store_ps(st + 16 * (j0 + k), _mm512_mul_ps(acc[k], vscale));
+            if (g == 0) prefetch(per_tile);
+        }
+        // Online softmax with the 16 heads in the lanes.
+        float* mxg = mx_.data() + 16 * g;
+        float* lg = l_.data() + 16 * g;
+        __m512 vmax = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+        for (int64_t j = 0; j < n; ++j) vmax = _mm512_max_ps(vmax, _mm512_load_ps(st + 16 * j));
+        const __m512 mold = _mm512_loadu_ps(mxg), mnew = _mm512_max_ps(mold, vmax);
+        const __m512 alpha = exp_neg(_mm512_sub_ps(mold, mnew));  // 0 on the first chunk (-inf - m)
+        __m512 sum = _mm512_setzero_ps();
+        uint32_t* pp = pp_.data();
+        for (int64_t jp = 0; jp < np; ++jp) {
+            const __m512 e0 = exp_neg(_mm512_sub_ps(_mm512_load_ps(st + 32 * jp), mnew));
+            const __m512 e1 = 2 * jp + 1 < n ? exp_neg(_mm512_sub_ps(_mm512_load_ps(st + 32 * jp + 16), mnew))
+                                             : _mm512_setzero_ps();
+            sum = _mm512_add_ps(sum, _mm512_add_ps(e0, e1));
+            // P^T pair: dword i = head i's probabilities of rows 2jp (low) and 2jp + 1 (high)
+            _mm512_store_si512(pp + 16 * jp, _mm512_or_si512(bf16_dwords(e0), _mm512_slli_epi32(bf16_dwords(e1), 16)));
+        }
+        _mm512_storeu_ps(lg, _mm512_fmadd_ps(_mm512_loadu_ps(lg), alpha, sum));
+        _mm512_storeu_ps(mxg, mnew);
+        // O^T = alpha O^T + P . V, kCols output columns a tile over every row pair.
+        float* og = ot_.data() + g * r * 16;
+        for (int64_t c0 = 0; c0 < r; c0 += kCols) {
+            __m512 acc[kCols];
+            for (int k = 0; k < kCols; ++k) acc[k] = _mm512_mul_ps(_mm512_load_ps(og + (c0 + k) * 16), alpha);
+            for (int64_t jp = 0; jp < np; ++jp) {
+                const __m512i pv = _mm512_load_si512(pp + 16 * jp);
+                const uint32_t* v = vp_.data() + jp * r + c0;
+                for (int k = 0; k < kCols; ++k) acc[k] = dp(acc[k], pv, bcast_dword(v + k));
+            }
+            for (int k = 0; k < kCols; ++k) _mm512_store_ps(og + (c0 + k) * 16, acc[k]);
+        }
+    }
+}
+
+void Bf16DecodeRows::end(float* mx, float* l, float* o, int64_t ldo) {
+    for (int64_t i = 0; i < m_; ++i) {
+        mx[i] = mx_[i];
+        l[i] = l_[i];
+        const float* src = ot_.data() + (i / 16) * r_ * 16 + i % 16;
+        for (int64_t c = 0; c < r_; c += 32)
+            for (int d = 0; d < 32; ++d) o[i * ldo + c + kColumn[d]] = src[(c + d) * 16];
+    }
+}
+
+}  // namespace mla

@@ -62,7 +62,8 @@ def paged_attention(q_nope, q_pe, kv_cache, w_uk, w_uv, query_start_loc, seq_len
     """Causal paged MLA over packed new tokens: -> [T, H, dv].
     form: "auto" (per sequence by cost), "absorbed" or "expanded". compute: "f32" (every product
     f32, the exact path) or "bf16" (what the runtime sets under a bf16 hint: single-token rows
-    multiply in bf16 with f32 sums on AMX tiles where the CPU has them)."""
+    multiply in bf16 with f32 sums on AMX tiles where the CPU has them, else in AVX512-BF16 dot
+    products where it has those)."""
     if form not in FORMS:
         raise ValueError(f"form must be one of {list(FORMS)}, got {form!r}")
     if compute not in ("f32", "bf16"):

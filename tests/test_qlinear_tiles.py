@@ -226,3 +226,43 @@ def test_rewritten_export_at_bf16_matches_the_exported_layout(int8_export, monke
                       float("inf"))
     print(f"[qlinear tile16, bf16] max relative logits difference to the exported layout: {max(worst):.1e}")
     assert max(worst) < 1e-3, worst
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_rewrite_in_an_ir_and_codes_read_elsewhere(tmp_path, rng, monkeypatch, shared):
+    """An IR saved by OpenVINO and read into the runtime's buffer: its int8 MlaQLinear is rewritten
+    (same products at f32, through the 4-row kernels); codes another node also reads (here a
+    ReduceMax over them, as tied embeddings would) are left as exported and the op unmarked."""
+    import openvino as ov
+
+    from mla_export import ov_core
+    from mla_export.runtime.qlinear_tiles import pack_qlinear_tiles
+    from mla_export.runtime.weights_memory import read_ir
+
+    n, k = 64, 128
+    w = (rng.standard_normal((n, k)) * 0.1).astype(np.float32)
+    codes, s, zp = moe_operands(quantize(w, 8))
+    inits = [numpy_helper.from_array(np.ascontiguousarray(a), name) for a, name in zip([codes, s, zp], NAMES)]
+    nodes = [helper.make_node("MlaQLinear", ["x"] + NAMES, ["y"], domain="mla_export", bits=8, compute="f32")]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, n])]
+    if shared:
+        nodes.append(helper.make_node("ReduceMax", ["w_q"], ["top"], keepdims=0))
+        outputs.append(helper.make_tensor_value_info("top", TensorProto.UINT8, []))
+    graph = helper.make_graph(nodes, "q", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, k])],
+                              outputs, inits)
+    onnx_model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                         helper.make_opsetid("mla_export", 1)])
+    core = ov_core()
+    ov.save_model(core.read_model(onnx_model.SerializeToString()), tmp_path / "m.xml", compress_to_fp16=False)
+    monkeypatch.setenv("MLA_EXPORT_QLINEAR_TILES", "1")
+    model, buf = read_ir(core, tmp_path / "m.xml", tmp_path / "m.bin")
+    marked = pack_qlinear_tiles(model, buf, "f32")
+    op = next(o for o in model.get_ops() if o.get_type_name() == "MlaQLinear")
+    assert marked == (0 if shared else 1)
+    assert op.get_attributes()["layout"] == ("rows4" if shared else "tile16")
+    stored = op.input_value(1).get_node().data
+    assert np.array_equal(stored, codes if shared else rows4_to_tile16(codes))
+    x = rng.standard_normal((3, k)).astype(np.float32)
+    got = core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"}).create_infer_request().infer({"x": x})
+    want = ref.linear(x, dequantize(quantize(w, 8)))
+    assert np.abs(got["y"] - want).max() / np.abs(want).max() < TOL

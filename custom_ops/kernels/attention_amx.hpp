@@ -1,7 +1,8 @@
 // The absorbed form's two products for single-token (decode) rows on AMX bf16 tiles: scores
 // q . k over the 576-wide cache rows and the probability-weighted sum of their first r columns.
 // Used only under compute "bf16" (the runtime's bf16 hint) on CPUs with AMX-BF16 and
-// AVX512-BF16 (Sapphire Rapids and later Xeons); everything else keeps the f32 kernels of
+// AVX512-BF16 (Sapphire Rapids and later Xeons); CPUs with AVX512-BF16 alone take the same
+// products in vector dot products (attention_bf16.hpp); everything else keeps the f32 kernels of
 // isa_impl.hpp, which stay the exact path.
 //
 // Why the layouts: a tile product C[16 x 16] += A[16 x 32 bf16] . B[16 pairs x 16 x 2 bf16]

@@ -84,7 +84,8 @@ def pack_qlinear_tiles(model: ov.Model, weights: mmap.mmap | None, precision: st
     """Rewrites, in `weights` (the buffer the model's Constants point into, read_ir's), the codes of
     every int8 MlaQLinear in the 4-row layout into 16-row tiles and marks the op; returns how many
     ops were marked. Nothing happens without that buffer (OpenVINO's read-only file mapping) or when
-    want_tile16() says no. Codes shared by several ops are rewritten once."""
+    want_tile16() says no. Codes shared by several MlaQLinear ops are rewritten once; codes any other
+    node reads too are left as exported."""
     if weights is None or not want_tile16(precision):
         return 0
     buf = np.frombuffer(weights, dtype=np.uint8)
@@ -99,6 +100,10 @@ def pack_qlinear_tiles(model: ov.Model, weights: mmap.mmap | None, precision: st
             continue
         const = op.input_value(1).get_node()
         if const.get_type_name() != "Constant":
+            continue
+        # codes another kind of node also reads (say, tied embeddings) keep the exported layout
+        if any(t.get_node().get_type_name() != "MlaQLinear" or t.get_index() != 1
+               for t in const.output(0).get_target_inputs()):
             continue
         codes = const.data
         n, k = codes.shape if codes.ndim == 2 else (0, 0)

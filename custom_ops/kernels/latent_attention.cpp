@@ -19,8 +19,8 @@
 #if defined(MLA_HAVE_AMX)
 #include "amx.hpp"
 #include "attention_amx.hpp"
-#include "attention_bf16.hpp"
 #endif
+#include "attention_bf16.hpp"
 #include "numeric.hpp"
 #include "validate.hpp"
 
@@ -220,8 +220,6 @@ static_assert(Bf16DecodeRows::kRows == kChunk, "the bf16 engine's chunk is the k
 // How a call's single-token absorbed rows multiply: f32 kernels, AMX bf16 tiles, or AVX512-BF16
 // dot products (both bf16 only under compute "bf16").
 enum class DecodeRows { f32, amx, bf16 };
-
-DecodeRows decode_rows_path(bool bf16_products, int64_t w, int64_t r);
 
 // Which path the absorbed decode rows of this call take: under compute "bf16", AMX tiles on CPUs
 // with AMX (shapes the tiles cover), else AVX512-BF16 dots where the CPU has them; f32 otherwise.

@@ -16,17 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from mla_export.cpu_flags import cpu_flags
+
 ROOT = Path(__file__).parents[1]
-
-
-def cpu_flags() -> set[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
 
 
 FLAGS = cpu_flags()

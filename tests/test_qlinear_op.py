@@ -135,32 +135,21 @@ def test_bad_attribute_and_x(rng, runtime):
         RUNTIMES[runtime](_model(32, 64, weights, 8), {"x": np.zeros((1, 32), np.float32)})
 
 
-def test_every_table_runs_int8_activations(tmp_path, rng):
-    """compute="bf16" on each vector table this CPU can run (MLA_EXPORT_ISA forces it, in a child
-    process): the AVX2 table's vpmaddubsw dots and the AVX-512 table's VNNI ones give the
-    reference's result on int8 activations; the portable table (and AVX-512 without VNNI) stays
-    f32-exact. On an AVX-512 machine this is what still runs the AVX2 kernels."""
+def errors_per_table(tmp_path, cases):
+    """For each vector table this CPU runs (MLA_EXPORT_ISA, in a child process): the relative
+    errors of the models tmp_path/m{i}.onnx on x{i}.npy against q8_{i}.npy (the reference on int8
+    activations) and f32_{i}.npy, as (isa, {(i, "q8" | "f32"): error})."""
     import os
     import subprocess
     import sys
 
-    from test_moe_experts_op import _cpu_has
     from test_ops_isa import HAS
 
-    cases = []
-    for i, (bits, group, rows) in enumerate([(8, 256, 1), (8, 256, 7), (4, 64, 2), (4, 32, 11), (4, 128, 300)]):
-        weights, w = _case(rng, 64, 256, bits, group)
-        x = rng.standard_normal((rows, 256)).astype(np.float32)
-        (tmp_path / f"m{i}.onnx").write_bytes(_model(256, 64, weights, bits, compute="bf16").SerializeToString())
-        np.save(tmp_path / f"x{i}.npy", x)
-        np.save(tmp_path / f"q8_{i}.npy", ref.linear(x, w, q8_group=group))
-        np.save(tmp_path / f"f32_{i}.npy", ref.linear(x, w))
-        cases.append(i)
     script = f"""
 import numpy as np, onnx, sys
 sys.path.insert(0, {os.path.dirname(__file__)!r})
 from test_moe_experts_op import _run_openvino
-for i in {cases!r}:
+for i in {list(cases)!r}:
     got = _run_openvino(onnx.load({str(tmp_path)!r} + f"/m{{i}}.onnx"), {{"x": np.load({str(tmp_path)!r} + f"/x{{i}}.npy")}})
     for kind in ("q8", "f32"):
         want = np.load({str(tmp_path)!r} + f"/{{kind}}_{{i}}.npy")
@@ -173,6 +162,26 @@ for i in {cases!r}:
         errs = {(int(i), kind): float(e) for _, i, kind, e in (line.split() for line in res.stdout.splitlines()
                                                                   if line.startswith("ERR"))}
         assert len(errs) == 2 * len(cases), res.stdout
+        yield isa, errs
+
+
+def test_every_table_runs_int8_activations(tmp_path, rng):
+    """compute="bf16" on each vector table this CPU can run (MLA_EXPORT_ISA forces it, in a child
+    process): the AVX2 table's vpmaddubsw dots and the AVX-512 table's VNNI ones give the
+    reference's result on int8 activations; the portable table (and AVX-512 without VNNI) stays
+    f32-exact. On an AVX-512 machine this is what still runs the AVX2 kernels."""
+    from test_moe_experts_op import _cpu_has
+
+    cases = []
+    for i, (bits, group, rows) in enumerate([(8, 256, 1), (8, 256, 7), (4, 64, 2), (4, 32, 11), (4, 128, 300)]):
+        weights, w = _case(rng, 64, 256, bits, group)
+        x = rng.standard_normal((rows, 256)).astype(np.float32)
+        (tmp_path / f"m{i}.onnx").write_bytes(_model(256, 64, weights, bits, compute="bf16").SerializeToString())
+        np.save(tmp_path / f"x{i}.npy", x)
+        np.save(tmp_path / f"q8_{i}.npy", ref.linear(x, w, q8_group=group))
+        np.save(tmp_path / f"f32_{i}.npy", ref.linear(x, w))
+        cases.append(i)
+    for isa, errs in errors_per_table(tmp_path, cases):
         int8_acts = isa == "avx2" or (isa == "avx512" and _cpu_has("avx512_vnni"))
         for i in cases:
             if int8_acts:

@@ -10,10 +10,6 @@ and at bf16 the same logits as the exported layout up to the f32 folds' order.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -89,7 +85,7 @@ def test_every_table_reads_tile16(tmp_path, rng):
     dots on VNNI CPUs, and the 4-row kernels of the others (a tile rewritten back first) give the
     reference's result, on int8 activations where the table has them and f32 elsewhere."""
     from test_moe_experts_op import _cpu_has
-    from test_ops_isa import HAS
+    from test_qlinear_op import errors_per_table
 
     cases = [(64, 256, None, 1), (64, 256, 64, 7), (32, 128, None, 40)]
     for i, (n, k, group, m) in enumerate(cases):
@@ -99,23 +95,7 @@ def test_every_table_reads_tile16(tmp_path, rng):
         np.save(tmp_path / f"x{i}.npy", x)
         np.save(tmp_path / f"q8_{i}.npy", ref.linear(x, w, q8_group=group or k))
         np.save(tmp_path / f"f32_{i}.npy", ref.linear(x, w))
-    script = f"""
-import numpy as np, onnx, sys
-sys.path.insert(0, {os.path.dirname(__file__)!r})
-from test_moe_experts_op import _run_openvino
-for i in range({len(cases)}):
-    got = _run_openvino(onnx.load({str(tmp_path)!r} + f"/m{{i}}.onnx"), {{"x": np.load({str(tmp_path)!r} + f"/x{{i}}.npy")}})
-    for kind in ("q8", "f32"):
-        want = np.load({str(tmp_path)!r} + f"/{{kind}}_{{i}}.npy")
-        print("ERR", i, kind, np.abs(got - want).max() / np.abs(want).max())
-"""
-    for isa in [name for name, runs in HAS.items() if runs]:
-        res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                             env=dict(os.environ, MLA_EXPORT_ISA=isa))
-        assert res.returncode == 0, res.stderr[-2000:]
-        errs = {(int(i), kind): float(e) for _, i, kind, e in (line.split() for line in res.stdout.splitlines()
-                                                                  if line.startswith("ERR"))}
-        assert len(errs) == 2 * len(cases), res.stdout
+    for isa, errs in errors_per_table(tmp_path, range(len(cases))):
         int8_acts = isa == "avx2" or (isa == "avx512" and _cpu_has("avx512_vnni"))
         for i in range(len(cases)):
             assert errs[i, "q8" if int8_acts else "f32"] < (1e-4 if int8_acts else TOL), (isa, i, errs)

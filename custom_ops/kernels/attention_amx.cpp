@@ -11,7 +11,7 @@
 #include <limits>
 
 #include "amx.hpp"
-#include "vec_exp.hpp"
+#include "bf16_rows.hpp"
 
 namespace mla {
 namespace {
@@ -24,11 +24,6 @@ inline __m256i to_bf16(__m512 v) {
     std::memcpy(&out, &h, sizeof out);
     return out;
 }
-
-// exp(x) for x <= 0, the f32 kernels' (vec_exp.hpp) on one zmm.
-typedef float vf16 __attribute__((vector_size(64)));
-typedef int32_t vi16 __attribute__((vector_size(64)));
-inline __m512 exp_neg(__m512 x) { return (__m512)exp_neg_lanes<vf16, vi16>((vf16)x); }
 
 // r[i] (row i of a 16 x 16 block) becomes column i.
 inline void transpose16(__m512 r[16]) {
@@ -83,28 +78,6 @@ struct EvenOddOrder {
         _mm512_storeu_ps(dst + 16, _mm512_permutex2var_ps(e, second, o));
     }
 };
-
-// 32 values of a row from column c, as bf16 in one zmm.
-inline __m512i load32(const void* row, AmxDecodeRows::Rows kind, int64_t c) {
-    __m512 lo, hi;
-    switch (kind) {
-        case AmxDecodeRows::Rows::bf16:
-            return _mm512_loadu_si512(static_cast<const uint16_t*>(row) + c);
-        case AmxDecodeRows::Rows::f16: {
-            const uint16_t* h = static_cast<const uint16_t*>(row) + c;
-            lo = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h)));
-            hi = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + 16)));
-            break;
-        }
-        default:
-            lo = _mm512_loadu_ps(static_cast<const float*>(row) + c);
-            hi = _mm512_loadu_ps(static_cast<const float*>(row) + c + 16);
-    }
-    const __m512bh v = _mm512_cvtne2ps_pbh(hi, lo);
-    __m512i out;
-    std::memcpy(&out, &v, sizeof out);
-    return out;
-}
 
 }  // namespace
 
@@ -164,7 +137,7 @@ int64_t AmxDecodeRows::place_groups(const void* const* rows, Rows kind, int64_t 
         }
         uint16_t* kb = kb_.data() + j0 * w;
         for (int64_t j = 0; j < valid; ++j)
-            for (int64_t c = 0; c < w; c += 32) _mm512_storeu_si512(kb + j * w + c, load32(rows[j0 + j], kind, c));
+            for (int64_t c = 0; c < w; c += 32) _mm512_storeu_si512(kb + j * w + c, load32_bf16(rows[j0 + j], kind, c));
         std::memset(kb + valid * w, 0, (16 - valid) * w * sizeof(uint16_t));
         base[g] = kb;
         stride[g] = w * 2;

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "aligned_vector.hpp"
+#include "decode_rows.hpp"
 
 namespace mla {
 
@@ -33,9 +34,7 @@ public:
     static constexpr int64_t kGroups = 4;  // of 16 rows: one A tile each
     // q [m, w] f32 rows; w % 32 == 0, r % 64 == 0, r < w.
     void begin(const float* q, int64_t m, int64_t w, int64_t r);
-    // What chunk() reads: rows of f32, f16 or bf16 values (other cache formats are widened to f32
-    // rows first).
-    enum class Rows { f32, f16, bf16 };
+    using Rows = DecodeRowKind;  // what chunk() reads (decode_rows.hpp)
     // n (1..64) cache rows of width w in the given element type; the next chunk's next_n rows
     // (none: 0) are fetched toward the core meanwhile, as the f32 kernels' PrefetchStream does.
     void chunk(const void* const* rows, Rows kind, int64_t n, float scale, const void* const* next = nullptr,

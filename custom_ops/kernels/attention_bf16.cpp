@@ -11,14 +11,10 @@
 #include <limits>
 
 #include "isa.hpp"
-#include "vec_exp.hpp"
+#include "bf16_rows.hpp"
 
 namespace mla {
 namespace {
-
-typedef float vf16 __attribute__((vector_size(64)));
-typedef int32_t vi16 __attribute__((vector_size(64)));
-inline __m512 exp_neg(__m512 x) { return (__m512)exp_neg_lanes<vf16, vi16>((vf16)x); }
 
 // 16 f32 lanes -> 16 bf16 values zero-extended into 16 dwords (the low half of each).
 inline __m512i bf16_dwords(__m512 v) {
@@ -26,28 +22,6 @@ inline __m512i bf16_dwords(__m512 v) {
     __m256i w;
     std::memcpy(&w, &h, sizeof w);
     return _mm512_cvtepu16_epi32(w);
-}
-
-// 32 values of a row from column c, as bf16 in one zmm.
-inline __m512i load32(const void* row, Bf16DecodeRows::Rows kind, int64_t c) {
-    __m512 lo, hi;
-    switch (kind) {
-        case Bf16DecodeRows::Rows::bf16:
-            return _mm512_loadu_si512(static_cast<const uint16_t*>(row) + c);
-        case Bf16DecodeRows::Rows::f16: {
-            const uint16_t* h = static_cast<const uint16_t*>(row) + c;
-            lo = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h)));
-            hi = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + 16)));
-            break;
-        }
-        default:
-            lo = _mm512_loadu_ps(static_cast<const float*>(row) + c);
-            hi = _mm512_loadu_ps(static_cast<const float*>(row) + c + 16);
-    }
-    const __m512bh v = _mm512_cvtne2ps_pbh(hi, lo);
-    __m512i out;
-    std::memcpy(&out, &v, sizeof out);
-    return out;
 }
 
 inline __m512bh as_bh(__m512i v) {
@@ -98,7 +72,7 @@ void Bf16DecodeRows::begin(const float* q, int64_t m, int64_t w, int64_t r) {
             for (int64_t c = 0; c < w; c += 32) {
                 alignas(64) uint32_t two[16];
                 if (head < m)
-                    _mm512_store_si512(two, load32(q + head * w, Rows::f32, c));
+                    _mm512_store_si512(two, load32_bf16(q + head * w, Rows::f32, c));
                 else
                     std::memset(two, 0, sizeof two);
                 for (int64_t p = 0; p < 16; ++p) dst[(c / 2 + p) * 16] = two[p];
@@ -125,7 +99,7 @@ void Bf16DecodeRows::chunk(const void* const* rows, Rows kind, int64_t n, float 
             continue;
         }
         uint16_t* dst = kb_.data() + j * w;
-        for (int64_t c = 0; c < w; c += 32) _mm512_storeu_si512(dst + c, load32(rows[j], kind, c));
+        for (int64_t c = 0; c < w; c += 32) _mm512_storeu_si512(dst + c, load32_bf16(rows[j], kind, c));
         row16[j] = dst;
     }
     // V's row pairs: dword d of pair jp's 32-column group c holds column c + kColumn[d] of rows 2jp

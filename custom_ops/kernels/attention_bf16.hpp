@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "aligned_vector.hpp"
+#include "decode_rows.hpp"
 
 namespace mla {
 
@@ -30,7 +31,7 @@ public:
     static constexpr int64_t kRows = 64;  // cache rows per chunk
     // q [m, w] f32 rows; w % 32 == 0, r % 32 == 0, r < w.
     void begin(const float* q, int64_t m, int64_t w, int64_t r);
-    enum class Rows { f32, f16, bf16 };
+    using Rows = DecodeRowKind;  // what chunk() reads (decode_rows.hpp)
     // n (1..64) cache rows of width w in the given element type; the next chunk's next_n rows are
     // fetched toward the core meanwhile (the rows sit in blocks anywhere in the cache).
     void chunk(const void* const* rows, Rows kind, int64_t n, float scale, const void* const* next = nullptr,

@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import mmap
 import os
-from pathlib import Path
 
 import numpy as np
 import openvino as ov
+
+from ..cpu_flags import cpu_flags
 
 __all__ = ["rows4_to_tile16", "tile16_to_rows4", "want_tile16", "pack_qlinear_tiles"]
 
@@ -59,16 +60,6 @@ def tile16_to_rows4(codes: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a.transpose(0, 3, 1, 4, 2)).view(np.uint8).reshape(n, k)
 
 
-def _cpu_flags() -> set[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
 def want_tile16(precision: str) -> bool:
     """Whether this process rewrites int8 MlaQLinear codes in 16-row tiles (see the module doc)."""
     forced = os.environ.get("MLA_EXPORT_QLINEAR_TILES", "")
@@ -76,7 +67,7 @@ def want_tile16(precision: str) -> bool:
         return forced == "1"
     if precision != "bf16" or os.environ.get("MLA_EXPORT_ISA", "") in ("avx2", "generic"):
         return False
-    flags = _cpu_flags()
+    flags = cpu_flags()
     return "avx512_vnni" in flags and "amx_int8" not in flags
 
 

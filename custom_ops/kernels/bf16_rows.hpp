@@ -1,0 +1,47 @@
+// What the two bf16 decode-row engines share (attention_amx.cpp, attention_bf16.cpp): a cache
+// row's 32 values as bf16 in one zmm, and exp on a zmm.
+// Included only by translation units compiled with AVX-512 F/BW and AVX512-BF16.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "decode_rows.hpp"
+#include "vec_exp.hpp"
+
+namespace mla {
+namespace {  // internal to each including unit: the units are built with different -m flags
+
+// 32 values of a row from column c, as bf16 (round to nearest even) in one zmm.
+inline __m512i load32_bf16(const void* row, DecodeRowKind kind, int64_t c) {
+    __m512 lo, hi;
+    switch (kind) {
+        case DecodeRowKind::bf16:
+            return _mm512_loadu_si512(static_cast<const uint16_t*>(row) + c);
+        case DecodeRowKind::f16: {
+            const uint16_t* h = static_cast<const uint16_t*>(row) + c;
+            lo = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h)));
+            hi = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + 16)));
+            break;
+        }
+        default:
+            lo = _mm512_loadu_ps(static_cast<const float*>(row) + c);
+            hi = _mm512_loadu_ps(static_cast<const float*>(row) + c + 16);
+    }
+    const __m512bh v = _mm512_cvtne2ps_pbh(hi, lo);
+    __m512i out;
+    std::memcpy(&out, &v, sizeof out);
+    return out;
+}
+
+// exp(x) for x <= 0, the f32 kernels' (vec_exp.hpp) on one zmm.
+typedef float bf16_rows_vf16 __attribute__((vector_size(64)));
+typedef int32_t bf16_rows_vi16 __attribute__((vector_size(64)));
+inline __m512 exp_neg(__m512 x) {
+    return (__m512)exp_neg_lanes<bf16_rows_vf16, bf16_rows_vi16>((bf16_rows_vf16)x);
+}
+
+}  // namespace
+}  // namespace mla

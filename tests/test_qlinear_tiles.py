@@ -246,3 +246,19 @@ def test_rewrite_in_an_ir_and_codes_read_elsewhere(tmp_path, rng, monkeypatch, s
     got = core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"}).create_infer_request().infer({"x": x})
     want = ref.linear(x, dequantize(quantize(w, 8)))
     assert np.abs(got["y"] - want).max() / np.abs(want).max() < TOL
+
+
+@pytest.mark.parametrize("tiles", ["0", "1"])
+def test_engine_says_what_it_rewrote(int8_export, monkeypatch, tiles):
+    """The engine's executor rewrites as the environment says and its describe() tells the user."""
+    from mla_export.runtime import LLMEngine, SamplingParams
+
+    _, out, _ = int8_export
+    monkeypatch.setenv("MLA_EXPORT_QLINEAR_TILES", tiles)
+    engine = LLMEngine(out, precision="bf16", num_threads=2, num_blocks=32)
+    assert (engine.executor.tiled_projections > 0) == (tiles == "1")
+    assert ("16-row tiles" in engine.executor.describe()) == (tiles == "1")
+    engine.add_request("a", [5, 6, 7, 8, 9], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+    while engine.has_unfinished_requests():
+        outs = engine.step()
+    assert len(outs[0].token_ids) == 4

@@ -57,7 +57,8 @@ class OpenVINOMLAExecutor(MLAExecutor):
         self._bound = [cache_binding(c) for c in self._kv_caches]
         check_cache_bindings(contract, self._bound)
         match_moe_compute(model, precision)
-        pack_qlinear_tiles(model, self._weights_memory, precision)  # VNNI CPUs: int8 projections in 16-row tiles
+        # VNNI CPUs without AMX: int8 projections in 16-row tiles (qlinear_tiles.py)
+        self.tiled_projections = pack_qlinear_tiles(model, self._weights_memory, precision)
         config = {"INFERENCE_PRECISION_HINT": precision, "PERFORMANCE_HINT": "LATENCY"}
         if precision == "f32":  # f32 activations throughout: no dynamic int8 quantization of the inputs
             config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = 0  # of int8/int4-weight matmuls (on by default with VNNI)
@@ -113,8 +114,9 @@ class OpenVINOMLAExecutor(MLAExecutor):
         # What the plugin really uses: a bf16 hint falls back to f32 on CPUs without bf16.
         precision = self.compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
         threads = self.compiled.get_property("INFERENCE_NUM_THREADS")
+        tiles = f", {self.tiled_projections} int8 projections in 16-row tiles" if self.tiled_projections else ""
         return (f"OpenVINO {ov.get_version().split('-')[0]} CPU: {self.graph_file}, inference precision {precision}, "
-                f"threads {threads or 'default'}, caches written in place")
+                f"threads {threads or 'default'}, caches written in place{tiles}")
 
     def binding_note(self, layer: int) -> str:
         return (f"the bound array must be C-contiguous with exactly the graph input's element type (f32, or any "

@@ -81,7 +81,8 @@ struct AttentionPlan {
     float scale;
     Form form;
     // Under compute "bf16" (the runtime's bf16 hint) decode rows may multiply in bf16 with f32
-    // sums (AMX tiles where the CPU has them: attention_amx.hpp); false keeps every product f32.
+    // sums (AMX tiles where the CPU has them: attention_amx.hpp; else AVX512-BF16 dot products:
+    // attention_bf16.hpp); false keeps every product f32.
     bool bf16_products = false;
 };
 AttentionPlan plan_attention(const TensorView& q_nope, const TensorView& q_pe, const TensorView& kv_cache,

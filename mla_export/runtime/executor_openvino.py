@@ -128,8 +128,8 @@ def match_moe_compute(model: ov.Model, precision: str) -> None:
     """Our ops compute in the precision the plugin runs the rest of the graph in: under a bf16
     hint the integer-weight ops (MlaMoeExperts, MlaQLinear) take int8 activations on VNNI CPUs
     (as the plugin's own compressed FullyConnected kernels do with their dynamic quantization) and
-    MlaPagedAttention's decode rows multiply in bf16 on AMX tiles where the CPU has them (as the
-    plugin's own attention does there); f32 under an f32 hint, which keeps f32 runs exact. The ops
+    MlaPagedAttention's decode rows multiply in bf16 on AMX tiles or AVX512-BF16 dot products where
+    the CPU has them (as the plugin's own attention does there); f32 under an f32 hint, which keeps f32 runs exact. The ops
     cannot see the hint, so they are told here."""
     for op in model.get_ops():
         if op.get_type_name() in ("MlaMoeExperts", "MlaQLinear", "MlaPagedAttention"):

@@ -49,14 +49,13 @@ constexpr int kCols = 16;  // output columns a P . V tile: 16 accumulators, one 
 }  // namespace
 
 bool bf16_dots_usable() {
-    static const bool ok = [] {
+    static const bool cpu = [] {
         const char* env = std::getenv("MLA_EXPORT_AVX512_BF16");
         if (env && std::strcmp(env, "0") == 0) return false;
         unsigned a = 0, b = 0, c = 0, d = 0;
-        if (!__get_cpuid_count(7, 1, &a, &b, &c, &d) || !(a >> 5 & 1)) return false;  // AVX512_BF16
-        return std::strcmp(isa().name, "avx512") == 0;
+        return __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a >> 5 & 1);  // AVX512_BF16
     }();
-    return ok;
+    return cpu && std::strcmp(isa().name, "avx512") == 0;  // the table in use (it can be switched)
 }
 
 void Bf16DecodeRows::begin(const float* q, int64_t m, int64_t w, int64_t r) {

@@ -24,19 +24,16 @@
 
 namespace mla {
 
-// Online-softmax attention state of m query rows over chunks of at most 64 cache rows, each
-// visible to every query row (single-token decode). One per task, reused across calls.
+// The same online-softmax state and interface as attention_amx.hpp's AmxDecodeRows (begin /
+// chunk / end; latent_attention.cpp drives either), on vector dot products. begin() needs
+// w % 32 == 0 and r % 32 == 0 (the tiles need r % 64).
 class Bf16DecodeRows {
 public:
     static constexpr int64_t kRows = 64;  // cache rows per chunk
-    // q [m, w] f32 rows; w % 32 == 0, r % 32 == 0, r < w.
+    using Rows = DecodeRowKind;           // what chunk() reads (decode_rows.hpp)
     void begin(const float* q, int64_t m, int64_t w, int64_t r);
-    using Rows = DecodeRowKind;  // what chunk() reads (decode_rows.hpp)
-    // n (1..64) cache rows of width w in the given element type; the next chunk's next_n rows are
-    // fetched toward the core meanwhile (the rows sit in blocks anywhere in the cache).
     void chunk(const void* const* rows, Rows kind, int64_t n, float scale, const void* const* next = nullptr,
                int64_t next_n = 0);
-    // The state of the m rows: running max, sum of exponentials, unnormalised output [m, r] (ldo).
     void end(float* mx, float* l, float* o, int64_t ldo);
 
 private:

@@ -18,13 +18,6 @@ namespace {
 
 const TileConfig kConfig;
 
-inline __m256i to_bf16(__m512 v) {
-    const __m256bh h = _mm512_cvtneps_pbh(v);
-    __m256i out;
-    std::memcpy(&out, &h, sizeof out);
-    return out;
-}
-
 // r[i] (row i of a 16 x 16 block) becomes column i.
 inline void transpose16(__m512 r[16]) {
     __m512 t[16], u[16];

@@ -17,12 +17,7 @@ namespace mla {
 namespace {
 
 // 16 f32 lanes -> 16 bf16 values zero-extended into 16 dwords (the low half of each).
-inline __m512i bf16_dwords(__m512 v) {
-    const __m256bh h = _mm512_cvtneps_pbh(v);
-    __m256i w;
-    std::memcpy(&w, &h, sizeof w);
-    return _mm512_cvtepu16_epi32(w);
-}
+inline __m512i bf16_dwords(__m512 v) { return _mm512_cvtepu16_epi32(to_bf16(v)); }
 
 inline __m512bh as_bh(__m512i v) {
     __m512bh b;

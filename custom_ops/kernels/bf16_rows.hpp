@@ -1,5 +1,5 @@
 // What the two bf16 decode-row engines share (attention_amx.cpp, attention_bf16.cpp): a cache
-// row's 32 values as bf16 in one zmm, and exp on a zmm.
+// row's 32 values as bf16 in one zmm, 16 lanes rounded to bf16, and exp on a zmm.
 // Included only by translation units compiled with AVX-512 F/BW and AVX512-BF16.
 #pragma once
 
@@ -13,6 +13,14 @@
 
 namespace mla {
 namespace {  // internal to each including unit: the units are built with different -m flags
+
+// 16 f32 lanes rounded to bf16 (nearest even), as 16 words.
+inline __m256i to_bf16(__m512 v) {
+    const __m256bh h = _mm512_cvtneps_pbh(v);
+    __m256i out;
+    std::memcpy(&out, &h, sizeof out);
+    return out;
+}
 
 // 32 values of a row from column c, as bf16 (round to nearest even) in one zmm.
 inline __m512i load32_bf16(const void* row, DecodeRowKind kind, int64_t c) {

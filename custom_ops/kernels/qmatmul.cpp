@@ -25,6 +25,13 @@ struct Scratch {
 };
 thread_local Scratch tls;
 
+// The int8 forms of the activation rows `rows` (indices into acts), in this thread's scratch.
+const QRow* q8_rows(Scratch& s, const QActs& acts, const int64_t* rows, int64_t m) {
+    s.q8.resize(m);
+    for (int64_t t = 0; t < m; ++t) s.q8[t] = acts.q8(rows[t]);
+    return s.q8.data();
+}
+
 void check_u8(const char* op, const TensorView& t, int64_t rank) {
     check_rank(op, t, rank);
     if (t.dtype != DType::u8) fail(op, t, std::string("must be u8, got ") + dtype_name(t.dtype));
@@ -155,15 +162,14 @@ void qtile(const MoeIsa& isa, int bi, const QActs& acts, const int64_t* rows, in
             if (m >= kAmxRows && qtile_amx_fits(K, group) && amx_int8_usable())
                 return qtile_amx(bi, acts, rows, m, blocks, K, group, c);
 #endif
-            s.q8.resize(m);
-            for (int64_t t = 0; t < m; ++t) s.q8[t] = acts.q8(rows[t]);
+            const QRow* x = q8_rows(s, acts, rows, m);
             // 1-2 rows: 4 weight rows a call (memory-bound); more: 8 (the broadcasts of the activations
             // shared by two blocks), 4 activation rows a call (moe_isa_impl.hpp's measurements)
             const int nb = m <= 2 ? 1 : 2;
             for (int64_t r0 = 0; r0 < kTileRows; r0 += 4 * nb)
                 for (int64_t t0 = 0; t0 < m; t0 += 4) {
                     const int64_t mt = std::min<int64_t>(4, m - t0);
-                    isa.qdot_q8[bi][nb - 1][mt - 1](K, group, s.q8.data() + t0, blocks + r0 / 4,
+                    isa.qdot_q8[bi][nb - 1][mt - 1](K, group, x + t0, blocks + r0 / 4,
                                                     c + t0 * kTileRows + r0, kTileRows);
                 }
             return;
@@ -198,12 +204,10 @@ void qtile(const MoeIsa& isa, int bi, const QActs& acts, const int64_t* rows, in
 
 void qtile16(const MoeIsa& isa, const QActs& acts, const int64_t* rows, int64_t m, const uint8_t* q, const float* s,
              const uint8_t* zp, int64_t groups, int64_t K, int64_t group, float* c) {
-    Scratch& sc = tls;
-    sc.q8.resize(m);
-    for (int64_t t = 0; t < m; ++t) sc.q8[t] = acts.q8(rows[t]);
+    const QRow* x = q8_rows(tls, acts, rows, m);
     if (m <= 2) {  // memory-bound: one 16-row tile a call, as the 4-row kernel's single block
         for (int64_t b = 0; b < kTileRows / kTile16Rows; ++b)
-            isa.qdot_q8_t16[0][m - 1](K, group, sc.q8.data(), q + b * kTile16Rows * K, s + b * kTile16Rows * groups,
+            isa.qdot_q8_t16[0][m - 1](K, group, x, q + b * kTile16Rows * K, s + b * kTile16Rows * groups,
                                       zp + b * kTile16Rows * groups, groups, c + b * kTile16Rows, kTileRows);
         return;
     }
@@ -211,7 +215,7 @@ void qtile16(const MoeIsa& isa, const QActs& acts, const int64_t* rows, int64_t 
     // second call finds the 32 rows' codes in cache
     for (int64_t t0 = 0; t0 < m; t0 += 4) {
         const int64_t mt = std::min<int64_t>(4, m - t0);
-        isa.qdot_q8_t16[1][mt - 1](K, group, sc.q8.data() + t0, q, s, zp, groups, c + t0 * kTileRows, kTileRows);
+        isa.qdot_q8_t16[1][mt - 1](K, group, x + t0, q, s, zp, groups, c + t0 * kTileRows, kTileRows);
     }
 }
 

@@ -129,8 +129,8 @@ def match_moe_compute(model: ov.Model, precision: str) -> None:
     hint the integer-weight ops (MlaMoeExperts, MlaQLinear) take int8 activations on VNNI CPUs
     (as the plugin's own compressed FullyConnected kernels do with their dynamic quantization) and
     MlaPagedAttention's decode rows multiply in bf16 on AMX tiles or AVX512-BF16 dot products where
-    the CPU has them (as the plugin's own attention does there); f32 under an f32 hint, which keeps f32 runs exact. The ops
-    cannot see the hint, so they are told here."""
+    the CPU has them (as the plugin's own attention does there); f32 under an f32 hint, which keeps
+    f32 runs exact. The ops cannot see the hint, so they are told here."""
     for op in model.get_ops():
         if op.get_type_name() in ("MlaMoeExperts", "MlaQLinear", "MlaPagedAttention"):
             op.set_attribute("compute", "bf16" if precision == "bf16" else "f32")

@@ -97,10 +97,10 @@ def pack_qlinear_tiles(model: ov.Model, weights: mmap.mmap | None, precision: st
                for t in const.output(0).get_target_inputs()):
             continue
         codes = const.data
-        n, k = codes.shape if codes.ndim == 2 else (0, 0)
-        offset = codes.ctypes.data - base
-        if codes.dtype != np.uint8 or codes.ndim != 2 or n % TILE_ROWS or k % 16:
+        if codes.dtype != np.uint8 or codes.ndim != 2 or codes.shape[0] % TILE_ROWS or codes.shape[1] % 16:
             continue
+        n, k = codes.shape
+        offset = codes.ctypes.data - base
         if offset < 0 or offset + codes.nbytes > size:  # not in our buffer: leave it as exported
             continue
         if offset not in done:

@@ -16,14 +16,18 @@ from onnx import TensorProto, helper, numpy_helper
 
 from mla_export import reference as ref
 from mla_export.export.quantize import dequantize, moe_operands, quantize
+from mla_export.runtime.qlinear_tiles import rows4_to_tile16
 from test_moe_experts_op import RUNTIMES, TOL, int8_activations_here
 
 NAMES = ["w_q", "w_s", "w_zp"]
 
 
-def _model(k: int, n: int, weights, bits: int, rank: int = 2, x_type=TensorProto.FLOAT, compute: str | None = None):
+def _model(k: int, n: int, weights, bits: int, rank: int = 2, x_type=TensorProto.FLOAT, compute: str | None = None,
+           layout: str | None = None):
     inits = [numpy_helper.from_array(np.ascontiguousarray(a), name) for a, name in zip(weights, NAMES)]
     extra = {} if compute is None else {"compute": compute}
+    if layout is not None:
+        extra["layout"] = layout
     node = helper.make_node("MlaQLinear", ["x"] + NAMES, ["y"], domain="mla_export", bits=bits, **extra)
     lead = [None] * (rank - 1)
     graph = helper.make_graph([node], "qlinear", [helper.make_tensor_value_info("x", x_type, lead + [k])],
@@ -193,15 +197,18 @@ def test_every_table_runs_int8_activations(tmp_path, rng):
               f"max q8 error {max(errs[i, 'q8'] for i in cases):.1e}")
 
 
+@pytest.mark.parametrize("layout", ["rows4", "tile16"])
 @pytest.mark.parametrize("rows, group", [(70, None), (8, None), (13, None), (20, None), (11, 64), (16, 128)])
-def test_amx_int8_tiles_give_the_vnni_sums(tmp_path, rng, rows, group):
+def test_amx_int8_tiles_give_the_vnni_sums(tmp_path, rng, rows, group, layout):
     """On CPUs with AMX-INT8 products of 8 rows and more run on tiles (qmatmul_amx.cpp), elsewhere
     on the vector dots: both sum the same int32 products, so the two (MLA_EXPORT_AMX=0 against the
     default, each in a child process) agree with the reference on int8 activations; on an AMX CPU
     they must differ in the last bits (the f32 folds run in another order: the tiles ran). Rows:
     70 (prefill: two full token tiles, then a 6-row one), 8, 11, 13 and 16 (one token tile:
     decode), 20 (a full and a 4-row one). int8 weights per channel (group None) and in groups of
-    128 and 64 inputs (activation blocks of 128 and 64: 2 and 1 tile steps a fold)."""
+    128 and 64 inputs (activation blocks of 128 and 64: 2 and 1 tile steps a fold). Codes in the
+    exported 4-row layout (re-laid into tiles per call) and in the tile16 one (loaded as B tiles where
+    they lie; the vector side runs the tile16 dots)."""
     import os
     import subprocess
     import sys
@@ -213,8 +220,10 @@ def test_amx_int8_tiles_give_the_vnni_sums(tmp_path, rng, rows, group):
     wf = (rng.standard_normal((96, 256)) * 0.1).astype(np.float32)
     qw = quantize(wf, 8, group)
     weights, w = list(moe_operands(qw)), dequantize(qw)
+    if layout == "tile16":
+        weights[0] = rows4_to_tile16(weights[0])
     x = rng.standard_normal((rows, 256)).astype(np.float32)
-    (tmp_path / "m.onnx").write_bytes(_model(256, 96, weights, 8, compute="bf16").SerializeToString())
+    (tmp_path / "m.onnx").write_bytes(_model(256, 96, weights, 8, compute="bf16", layout=layout).SerializeToString())
     np.save(tmp_path / "x.npy", x)
     script = f"""
 import numpy as np, onnx, sys

@@ -204,6 +204,10 @@ void qtile(const MoeIsa& isa, int bi, const QActs& acts, const int64_t* rows, in
 
 void qtile16(const MoeIsa& isa, const QActs& acts, const int64_t* rows, int64_t m, const uint8_t* q, const float* s,
              const uint8_t* zp, int64_t groups, int64_t K, int64_t group, float* c) {
+#if defined(MLA_HAVE_AMX)
+    if (m >= kAmxRows && qtile_amx_fits(K, group) && amx_int8_usable())
+        return qtile16_amx(acts, rows, m, q, s, zp, groups, K, group, c);
+#endif
     const QRow* x = q8_rows(tls, acts, rows, m);
     if (m <= 2) {  // memory-bound: one 16-row tile a call, as the 4-row kernel's single block
         for (int64_t b = 0; b < kTileRows / kTile16Rows; ++b)

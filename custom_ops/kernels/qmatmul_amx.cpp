@@ -30,6 +30,11 @@ constexpr int64_t kStep = 64;  // inputs per tile product
 // 0.98 ms, the step 46.2 -> 45.3 ms; a C++ harness on the 8-row lm_head, 256-512 B 7.9-8.3 ms,
 // 768 B-1 KB 8.2-8.5, 2-4 KB into L2 (T1) 8.8-9.6.
 constexpr int64_t kPackPrefetch = 512;
+// Bytes ahead in each of a tile16 call's two 16-row streams (a step reads 1 KB of each). On the
+// 102400 x 2048 int8 lm_head at 8 rows (Xeon, 2 cores, alternated with the 4-row layout's re-laid
+// tiles, medians of 15): none 0.94x the 4-row time, 512 B 1.04x, 1 KB 1.09x, 2-3 KB 1.08-1.10x, 4 KB
+// 1.07x.
+constexpr int64_t kTile16Prefetch = 2048;
 
 struct Scratch {
     LineVector<uint8_t> w;       // the tile's weights in B layout: [K / 64][2 row halves][16][64]
@@ -104,28 +109,66 @@ const int8_t* token_tile(const QActs& acts, const int64_t* rows, int64_t t0, int
     return buf.data();
 }
 
+// The weights of a call's 32 rows as B tiles, step by step (a step = 64 inputs: two B tiles of 16
+// rows). Rows4B re-lays the 4-row layout's codes into scratch: the call's first token pair re-lays
+// each NEXT step while the current one multiplies (step 0 before the first block), so the codes'
+// reads overlap tile work and a step's B tiles are not loaded right behind the stores that wrote
+// them (re-laid all at once before the products, reads and products took turns: the 102400 x 2048
+// int8 lm_head at 16 rows ran 15-19 ms against 13.3-14.9 ms this way, 2 cores, alternated runs).
+struct Rows4B {
+    int bits_index;
+    const QBlock* blocks;
+    int64_t K;
+    uint8_t* w;  // [K / 64][2 row halves][16][64]
+    static constexpr int64_t kSpan = 2 * 16 * 64;
+    float scale(int64_t row, int64_t g) const { return blocks[row / 4].s[row % 4][g]; }
+    uint8_t zero_point(int64_t row, int64_t g) const { return blocks[row / 4].zp[row % 4][g]; }
+    void begin() const { pack_step(bits_index, blocks, 0, w); }
+    // B tile h of the step at input k; `first`: this token pair is the call's first (it re-lays).
+    const uint8_t* tile(int h, int64_t k, bool first) const {
+        uint8_t* wb = w + (k / kStep) * kSpan;
+        if (h == 0 && first && k + kStep < K) pack_step(bits_index, blocks, k / kStep + 1, wb + kSpan);
+        return wb + h * 16 * 64;
+    }
+};
+
+// tile16 codes (qmatmul.hpp) ARE B tiles: the 16 lines of inputs k..k+63 of a 16-row tile (64 bytes
+// each, 4 inputs of the 16 rows, a row per dword) lie consecutively at 16 * k from the tile's start,
+// so tdpbsud loads them where they are: no re-layout, no scratch, two plain 1 KB streams.
+struct Tile16B {
+    const uint8_t* q;
+    const float* s;
+    const uint8_t* zp;
+    int64_t groups, K;
+    float scale(int64_t row, int64_t g) const { return s[row * groups + g]; }
+    uint8_t zero_point(int64_t row, int64_t g) const { return zp[row * groups + g]; }
+    void begin() const {}
+    const uint8_t* tile(int h, int64_t k, bool first) const {
+        const uint8_t* t = q + h * 16 * K + 16 * k;
+        if (first)
+            for (int64_t line = 0; line < 16 * 64; line += 64)
+                _mm_prefetch(reinterpret_cast<const char*>(t + kTile16Prefetch + line), _MM_HINT_T0);
+        return t;
+    }
+};
+
 // One activation block's tile products (inputs k_begin .. k_end) into tiles 0-1 (and 2-3 for a
-// second token tile, TWO). With pack (the call's first token pair), each step re-lays the NEXT
-// step's weights into w (step 0 is re-laid before the first block): the codes' reads from memory
-// then overlap tile work, and a step's B tiles are not loaded right behind the stores that wrote
-// them. Re-laid all at once before the products, reads and products took turns: the 102400 x 2048
-// int8 lm_head at 16 rows ran 15-19 ms against 13.3-14.9 ms this way (2 cores, alternated runs).
-template <bool TWO>
-void block_products(int bits_index, const QBlock* blocks, int64_t k_begin, int64_t k_end, int64_t K, bool pack,
-                    const int8_t* a0, const int8_t* a1, int kstride, uint8_t* w) {
+// second token tile, TWO).
+template <bool TWO, class B>
+void block_products(const B& wsrc, int64_t k_begin, int64_t k_end, bool first, const int8_t* a0, const int8_t* a1,
+                    int kstride) {
     _tile_zero(0);
     _tile_zero(1);
     if (TWO) {
         _tile_zero(2);
         _tile_zero(3);
     }
-    constexpr int64_t kSpan = 2 * 16 * 64;  // one step's two B tiles
     for (int64_t k = k_begin; k < k_end; k += kStep) {
-        uint8_t* wb = w + (k / kStep) * kSpan;
-        if (pack && k + kStep < K) pack_step(bits_index, blocks, k / kStep + 1, wb + kSpan);
+        const uint8_t* b0 = wsrc.tile(0, k, first);
+        const uint8_t* b1 = wsrc.tile(1, k, first);
         _tile_loadd(4, a0 + k, kstride);
-        _tile_loadd(6, wb, 64);
-        _tile_loadd(7, wb + 16 * 64, 64);
+        _tile_loadd(6, b0, 64);
+        _tile_loadd(7, b1, 64);
         _tile_dpbsud(0, 4, 6);
         _tile_dpbsud(1, 4, 7);
         if (TWO) {
@@ -136,24 +179,19 @@ void block_products(int bits_index, const QBlock* blocks, int64_t k_begin, int64
     }
 }
 
-}  // namespace
-
-void qtile_amx(int bits_index, const QActs& acts, const int64_t* rows, int64_t m, const QBlock* blocks, int64_t K,
-               int64_t group, float* c) {
+template <class B>
+void products(const B& wsrc, const QActs& acts, const int64_t* rows, int64_t m, int64_t K, int64_t group, float* c) {
     Scratch& sc = tls;
     const int64_t groups = K / group, block = q8_block(group), blocks_k = K / block;
-    sc.w.resize(K / kStep * 2 * 16 * 64);
-    // Per group, the 32 rows' scales and scale x zero point (row 4b + r of block b).
+    // Per group, the 32 rows' scales and scale x zero point.
     sc.sv.resize(groups * kTileRows);
     sc.szp.resize(groups * kTileRows);
-    for (int64_t row = 0; row < kTileRows; ++row) {
-        const QBlock& b = blocks[row / 4];
+    for (int64_t row = 0; row < kTileRows; ++row)
         for (int64_t g = 0; g < groups; ++g) {
-            const float s = b.s[row % 4][g];
+            const float s = wsrc.scale(row, g);
             sc.sv[g * kTileRows + row] = s;
-            sc.szp[g * kTileRows + row] = s * static_cast<float>(b.zp[row % 4][g]);
+            sc.szp[g * kTileRows + row] = s * static_cast<float>(wsrc.zero_point(row, g));
         }
-    }
     const int kstride = static_cast<int>(K);
     // Block sums leave the tiles through ct, double-buffered: block bk - 1's sums are folded while
     // block bk's tile products run (the fold is vector work as long as the products themselves).
@@ -182,12 +220,12 @@ void qtile_amx(int bits_index, const QActs& acts, const int64_t* rows, int64_t m
                                             _mm512_mul_ps(s1, d), acc[t][1]);
             }
         };
-        if (t0 == 0) pack_step(bits_index, blocks, 0, sc.w.data());
+        if (t0 == 0) wsrc.begin();
         for (int64_t bk = 0; bk < blocks_k; ++bk) {
             if (a1 != nullptr)
-                block_products<true>(bits_index, blocks, bk * block, (bk + 1) * block, K, t0 == 0, a0, a1, kstride, sc.w.data());
+                block_products<true>(wsrc, bk * block, (bk + 1) * block, t0 == 0, a0, a1, kstride);
             else
-                block_products<false>(bits_index, blocks, bk * block, (bk + 1) * block, K, t0 == 0, a0, a1, kstride, sc.w.data());
+                block_products<false>(wsrc, bk * block, (bk + 1) * block, t0 == 0, a0, a1, kstride);
             if (bk > 0) fold(bk - 1, ct[(bk - 1) & 1]);
             int32_t(*out)[16 * 16] = ct[bk & 1];
             _tile_stored(0, out[0], 64);
@@ -212,6 +250,19 @@ void qtile_amx(int bits_index, const QActs& acts, const int64_t* rows, int64_t m
         }
     }
     _tile_release();
+}
+
+}  // namespace
+
+void qtile_amx(int bits_index, const QActs& acts, const int64_t* rows, int64_t m, const QBlock* blocks, int64_t K,
+               int64_t group, float* c) {
+    tls.w.resize(K / kStep * Rows4B::kSpan);
+    products(Rows4B{bits_index, blocks, K, tls.w.data()}, acts, rows, m, K, group, c);
+}
+
+void qtile16_amx(const QActs& acts, const int64_t* rows, int64_t m, const uint8_t* q, const float* s,
+                 const uint8_t* zp, int64_t groups, int64_t K, int64_t group, float* c) {
+    products(Tile16B{q, s, zp, groups, K}, acts, rows, m, K, group, c);
 }
 
 }  // namespace mla

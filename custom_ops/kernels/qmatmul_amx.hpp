@@ -27,4 +27,9 @@ inline bool qtile_amx_fits(int64_t K, int64_t group) { return K % 64 == 0 && q8_
 void qtile_amx(int bits_index, const QActs& acts, const int64_t* rows, int64_t m, const QBlock* blocks, int64_t K,
                int64_t group, float* c);
 
+// The same on int8 codes in the tile16 layout (qmatmul.hpp: the 32 rows at q, s / zp at their first
+// row's groups): tile16 lines are B tiles as they lie, loaded without a re-layout.
+void qtile16_amx(const QActs& acts, const int64_t* rows, int64_t m, const uint8_t* q, const float* s,
+                 const uint8_t* zp, int64_t groups, int64_t K, int64_t group, float* c);
+
 }  // namespace mla

@@ -200,18 +200,27 @@ void moe_experts(const MoeInputs& in, MoeBits bits, const TensorView& out, const
     spread(th, static_cast<int64_t>(active.size()) * col_blocks, [&](int64_t item) {
         const int64_t e = active[item / col_blocks], i0 = (item % col_blocks) * 16;
         const int64_t p0 = start[e], m = start[e + 1] - p0;
+        // Gate and up blocks interleaved (g0 u0 g1 u1 ...), read two at a time even for 1-2 tokens:
+        // the core then streams the expert's gate and up rows side by side instead of 32 KB of one,
+        // then 32 KB of the other. Alone at V2-Lite dims (int8, 2 cores, Xeon, 3 alternated
+        // processes): 1 token 3.1-3.2 -> 2.4-3.0 ms, 8 tokens 15.4-17.5 -> 12.4-15.5 ms. Column j of
+        // the 16 is row j % 4 of block j / 4: gate at c[8 (j / 4) + j % 4], up 4 further.
         QBlock blocks[kPanel / 4];
         for (int64_t j = 0; j < 4; ++j) {
-            blocks[j] = w13.block(e * 2 * d.I + i0 + 4 * j);
-            blocks[4 + j] = w13.block(e * 2 * d.I + d.I + i0 + 4 * j);
+            blocks[2 * j] = w13.block(e * 2 * d.I + i0 + 4 * j);
+            blocks[2 * j + 1] = w13.block(e * 2 * d.I + d.I + i0 + 4 * j);
         }
         thread_local std::vector<float> tile;
         if (static_cast<int64_t>(tile.size()) < m * kPanel) tile.resize(m * kPanel);
         float* c = tile.data();
-        qtile(isa, bi13, xa, pair_tok.data() + p0, m, blocks, d.H, d.g13, c, many_rows(mode));
+        qtile(isa, bi13, xa, pair_tok.data() + p0, m, blocks, d.H, d.g13, c, many_rows(mode), 2);
         for (int64_t t = 0; t < m; ++t) {
-            float* dst = act.get() + (p0 + t) * d.I + i0;
-            silu_mul16(c + t * kPanel, c + t * kPanel + 16, dst);
+            alignas(64) float gate[16], up[16];
+            for (int64_t j = 0; j < 16; ++j) {
+                gate[j] = c[t * kPanel + 8 * (j / 4) + j % 4];
+                up[j] = c[t * kPanel + 8 * (j / 4) + 4 + j % 4];
+            }
+            silu_mul16(gate, up, act.get() + (p0 + t) * d.I + i0);
         }
     });
 

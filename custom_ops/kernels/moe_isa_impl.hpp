@@ -307,8 +307,9 @@ void qdot_avx2(int64_t K, int64_t group, const float* const* x, const float* con
 // 1 KB ahead helps them depends on the core: on the Zen 4 EPYC it held them to 1.1-1.4x a plain
 // read's time (without it they ran at read speed); on the Xeon with AMX (weights in 2 MiB pages,
 // a C++ harness of this kernel, alternated builds) it takes 1 token 9.4 -> 7.8 ms (27 GB/s, a plain
-// read's speed) and 2 tokens 11.0 -> 8.4-8.9 ms (256 B ahead gained less, 2 KB the same). So 1-2
-// tokens prefetch on Intel cores only (prefetch_few_rows). From 3 tokens the
+// read's speed) and 2 tokens 11.0 -> 8.4-8.9 ms (256 B ahead gained less, 2 KB the same); on an
+// Emerald Rapids Xeon 2 KB beat 1 KB (lm_head 1-2 rows 1.07-1.11x; the MoE op alone 1.1x, 3 KB
+// alike, 4 KB less). So 1-2 tokens prefetch 2 KB ahead on Intel cores only (prefetch_few_rows). From 3 tokens the
 // dot products cost as much as the reads and the two no longer overlap (8 tokens: 14-16 ms against
 // a 7 ms read): broadcasts shared by two blocks (NB = 2: ~230 multiply-adds/ns a core in cache
 // against ~160) and a prefetch 32 KB ahead (the second 4 tokens run on cached codes, and the next
@@ -320,7 +321,7 @@ inline bool prefetch_few_rows() {
 template <int BITS, int NB, int M>
 void qdot_q8(int64_t K, int64_t group, const QRow* x, const QBlock* blk, float* out, int64_t ldo) {
     static_assert(NB * M <= 8, "accumulators beyond the registers");
-    constexpr int64_t kPrefetch8 = M >= 3 ? 32768 : 1024;  // int8 codes, bytes ahead
+    constexpr int64_t kPrefetch8 = M >= 3 ? 32768 : 2048;  // int8 codes, bytes ahead
     const bool prefetch8 = M >= 3 || prefetch_few_rows();
     const __m512i row_of_lane = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     const __m512i nibble = _mm512_set1_epi8(0x0F);

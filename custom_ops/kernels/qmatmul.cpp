@@ -152,7 +152,7 @@ QRow QActs::q8(int64_t i) const {
 }
 
 void qtile(const MoeIsa& isa, int bi, const QActs& acts, const int64_t* rows, int64_t m, const QBlock* blocks,
-           int64_t K, int64_t group, float* c, int64_t many_from) {
+           int64_t K, int64_t group, float* c, int64_t many_from, int few_nb) {
     Scratch& s = tls;
     if (m < many_from) {
         // rows outside, tokens inside: a second chunk of tokens finds the 4 rows' codes in cache
@@ -163,9 +163,10 @@ void qtile(const MoeIsa& isa, int bi, const QActs& acts, const int64_t* rows, in
                 return qtile_amx(bi, acts, rows, m, blocks, K, group, c);
 #endif
             const QRow* x = q8_rows(s, acts, rows, m);
-            // 1-2 rows: 4 weight rows a call (memory-bound); more: 8 (the broadcasts of the activations
-            // shared by two blocks), 4 activation rows a call (moe_isa_impl.hpp's measurements)
-            const int nb = m <= 2 ? 1 : 2;
+            // 1-2 rows: few_nb blocks of 4 weight rows a call (memory-bound: 1, one stream, unless the
+            // caller pairs two streams); more: 8 (the broadcasts of the activations shared by two
+            // blocks), 4 activation rows a call (moe_isa_impl.hpp's measurements)
+            const int nb = m <= 2 ? few_nb : 2;
             for (int64_t r0 = 0; r0 < kTileRows; r0 += 4 * nb)
                 for (int64_t t0 = 0; t0 < m; t0 += 4) {
                     const int64_t mt = std::min<int64_t>(4, m - t0);

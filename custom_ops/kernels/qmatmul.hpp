@@ -105,9 +105,11 @@ void split_ranges(const Threading& th, int64_t n, const std::function<void(int64
 // c[t * 32 + r] = act(rows[t]) . w_r for the m activation rows `rows` (indices into acts) and the
 // 32 weight rows of `blocks`. bits_index: 0 = int8 codes, 1 = int4. Dot products on the codes for
 // m below many_from (the caller's many_rows bound; acts must hold the int8 or f32 rows they read),
-// dequantised panels from there.
+// dequantised panels from there. few_nb (1 or 2): 4-row blocks per int8 dot call at 1-2 rows, 2 when
+// blocks[2j] and blocks[2j + 1] are two separate streams worth reading side by side (the MoE's gate
+// and up rows).
 void qtile(const MoeIsa& isa, int bits_index, const QActs& acts, const int64_t* rows, int64_t m,
-           const QBlock* blocks, int64_t K, int64_t group, float* c, int64_t many_from);
+           const QBlock* blocks, int64_t K, int64_t group, float* c, int64_t many_from, int few_nb = 1);
 
 // The tile16 layout of int8 codes (MlaQLinear's `layout = "tile16"`; the runtime writes it on VNNI
 // CPUs, mla_export/runtime/qlinear_tiles.py): rows in tiles of 16, and within a tile the 4 codes of inputs 4j..4j+3 of its 16 rows in one 64-byte line, row r at bytes 4r..4r+3:

@@ -130,6 +130,19 @@ def test_real_dimension_tensor_list():
     assert v3["first_k_dense_replace"] == 3 and v3["q_lora_rank"] == 1536
 
 
+def test_v3_structure_at_v2lite_dimensions():
+    """v3-at-v2lite (for peers whose transformers has deepseek_v3 only): V2-Lite's tensors plus each MoE
+    layer's router correction bias, under model type deepseek_v3 with V2-Lite's routing numbers."""
+    v2 = {t.name: t.shape for t in tensor_specs(checkpoint_config("v2lite", 3))}
+    cfg = checkpoint_config("v3-at-v2lite", 3)
+    v3 = {t.name: t.shape for t in tensor_specs(cfg)}
+    biases = {f"model.layers.{i}.mlp.gate.e_score_correction_bias": (64,) for i in (1, 2)}
+    assert v3 == {**v2, **biases}
+    assert cfg["model_type"] == "deepseek_v3" and cfg["q_lora_rank"] is None
+    assert (cfg["n_routed_experts"], cfg["num_experts_per_tok"], cfg["n_group"], cfg["topk_group"]) == (64, 6, 1, 1)
+    assert cfg["scoring_func"] == "sigmoid" and cfg["vocab_size"] == 102400
+
+
 def test_invalid_requests(tmp_path):
     with pytest.raises(CheckpointWriteError, match="shape must be one of"):
         checkpoint_config("v4")

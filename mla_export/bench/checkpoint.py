@@ -72,6 +72,17 @@ V3 = {
     "v_head_dim": 128, "vocab_size": 129280,
 }
 
+# V3's structure (model type deepseek_v3: sigmoid router scores with a correction bias) at
+# V2-Lite's dimensions, V2-Lite's values where both configs have a field (no q-LoRA, 64 experts
+# top-6 in one group, 2 shared, routed scale 1.0, its YaRN): the same weight bytes and decode work
+# as v2lite, for peers whose transformers has deepseek_v3 but not deepseek_v2 (optimum-intel 2.2
+# pins transformers 4.53, which has no deepseek_v2).
+V3_AT_V2LITE = {**V3, **{k: V2LITE[k] for k in (
+    "bos_token_id", "eos_token_id", "first_k_dense_replace", "hidden_size", "intermediate_size",
+    "moe_intermediate_size", "n_group", "n_routed_experts", "n_shared_experts", "norm_topk_prob",
+    "num_attention_heads", "num_experts_per_tok", "num_hidden_layers", "num_key_value_heads", "q_lora_rank",
+    "rope_scaling", "routed_scaling_factor", "topk_group", "vocab_size")}}
+
 # The same structures at tiny dimensions (tests and the smoke benchmark).
 _TINY_DIMS = {
     "hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 32, "num_attention_heads": 4,
@@ -98,6 +109,8 @@ SHAPES = {
     # std 0.03 at hidden 2048 (the earlier benchmark's choice): logits and router scores spread ~1.4
     "v2lite": Shape(V2LITE, 0.03, 100000, "DeepSeek-V2-Lite (15.7B parameters at 27 layers)"),
     "v3": Shape(V3, 0.015, 128000, "DeepSeek-V3 dimensions (hidden 7168, 128 heads, 256 experts top-8, sigmoid)"),
+    "v3-at-v2lite": Shape(V3_AT_V2LITE, 0.03, 100000,
+                          "V3's structure (deepseek_v3, sigmoid routing) at V2-Lite's dimensions"),
     # tiny dims: presets.py's spread (std 0.08 at hidden 64)
     "tiny-v2": Shape(TINY_V2, 0.08, 1000, "V2-Lite's structure at tiny dimensions"),
     "tiny-v3": Shape(TINY_V3, 0.08, 1000, "V3's structure at tiny dimensions"),

@@ -10,13 +10,13 @@ int32 lane: measured on the 102400 x 2048 int8 lm_head (Zen 4, 2 cores, docs/KER
 
 On AMX-INT8 CPUs the tile16 lines are the tiles' B operands as they lie: 8 rows and more load
 them straight from the weights, where the 4-row layout is re-laid into scratch on every call
-(lm_head, Xeon: 8 rows 1.08-1.16x faster, 1-2 rows on the VNNI dots 1.10-1.16x with their
-prefetch).
+(lm_head, Emerald Rapids: 8 rows 1.08-1.16x faster; 1-2 rows run the VNNI dots, as fast as the
+4-row kernel's).
 
-So under a bf16 hint on a CPU with AVX512_VNNI (with or without AMX), the runtime rewrites each int8 MlaQLinear's codes in place
-in the weights buffer it read the IR into (weights_memory.py: private anonymous memory, written
-before compile and never after) and sets the op's `layout` attribute to "tile16". Nothing is
-copied: resident memory stays the same. The op computes the same products in either layout
+So under a bf16 hint on a CPU with AVX512_VNNI (with or without AMX), the runtime rewrites each
+int8 MlaQLinear's codes in place in the weights buffer it read the IR into (weights_memory.py:
+private anonymous memory, written before compile and never after) and sets the op's `layout`
+attribute to "tile16". Nothing is copied: resident memory stays the same. The op computes the same products in either layout
 (any layout on any CPU: a kernel of the 4-row layout rewrites a tile16 tile back first), so the
 choice is speed only. `MLA_EXPORT_QLINEAR_TILES=0` keeps the exported layout, `=1` forces the
 rewrite (tests; slower where the CPU has no VNNI kernel for it).

@@ -19,6 +19,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from mla_export import reference as ref
+from mla_export.cpu_flags import cpu_flags
 from mla_export.export.quantize import (deinterleave_rows4, dequantize, interleave_rows4, moe_operands, pack_u4_halves,
                                         quantize, unpack_u4_halves)
 
@@ -276,10 +277,7 @@ def test_onnxruntime_scans_constant_int4_zero_points_when_the_session_is_made(rn
 
 
 def _cpu_has(flag: str) -> bool:
-    try:
-        return flag in open("/proc/cpuinfo").read().split()
-    except OSError:
-        return False
+    return flag in cpu_flags()
 
 
 def int8_activations_here() -> bool:

@@ -7,6 +7,7 @@ import pytest
 
 from mla_export import kernels
 from mla_export import reference as ref
+from mla_export.cpu_flags import cpu_flags
 from paged_problems import make_problem, randn, rel_err
 
 TOL = {"f32": 2e-5, "f16": 2e-3, "bf16": 1e-2}
@@ -95,10 +96,7 @@ def _bf16_decode_expected() -> bool:
     not 0), with the AVX-512 table in use (MLA_EXPORT_ISA not a table below it)."""
     if os.environ.get("MLA_EXPORT_ISA", "avx512") not in ("", "avx512"):
         return False
-    try:
-        flags = set(open("/proc/cpuinfo").read().split())
-    except OSError:
-        return False
+    flags = cpu_flags()
     if not {"avx512_bf16", "avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags:
         return False
     amx = {"amx_tile", "amx_bf16"} <= flags and os.environ.get("MLA_EXPORT_AMX") != "0"

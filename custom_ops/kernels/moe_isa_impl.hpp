@@ -310,8 +310,8 @@ void qdot_avx2(int64_t K, int64_t group, const float* const* x, const float* con
 // read's speed) and 2 tokens 11.0 -> 8.4-8.9 ms (256 B ahead gained less, 2 KB the same); on an
 // Emerald Rapids Xeon 2 KB beat 1 KB (lm_head 1-2 rows 1.07-1.11x; the MoE op alone 1.1x, 3 KB
 // alike, 4 KB less). So 1-2 tokens prefetch 2 KB ahead on Intel cores only (prefetch_few_rows).
-// From 3 tokens the dot products cost as much as the reads and the two no longer overlap (8 tokens: 14-16 ms against
-// a 7 ms read): broadcasts shared by two blocks (NB = 2: ~230 multiply-adds/ns a core in cache
+// From 3 tokens the dot products cost as much as the reads and the two no longer overlap (8
+// tokens: 14-16 ms against a 7 ms read): broadcasts shared by two blocks (NB = 2: ~230 multiply-adds/ns a core in cache
 // against ~160) and a prefetch 32 KB ahead (the second 4 tokens run on cached codes, and the next
 // rows must be on their way meanwhile) bring 8 tokens to ~11 ms.
 inline bool prefetch_few_rows() {
@@ -423,8 +423,9 @@ void quantize_q8(int64_t K, int64_t group, const float* x, int8_t* q, float* d, 
 // inputs 4j..4j+3 of 16 rows, row r in int32 lane r, and vpdpbusd against the token's 4
 // activations broadcast to every lane adds each row's 4 products into its own lane. So one
 // accumulator carries 16 rows (the 4-row layout's carries 4, and each is converted, scaled and
-// folded per activation block), and nothing is added across lanes at the end. NB tiles of 16 rows (at q + b * 16 * K) by M activation rows; s / zp point at the first
-// row's groups (row stride `groups`). Measured on the 102400 x 2048 int8 lm_head (Zen 4, 2 cores,
+// folded per activation block), and nothing is added across lanes at the end. NB tiles of 16 rows
+// (at q + b * 16 * K) by M activation rows; s / zp point at the first row's groups (row stride
+// `groups`). Measured on the 102400 x 2048 int8 lm_head (Zen 4, 2 cores,
 // a C++ harness of both kernels on the same codes in 2 MiB pages, alternated, medians of 15):
 // 1-2 rows as the 4-row kernel (memory-bound), 4 rows 8.3 -> 6.2 ms, 8 rows 9.4 -> 7.6 ms.
 template <int NB, int M>

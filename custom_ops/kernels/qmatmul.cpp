@@ -25,6 +25,14 @@ struct Scratch {
 };
 thread_local Scratch tls;
 
+#if defined(MLA_HAVE_AMX)
+// Whether m int8 activation rows against K inputs take AMX-INT8 tiles here: from a decode batch of
+// 8 rows (kAmxRows), on shapes the tiles step through, where the CPU and the OS allow them.
+bool amx_rows(int64_t m, int64_t K, int64_t group) {
+    return m >= kAmxRows && qtile_amx_fits(K, group) && amx_int8_usable();
+}
+#endif
+
 // The int8 forms of the activation rows `rows` (indices into acts), in this thread's scratch.
 const QRow* q8_rows(Scratch& s, const QActs& acts, const int64_t* rows, int64_t m) {
     s.q8.resize(m);
@@ -159,8 +167,7 @@ void qtile(const MoeIsa& isa, int bi, const QActs& acts, const int64_t* rows, in
         if (acts.has_q8()) {
 #if defined(MLA_HAVE_AMX)
             // From a decode batch of 8 rows on AMX-INT8 tiles where the CPU has them (same sums).
-            if (m >= kAmxRows && qtile_amx_fits(K, group) && amx_int8_usable())
-                return qtile_amx(bi, acts, rows, m, blocks, K, group, c);
+            if (amx_rows(m, K, group)) return qtile_amx(bi, acts, rows, m, blocks, K, group, c);
 #endif
             const QRow* x = q8_rows(s, acts, rows, m);
             // 1-2 rows: few_nb blocks of 4 weight rows a call (memory-bound: 1, one stream, unless the
@@ -206,8 +213,7 @@ void qtile(const MoeIsa& isa, int bi, const QActs& acts, const int64_t* rows, in
 void qtile16(const MoeIsa& isa, const QActs& acts, const int64_t* rows, int64_t m, const uint8_t* q, const float* s,
              const uint8_t* zp, int64_t groups, int64_t K, int64_t group, float* c) {
 #if defined(MLA_HAVE_AMX)
-    if (m >= kAmxRows && qtile_amx_fits(K, group) && amx_int8_usable())
-        return qtile16_amx(acts, rows, m, q, s, zp, groups, K, group, c);
+    if (amx_rows(m, K, group)) return qtile16_amx(acts, rows, m, q, s, zp, groups, K, group, c);
 #endif
     const QRow* x = q8_rows(tls, acts, rows, m);
     if (m <= 2) {  // memory-bound: one 16-row tile a call, as the 4-row kernel's single block

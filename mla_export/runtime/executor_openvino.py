@@ -57,7 +57,7 @@ class OpenVINOMLAExecutor(MLAExecutor):
         self._bound = [cache_binding(c) for c in self._kv_caches]
         check_cache_bindings(contract, self._bound)
         match_moe_compute(model, precision)
-        # VNNI CPUs without AMX: int8 projections in 16-row tiles (qlinear_tiles.py)
+        # VNNI CPUs (AMX or not): int8 projections in 16-row tiles (qlinear_tiles.py)
         self.tiled_projections = pack_qlinear_tiles(model, self._weights_memory, precision)
         config = {"INFERENCE_PRECISION_HINT": precision, "PERFORMANCE_HINT": "LATENCY"}
         if precision == "f32":  # f32 activations throughout: no dynamic int8 quantization of the inputs

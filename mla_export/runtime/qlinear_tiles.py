@@ -16,9 +16,9 @@ them straight from the weights, where the 4-row layout is re-laid into scratch o
 So under a bf16 hint on a CPU with AVX512_VNNI (with or without AMX), the runtime rewrites each
 int8 MlaQLinear's codes in place in the weights buffer it read the IR into (weights_memory.py:
 private anonymous memory, written before compile and never after) and sets the op's `layout`
-attribute to "tile16". Nothing is copied: resident memory stays the same. The op computes the same products in either layout
-(any layout on any CPU: a kernel of the 4-row layout rewrites a tile16 tile back first), so the
-choice is speed only. `MLA_EXPORT_QLINEAR_TILES=0` keeps the exported layout, `=1` forces the
+attribute to "tile16". Nothing is copied: resident memory stays the same. The op computes the
+same products in either layout (any layout on any CPU: a kernel of the 4-row layout rewrites a
+tile16 tile back first), so the choice is speed only. `MLA_EXPORT_QLINEAR_TILES=0` keeps the exported layout, `=1` forces the
 rewrite (tests; slower where the CPU has no VNNI kernel for it).
 """
 
@@ -101,9 +101,10 @@ def pack_qlinear_tiles(model: ov.Model, weights: mmap.mmap | None, precision: st
                for t in const.output(0).get_target_inputs()):
             continue
         codes = const.data
-        if codes.dtype != np.uint8 or codes.ndim != 2 or codes.shape[0] % TILE_ROWS or codes.shape[1] % 16:
+        try:
+            n, k = _check(codes)
+        except ValueError:  # not u8 [N, K] in whole tiles: leave it as exported
             continue
-        n, k = codes.shape
         offset = codes.ctypes.data - base
         if offset < 0 or offset + codes.nbytes > size:  # not in our buffer: leave it as exported
             continue

@@ -1,8 +1,9 @@
 """`MLAModelConfig`: the facts of a DeepSeek-V2/V3-style checkpoint, read from its `config.json`.
 
-The pinned transformers version (5.24) is the oracle for every formula here: a key missing from
-`config.json` takes the default of transformers' own `DeepseekV2Config` / `DeepseekV3Config`,
-and the derived values (RoPE frequencies, YaRN attention factor, softmax scale) are computed the
+The pinned transformers version (5.25) is the oracle for every formula here: a key missing from
+`config.json` takes the default of transformers' own config class of that model type (each
+family's file in `mla_export/families/` holds its defaults and what it reads differently from
+DeepSeek-V3), and the derived values (RoPE frequencies, YaRN attention factor, softmax scale) are computed the
 way `modeling_deepseek_v2/v3.py` and `modeling_rope_utils.py` compute them. Only the geometry
 keys (layers, sizes, heads, MLA dims, vocab) are required: a checkpoint without them is broken.
 
@@ -18,30 +19,12 @@ from pathlib import Path
 
 import numpy as np
 
+from .families import Block, family as _family, supported_model_types
 from .json_file import read_json
 
 __all__ = ["ConfigError", "MLAModelConfig", "MoEConfig", "RopeConfig", "SUPPORTED_MODEL_TYPES"]
 
-SUPPORTED_MODEL_TYPES = ("deepseek_v2", "deepseek_v3")
-
-# transformers 5.24 class defaults for the keys a config.json may leave out.
-_DEFAULTS = {
-    "deepseek_v2": dict(
-        first_k_dense_replace=0, n_shared_experts=2, n_routed_experts=64, num_experts_per_tok=None,
-        routed_scaling_factor=1.0, norm_topk_prob=False, topk_method="greedy", n_group=None,
-        topk_group=None, rms_norm_eps=1e-6, hidden_act="silu", attention_bias=False, mlp_bias=False,
-        tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, max_position_embeddings=2048,
-        rope_interleave=None, q_lora_rank=1536),
-    "deepseek_v3": dict(
-        first_k_dense_replace=3, n_shared_experts=1, n_routed_experts=256, num_experts_per_tok=8,
-        routed_scaling_factor=2.5, norm_topk_prob=True, topk_method=None, n_group=8, topk_group=4,
-        rms_norm_eps=1e-6, hidden_act="silu", attention_bias=False, mlp_bias=False,
-        tie_word_embeddings=False, bos_token_id=0, eos_token_id=1, max_position_embeddings=4096,
-        rope_interleave=True, q_lora_rank=1536),
-}
-_REQUIRED_INTS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size", "kv_lora_rank",
-                  "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "intermediate_size",
-                  "moe_intermediate_size")
+SUPPORTED_MODEL_TYPES = supported_model_types()
 
 
 class ConfigError(ValueError):
@@ -50,7 +33,7 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class RopeConfig:
-    rope_type: str  # "default" or "yarn"
+    rope_type: str  # "default", "yarn" or "longrope"
     theta: float
     dim: int  # rotated dims (= qk_rope_head_dim * partial_rotary_factor)
     factor: float = 1.0
@@ -61,14 +44,20 @@ class RopeConfig:
     mscale_all_dim: float | None = None
     attention_factor: float | None = None
     truncate: bool = True
+    short_factor: tuple[float, ...] | None = None  # longrope: per-frequency divisors up to original_max
+    long_factor: tuple[float, ...] | None = None  # longrope: beyond original_max_position_embeddings
 
-    def inv_freq(self) -> np.ndarray:
-        """[dim // 2] float32 inverse frequencies, computed in float32 as transformers does."""
+    def inv_freq(self, long: bool = False) -> np.ndarray:
+        """[dim // 2] float32 inverse frequencies, computed in float32 as transformers does
+        (longrope: with the short factors, or the long ones when `long`)."""
         f32 = np.float32
         exponents = np.arange(0, self.dim, 2, dtype=np.int64).astype(f32) / f32(self.dim)
         pos_freqs = np.power(f32(self.theta), exponents, dtype=f32)
         if self.rope_type == "default":
             return (f32(1.0) / pos_freqs).astype(f32)
+        if self.rope_type == "longrope":
+            ext = np.asarray(self.long_factor if long else self.short_factor, dtype=f32)
+            return (f32(1.0) / (ext * pos_freqs)).astype(f32)
         extrapolation = f32(1.0) / pos_freqs
         interpolation = f32(1.0) / (f32(self.factor) * pos_freqs)
         low, high = self._correction_range()
@@ -92,6 +81,12 @@ class RopeConfig:
         """The factor transformers multiplies cos and sin by (`attention_scaling`)."""
         if self.rope_type == "default":
             return 1.0
+        if self.rope_type == "longrope":
+            if self.attention_factor is not None:
+                return float(self.attention_factor)
+            if self.factor <= 1.0:
+                return 1.0
+            return math.sqrt(1 + math.log(self.factor) / math.log(self.original_max_position_embeddings))
         if self.attention_factor is not None:
             return float(self.attention_factor)
         if self.mscale and self.mscale_all_dim:
@@ -114,8 +109,8 @@ class MoEConfig:
     first_k_dense_replace: int
     routed_scaling_factor: float
     norm_topk_prob: bool
-    scoring: str  # "sigmoid" (V3, with e_score_correction_bias) or "softmax" (V2)
-    topk_method: str  # V3: "noaux_tc"; V2: "greedy" or "group_limited_greedy"
+    scoring: str  # "sigmoid" (V3, with e_score_correction_bias) or "softmax" (V2, Mistral 4)
+    topk_method: str  # V3: "noaux_tc"; V2: "greedy" or "group_limited_greedy"; Mistral 4: "group_top2"
     n_group: int
     topk_group: int
 
@@ -140,10 +135,13 @@ class MLAModelConfig:
     tie_word_embeddings: bool
     rope: RopeConfig
     rope_form: str  # "interleave" (V3 default), "half" (V3 rope_interleave=False), "complex" (V2)
-    moe: MoEConfig
+    moe: MoEConfig | None  # None: a family without experts (every layer dense)
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
     raw: dict = field(repr=False, compare=False, default_factory=dict)
+    family: str = "deepseek_v3"  # the mla_export.families entry that read it
+    mlp_layer_types: tuple[str, ...] = ()  # "dense" or "moe" per layer
+    block: dict = field(compare=False, default_factory=Block)  # per-family block facts (families/base.py)
 
     @property
     def qk_head_dim(self) -> int:
@@ -165,7 +163,7 @@ class MLAModelConfig:
         return scaling
 
     def is_moe_layer(self, layer: int) -> bool:
-        return layer >= self.moe.first_k_dense_replace
+        return self.mlp_layer_types[layer] == "moe"
 
     def expanded_kv_bytes_per_token(self, dtype_bytes: int) -> int:
         """What a per-head expanded K/V cache (K = dn + dr, V = dv per head) would need."""
@@ -181,8 +179,8 @@ class MLAModelConfig:
                     eos_token_ids=list(self.eos_token_ids), softmax_scale=self.softmax_scale,
                     rope_type=self.rope.rope_type, rope_form=self.rope_form,
                     num_moe_layers=sum(self.is_moe_layer(i) for i in range(self.num_layers)),
-                    n_routed_experts=self.moe.n_routed_experts,
-                    num_experts_per_tok=self.moe.num_experts_per_tok)
+                    n_routed_experts=self.moe.n_routed_experts if self.moe else 0,
+                    num_experts_per_tok=self.moe.num_experts_per_tok if self.moe else 0, family=self.family)
 
     # ---------------------------------------------------------------- loading
     @classmethod
@@ -196,38 +194,50 @@ class MLAModelConfig:
     @classmethod
     def from_dict(cls, raw: dict) -> "MLAModelConfig":
         model_type = raw.get("model_type")
-        if model_type not in SUPPORTED_MODEL_TYPES:
-            raise ConfigError(f"unsupported model_type {model_type!r}: this exporter converts "
-                              f"{' and '.join(SUPPORTED_MODEL_TYPES)} (DeepSeek-V2/V3-style MLA) models")
-        if raw.get("quantization_config"):
-            qm = raw["quantization_config"].get("quant_method", "?")
-            raise ConfigError(f"quantized checkpoints are not supported (quantization_config.quant_method="
-                              f"{qm!r}); convert the weights to bf16/f16/f32 first")
-        d = {**_DEFAULTS[model_type], **{k: v for k, v in raw.items() if v is not None or k == "q_lora_rank"}}
-        # transformers 5.24 keeps an explicit null (its configs are dataclasses) and tests these two
+        try:
+            fam = _family(model_type)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        quant = raw.get("quantization_config")
+        if quant:
+            qm = quant.get("quant_method", "?") if isinstance(quant, dict) else quant
+            if not (isinstance(quant, dict) and fp8_block_size(quant, ConfigError) is not None):
+                raise ConfigError(f"quantized checkpoints are not supported (quantization_config.quant_method="
+                                  f"{qm!r}); FP8 checkpoints with block scales (DeepSeek's) are read directly, "
+                                  "others need converting to bf16/f16/f32 first")
+        d = {**fam.defaults, **{k: v for k, v in raw.items() if v is not None or k == "q_lora_rank"}}
+        # transformers keeps an explicit null (its configs are dataclasses) and tests these two
         # for truth: null means rotate-half RoPE and no top-k renormalisation, not the default.
         for key in ("rope_interleave", "norm_topk_prob"):
             if key in raw and raw[key] is None:
                 d[key] = False
-        missing = [k for k in _REQUIRED_INTS if k not in raw or raw[k] is None]
+        d = fam.prepare(d, ConfigError)
+        missing = [k for k in fam.required if d.get(k) is None]
         if missing:
             raise ConfigError(f"config.json lacks required key(s): {', '.join(missing)}")
-        ints = {k: _positive_int(d, k) for k in _REQUIRED_INTS}
+        ints = {k: _positive_int(d, k) for k in fam.required}
+        ints["v_head_dim"] = _positive_int(d, "v_head_dim")
         ints["max_position_embeddings"] = _positive_int(d, "max_position_embeddings")
         q_lora_rank = d.get("q_lora_rank")
         if q_lora_rank is not None:
             q_lora_rank = _positive_int(d, "q_lora_rank")
-        if d["hidden_act"] != "silu":
-            raise ConfigError(f"hidden_act {d['hidden_act']!r} is not supported (DeepSeek models use 'silu')")
+        if d.get("hidden_act", "silu") != "silu":
+            raise ConfigError(f"hidden_act {d['hidden_act']!r} is not supported (these MLA models use 'silu')")
         if ints["qk_rope_head_dim"] % 2:
             raise ConfigError(f"qk_rope_head_dim must be even, got {ints['qk_rope_head_dim']}")
-        rope = _rope_config(d, ints["qk_rope_head_dim"], ints["max_position_embeddings"])
+        rope = _rope_config(d, fam.rope_head_dim(d, ints), ints["max_position_embeddings"])
         if rope.dim != ints["qk_rope_head_dim"]:
-            raise ConfigError("partial_rotary_factor != 1 is not supported for MLA (k_pe is rotated whole)")
-        if model_type == "deepseek_v2":
-            rope_form = "complex"
-        else:
-            rope_form = "interleave" if d["rope_interleave"] else "half"
+            raise ConfigError(f"RoPE rotates {rope.dim} values (partial_rotary_factor) but qk_rope_head_dim is "
+                              f"{ints['qk_rope_head_dim']}: MLA rotates the rope part of each head whole")
+        layer_types = fam.mlp_layer_types(d, ints, ConfigError)
+        moe = None
+        if fam.has_moe and "moe" in layer_types:
+            ints["moe_intermediate_size"] = _positive_int(d, "moe_intermediate_size")
+            try:
+                scoring, method = fam.router(d)
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
+            moe = _moe_config(d, scoring, method, ints)
         eos_ids = _token_ids(d, "eos_token_id", ints["vocab_size"])
         bos_ids = _token_ids(d, "bos_token_id", ints["vocab_size"])
         if len(bos_ids) > 1:
@@ -238,11 +248,28 @@ class MLAModelConfig:
             kv_lora_rank=ints["kv_lora_rank"], qk_nope_head_dim=ints["qk_nope_head_dim"],
             qk_rope_head_dim=ints["qk_rope_head_dim"], v_head_dim=ints["v_head_dim"],
             intermediate_size=ints["intermediate_size"], max_position_embeddings=ints["max_position_embeddings"],
-            rms_norm_eps=_positive_float(d, "rms_norm_eps"), attention_bias=bool(d["attention_bias"]),
-            mlp_bias=bool(d.get("mlp_bias", False)) and model_type == "deepseek_v2",
-            tie_word_embeddings=bool(d["tie_word_embeddings"]), rope=rope, rope_form=rope_form,
-            moe=_moe_config(d, model_type, ints), bos_token_id=d.get("bos_token_id"), eos_token_ids=eos_ids,
-            raw=raw)
+            rms_norm_eps=_positive_float(d, "rms_norm_eps"), attention_bias=bool(d.get("attention_bias", False)),
+            mlp_bias=fam.mlp_bias(d), tie_word_embeddings=bool(d.get("tie_word_embeddings", False)), rope=rope,
+            rope_form=fam.rope_form(d), moe=moe, bos_token_id=d.get("bos_token_id"), eos_token_ids=eos_ids,
+            raw=raw, family=fam.name, mlp_layer_types=layer_types, block=fam.block(d, ints, ConfigError))
+
+
+def fp8_block_size(quant: dict, error=ValueError) -> tuple[int, int] | None:
+    """(rows, cols) of DeepSeek's FP8 weight blocks when `quantization_config` describes them
+    (`quant_method: fp8`, e4m3 codes, a `weight_scale_inv` per block), else None."""
+    if quant.get("quant_method") != "fp8":
+        return None
+    fmt = quant.get("fmt", "e4m3")
+    if fmt != "e4m3":
+        raise error(f"config.json: quantization_config.fmt {fmt!r} is not supported (FP8 checkpoints use e4m3)")
+    if quant.get("activation_scheme", "dynamic") != "dynamic":
+        raise error(f"config.json: quantization_config.activation_scheme {quant.get('activation_scheme')!r} is "
+                    "not supported (static activation scales change the math; DeepSeek's checkpoints say dynamic)")
+    block = quant.get("weight_block_size")
+    if (not isinstance(block, list) or len(block) != 2
+            or any(isinstance(v, bool) or not isinstance(v, int) or v <= 0 for v in block)):
+        raise error(f"config.json: quantization_config.weight_block_size must be two positive integers, got {block!r}")
+    return int(block[0]), int(block[1])
 
 
 def _token_ids(d: dict, key: str, vocab: int) -> tuple[int, ...]:
@@ -288,8 +315,11 @@ def _rope_config(d: dict, rope_dim: int, max_pos: int) -> RopeConfig:
         raise ConfigError(f"config.json: rope_theta must be a number > 1, got {theta!r}")
     if rope_type == "default":
         return RopeConfig("default", float(theta), dim)
+    if rope_type == "longrope":
+        return _longrope(d, params, float(theta), dim, max_pos)
     if rope_type != "yarn":
-        raise ConfigError(f"rope type {rope_type!r} is not supported (DeepSeek models use 'default' or 'yarn')")
+        raise ConfigError(f"rope type {rope_type!r} is not supported (these MLA models use 'default', 'yarn' "
+                          "or 'longrope')")
     orig = d.get("original_max_position_embeddings")
     if orig is None:
         orig = params.get("original_max_position_embeddings", max_pos)
@@ -309,48 +339,52 @@ def _rope_config(d: dict, rope_dim: int, max_pos: int) -> RopeConfig:
                       attention_factor=opt("attention_factor"), truncate=bool(params.get("truncate", True)))
 
 
-def _moe_config(d: dict, model_type: str, ints: dict) -> MoEConfig:
+def _longrope(d: dict, params: dict, theta: float, dim: int, max_pos: int) -> RopeConfig:
+    """LongRoPE (MiniCPM3): per-frequency divisors, short ones up to original_max_position_embeddings
+    and long ones beyond; cos/sin scaled by sqrt(1 + log(factor) / log(original)) (transformers)."""
+    orig = params.get("original_max_position_embeddings", d.get("original_max_position_embeddings"))
+    if isinstance(orig, bool) or not isinstance(orig, int) or orig <= 1:
+        raise ConfigError(f"config.json: longrope needs original_max_position_embeddings > 1, got {orig!r}")
+    factors = {}
+    for key in ("short_factor", "long_factor"):
+        v = params.get(key)
+        if (not isinstance(v, list) or len(v) != dim // 2
+                or any(isinstance(x, bool) or not isinstance(x, (int, float)) or not x > 0 for x in v)):
+            raise ConfigError(f"config.json: rope {key} must be {dim // 2} positive numbers, got {v!r}")
+        factors[key] = tuple(float(x) for x in v)
+    factor = params.get("factor")
+    if factor is None:
+        factor = max_pos / orig
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or factor <= 0:
+        raise ConfigError(f"config.json: rope factor must be a positive number, got {factor!r}")
+    att = params.get("attention_factor")
+    return RopeConfig("longrope", theta, dim, factor=float(factor), original_max_position_embeddings=orig,
+                      attention_factor=None if att is None else float(att), **factors)
+
+
+def _moe_config(d: dict, scoring: str, method: str, ints: dict) -> MoEConfig:
     n_exp = _positive_int(d, "n_routed_experts")
-    top_k = _positive_int(d, "num_experts_per_tok") if d.get("num_experts_per_tok") is not None else None
-    first_dense = d.get("first_k_dense_replace")
-    if not isinstance(first_dense, int) or first_dense < 0:
-        raise ConfigError(f"config.json: first_k_dense_replace must be an integer >= 0, got {first_dense!r}")
-    if top_k is None:
-        if first_dense < ints["num_hidden_layers"]:
-            raise ConfigError("config.json: num_experts_per_tok is required when there are MoE layers")
-        top_k = 1
+    top_k = _positive_int(d, "num_experts_per_tok")
     shared = d.get("n_shared_experts") or 0
-    if not isinstance(shared, int) or shared < 0:
+    if isinstance(shared, bool) or not isinstance(shared, int) or shared < 0:
         raise ConfigError(f"config.json: n_shared_experts must be an integer >= 0, got {shared!r}")
-    if model_type == "deepseek_v3":
-        scoring, method = "sigmoid", "noaux_tc"
-        declared = d.get("scoring_func")
-        if declared not in (None, "sigmoid"):
-            raise ConfigError(f"scoring_func {declared!r} is not supported for deepseek_v3 (transformers uses sigmoid)")
-        n_group, topk_group = _positive_int(d, "n_group"), _positive_int(d, "topk_group")
+    if method == "greedy":
+        n_group, topk_group = 1, 1
     else:
-        scoring, method = "softmax", d.get("topk_method") or "greedy"
-        declared = d.get("scoring_func")
-        if declared not in (None, "softmax"):
-            raise ConfigError(f"scoring_func {declared!r} is not supported for deepseek_v2 (transformers uses softmax)")
-        if method not in ("greedy", "group_limited_greedy"):
-            raise ConfigError(f"topk_method {method!r} is not supported for deepseek_v2 "
-                              "(transformers knows 'greedy' and 'group_limited_greedy')")
-        if method == "greedy":
-            n_group, topk_group = 1, 1
-        else:
-            n_group, topk_group = _positive_int(d, "n_group"), _positive_int(d, "topk_group")
+        n_group, topk_group = _positive_int(d, "n_group"), _positive_int(d, "topk_group")
     if n_exp % n_group:
         raise ConfigError(f"n_routed_experts ({n_exp}) must be a multiple of n_group ({n_group})")
     if topk_group > n_group:
         raise ConfigError(f"topk_group ({topk_group}) must be <= n_group ({n_group})")
-    if model_type == "deepseek_v3" and n_exp // n_group < 2:
-        raise ConfigError("deepseek_v3 routing sums the top-2 scores of each group: "
+    if method in ("noaux_tc", "group_top2") and n_exp // n_group < 2:
+        raise ConfigError("this router sums the top-2 scores of each group: "
                           f"n_routed_experts / n_group must be >= 2, got {n_exp // n_group}")
     if top_k > topk_group * (n_exp // n_group):
         raise ConfigError(f"num_experts_per_tok ({top_k}) exceeds the experts of the {topk_group} chosen group(s)")
+    first = d.get("first_k_dense_replace")
     return MoEConfig(n_routed_experts=n_exp, num_experts_per_tok=top_k,
                      moe_intermediate_size=ints["moe_intermediate_size"], n_shared_experts=shared,
-                     first_k_dense_replace=first_dense, routed_scaling_factor=float(d["routed_scaling_factor"]),
+                     first_k_dense_replace=first if isinstance(first, int) else 0,
+                     routed_scaling_factor=float(d["routed_scaling_factor"]),
                      norm_topk_prob=bool(d["norm_topk_prob"]), scoring=scoring, topk_method=method,
                      n_group=n_group, topk_group=topk_group)

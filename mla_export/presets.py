@@ -63,15 +63,44 @@ def tiny_config(model_type: str = "deepseek_v3", **overrides) -> dict:
                              original_max_position_embeddings=128, beta_fast=32, beta_slow=1,
                              mscale=1.0, mscale_all_dim=1.0),
     )
-    if model_type == "deepseek_v3":
-        common.update(n_group=2, topk_group=1, routed_scaling_factor=2.5, norm_topk_prob=True,
-                      rope_interleave=True)
-    elif model_type == "deepseek_v2":
-        common.update(topk_method="group_limited_greedy", n_group=2, topk_group=1, routed_scaling_factor=1.5)
-    else:
-        raise ValueError(f"make_checkpoint: model_type must be deepseek_v2 or deepseek_v3, got {model_type!r}")
+    if model_type not in FAMILY_CONFIGS:
+        raise ValueError(f"make_checkpoint: model_type must be one of {', '.join(FAMILY_CONFIGS)}, got {model_type!r}")
+    common.update(FAMILY_CONFIGS[model_type])
+    for key in _NOT_KEYS.get(model_type, ()):
+        common.pop(key, None)
     common.update(overrides)
     return common
+
+
+_V3_ROUTING = dict(n_group=2, topk_group=1, routed_scaling_factor=2.5, norm_topk_prob=True, rope_interleave=True)
+# Each family's tiny keys on top of the common ones: what makes every difference of the family show.
+FAMILY_CONFIGS = {
+    "deepseek_v3": _V3_ROUTING,
+    "deepseek_v2": dict(topk_method="group_limited_greedy", n_group=2, topk_group=1, routed_scaling_factor=1.5),
+    # Kimi K2: V3's classes under its own model_type (one expert group, as the released config)
+    "kimi_k2": dict(_V3_ROUTING, n_group=1, topk_group=1, routed_scaling_factor=2.827),
+    "glm4_moe_lite": dict(_V3_ROUTING, mlp_layer_types=["dense", "sparse", "sparse"], rms_norm_eps=1e-5),
+    "sarvam_mla": dict(_V3_ROUTING, n_group=1, topk_group=1, q_lora_rank=None),
+    "youtu": dict(rope_interleave=True, tie_word_embeddings=True),
+    "axk1": dict(_V3_ROUTING, mlp_layer_types=["dense", "sparse", "sparse"]),
+    "minicpm3": dict(scale_emb=12, scale_depth=1.4, dim_model_base=16, tie_word_embeddings=True, rms_norm_eps=1e-5,
+                     rope_parameters=dict(rope_type="longrope", rope_theta=10000.0, original_max_position_embeddings=512,
+                                          short_factor=[1.0 + 0.15 * i for i in range(8)],
+                                          long_factor=[2.0 + 0.5 * i for i in range(8)])),
+    "mistral4": dict(n_group=2, topk_group=1, routed_scaling_factor=1.5, norm_topk_prob=True, rope_interleave=True,
+                     first_k_dense_replace=1, max_position_embeddings=512,
+                     # original_max 4 so that the tests' positions cross several query-scale steps
+                     rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
+                                          original_max_position_embeddings=4, beta_fast=32.0, beta_slow=1.0,
+                                          mscale=1.0, mscale_all_dim=1.0, llama_4_scaling_beta=0.1)),
+}
+_MOE_KEYS = ("n_routed_experts", "n_shared_experts", "num_experts_per_tok", "first_k_dense_replace",
+             "moe_intermediate_size")
+# keys the family's transformers config class does not take (strict dataclasses refuse them)
+_NOT_KEYS = {"youtu": _MOE_KEYS, "minicpm3": _MOE_KEYS, "glm4_moe_lite": ("first_k_dense_replace",),
+             "axk1": ("first_k_dense_replace",)}
+# model types transformers has no class for: (the class's model_type, what config.json then says)
+SAVED_AS = {"kimi_k2": "deepseek_v3"}
 
 
 def train_tokenizer(vocab_size: int, text: str = _TEXT):
@@ -104,6 +133,8 @@ def _perturb(model, seed: int) -> None:
     g = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for name, p in list(model.named_parameters()) + list(model.named_buffers()):
+            if "rotary_emb" in name or name.endswith("embed_scale"):
+                continue
             if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
                 p.add_(0.2 * torch.randn(p.shape, generator=g))
             elif name.endswith("e_score_correction_bias") or name.endswith(".bias"):
@@ -116,21 +147,40 @@ def make_checkpoint(out_dir, model_type: str = "deepseek_v3", seed: int = 0, *, 
 
     dtype: the saved weights' dtype ("float32", "bfloat16" or "float16")."""
     import torch
-    from transformers import DeepseekV2Config, DeepseekV2ForCausalLM, DeepseekV3Config, DeepseekV3ForCausalLM
+    from transformers import AutoConfig
 
-    classes = {"deepseek_v2": (DeepseekV2Config, DeepseekV2ForCausalLM),
-               "deepseek_v3": (DeepseekV3Config, DeepseekV3ForCausalLM)}
     cfg_dict = tiny_config(model_type, **overrides)
-    config_cls, model_cls = classes[model_type]
     torch.manual_seed(seed)
-    model = model_cls(config_cls(**cfg_dict)).eval()
+    config = AutoConfig.for_model(SAVED_AS.get(model_type, model_type), **cfg_dict)
+    model = causal_lm_class(config)(config).eval()
     _perturb(model, seed)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model.to(getattr(torch, dtype)).save_pretrained(out)
+    if model_type in SAVED_AS:  # as the released config.json names it (transformers reads it as its class)
+        path = out / "config.json"
+        path.write_text(json.dumps(dict(json.loads(path.read_text()), model_type=model_type), indent=2) + "\n")
     if tokenizer:
         _write_tokenizer(out, cfg_dict["vocab_size"])
     return out
+
+
+def causal_lm_class(config):
+    """transformers' causal-LM class of a config (some, e.g. Mistral 4, are missing from
+    AutoModelForCausalLM's table in 5.25: then the `*ForCausalLM` class of the model's module)."""
+    import importlib
+
+    from transformers import AutoModelForCausalLM
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    if type(config) in MODEL_FOR_CAUSAL_LM_MAPPING:
+        return MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+    module = importlib.import_module(type(config).__module__.replace(".configuration_", ".modeling_"))
+    names = [n for n in dir(module) if n.endswith("ForCausalLM")]
+    if len(names) != 1:
+        raise ValueError(f"no single causal-LM class for {type(config).__name__} (AutoModelForCausalLM: "
+                         f"{AutoModelForCausalLM.__name__}; found {names})")
+    return getattr(module, names[0])
 
 
 def make_numpy_checkpoint(out_dir, model_type: str = "deepseek_v3", seed: int = 0, *, tokenizer: bool = True,

@@ -51,11 +51,22 @@ class PagedSession:
 
 
 def load_hf(model_dir):
+    import json
+    from pathlib import Path
+
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig
+
+    from mla_export.presets import SAVED_AS, causal_lm_class
 
     torch.manual_seed(0)
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    raw = json.loads((Path(model_dir) / "config.json").read_text())
+    if raw.get("model_type") in SAVED_AS:  # Kimi K2: DeepSeek-V3's code under another model_type (remote code)
+        config = AutoConfig.for_model(SAVED_AS[raw["model_type"]])
+        config = type(config).from_dict(dict(raw, model_type=SAVED_AS[raw["model_type"]]))
+    else:
+        config = AutoConfig.from_pretrained(model_dir)
+    return causal_lm_class(config).from_pretrained(model_dir, config=config, dtype=torch.float32).eval()
 
 
 def hf_last_logits(model, tokens) -> np.ndarray:

@@ -38,9 +38,11 @@ def rope_tables(cfg: MLAModelConfig) -> tuple[np.ndarray, np.ndarray]:
 
     freqs = position * inv_freq in float32 as transformers computes them; cos/sin evaluated in
     float64 and rounded, then scaled by YaRN's attention_scaling in float32 (as transformers)."""
-    inv_freq = cfg.rope.inv_freq()
     pos = np.arange(cfg.max_position_embeddings, dtype=np.float32)
-    freqs = (pos[:, None] * inv_freq[None, :]).astype(np.float32)
+    freqs = (pos[:, None] * cfg.rope.inv_freq()[None, :]).astype(np.float32)
+    if cfg.rope.rope_type == "longrope":  # the long factors from original_max_position_embeddings on
+        orig = cfg.rope.original_max_position_embeddings
+        freqs[orig:] = (pos[orig:, None] * cfg.rope.inv_freq(long=True)[None, :]).astype(np.float32)
     scaling = np.float32(cfg.rope.cos_sin_scaling())
     cos = np.cos(freqs.astype(np.float64)).astype(np.float32) * scaling
     sin = np.sin(freqs.astype(np.float64)).astype(np.float32) * scaling
@@ -116,6 +118,8 @@ def attention(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig, i: int
     kv_c = norm(g, rd, f"{p}.kv_a_layernorm.weight", kv_c, r, 1e-6)  # transformers: default eps
     q_pe = _rope(g, q_pe, io["cos_q"], io["sin_q"], dr // 2)
     k_pe = _rope(g, k_pe, io["cos_k"], io["sin_k"], dr // 2)
+    if "q_scale" in io:  # Mistral 4: the whole query (both parts) times a per-position factor
+        q_nope, q_pe = g.op("Mul", q_nope, io["q_scale"]), g.op("Mul", q_pe, io["q_scale"])
 
     # Absorbed up-projections from kv_b_proj [H * (dn + dv), r]: per head rows [k_nope (dn) | v (dv)].
     wkv = rd.get(f"{p}.kv_b_proj.weight", (h * (dn + dv), r)).reshape(h, dn + dv, r)

@@ -97,12 +97,16 @@ def _build(g: GraphBuilder, reader: CheckpointReader, cfg: MLAModelConfig,
     io = _inputs(g, cfg)
     io["kv_dtype"] = kv_dtype  # the cache row format the MLA nodes read and write (kv_dtype attribute)
     h, table = _embed(g, reader, cfg)
+    if cfg.block["embed_scale"] != 1.0:  # MiniCPM3's scale_emb (lm_head, when tied, reads the unscaled table)
+        h = g.op("Mul", h, g.f32(cfg.block["embed_scale"]))
     for i in range(cfg.num_layers):
         h = _decoder_layer(g, reader, cfg, i, h, io, moe_forms)
         if progress:
             progress(i + 1, cfg.num_layers)
     picked = g.op("Gather", h, "logits_indices", axis=0)  # [B, hidden]: norm + lm_head on B rows only
     picked = norm(g, reader, "model.norm.weight", picked, cfg.hidden_size, cfg.rms_norm_eps)
+    if cfg.block["logits_divisor"] != 1.0:  # MiniCPM3: hidden / (hidden_size / dim_model_base)
+        picked = g.op("Div", picked, g.f32(cfg.block["logits_divisor"]))
     _logits(g, reader, cfg, picked, table, moe_forms)
 
 
@@ -123,9 +127,21 @@ def _inputs(g: GraphBuilder, cfg: MLAModelConfig) -> dict:
     cos, sin = rope_tables(cfg)
     cos_k = g.op("Gather", g.f32_tensor("rope.cos", cos), ck["positions"], axis=0)  # [T, dr]
     sin_k = g.op("Gather", g.f32_tensor("rope.sin", sin), ck["positions"], axis=0)
-    return dict(slot_mapping=ck["slot_mapping"], query_start_loc="query_start_loc", seq_lens="seq_lens",
-                block_tables="block_tables", cos_k=cos_k, sin_k=sin_k,
-                cos_q=g.op("Unsqueeze", cos_k, g.i64(1)), sin_q=g.op("Unsqueeze", sin_k, g.i64(1)))
+    io = dict(slot_mapping=ck["slot_mapping"], query_start_loc="query_start_loc", seq_lens="seq_lens",
+              block_tables="block_tables", cos_k=cos_k, sin_k=sin_k,
+              cos_q=g.op("Unsqueeze", cos_k, g.i64(1)), sin_q=g.op("Unsqueeze", sin_k, g.i64(1)))
+    if cfg.block["q_position_scale"] is not None:
+        io["q_scale"] = _query_position_scale(g, ck["positions"], *cfg.block["q_position_scale"])
+    return io
+
+
+def _query_position_scale(g: GraphBuilder, positions: str, beta: float, original: float) -> str:
+    """[T, 1, 1]: 1 + beta * log(1 + floor(position / original)) in float32, as transformers'
+    `get_llama_4_attn_scale` (Mistral 4) computes it; the same for every layer."""
+    pos = g.op("Cast", positions, to=TensorProto.FLOAT)
+    steps = g.op("Floor", g.op("Div", pos, g.f32(original)))
+    scale = g.op("Add", g.op("Mul", g.op("Log", g.op("Add", steps, g.f32(1.0))), g.f32(beta)), g.f32(1.0))
+    return g.op("Reshape", scale, g.i64(-1, 1, 1))
 
 
 def _embed(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig) -> tuple[str, str]:
@@ -185,11 +201,20 @@ def _lm_head(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig, embeddi
 def _decoder_layer(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig, i: int, h: str, io: dict,
                    moe_forms: dict[str, str] | None) -> str:
     p = f"model.layers.{i}"
+    scale = cfg.block["residual_scale"]  # MiniCPM3: scale_depth / sqrt(layers) on each sub-layer's output
+
+    def residual(h: str, y: str) -> str:
+        return g.op("Add", h, y if scale == 1.0 else g.op("Mul", y, g.f32(scale)))
+
     x = norm(g, rd, f"{p}.input_layernorm.weight", h, cfg.hidden_size, cfg.rms_norm_eps)
-    h = g.op("Add", h, attention(g, rd, cfg, i, x, io))
+    h = residual(h, attention(g, rd, cfg, i, x, io))
     x = norm(g, rd, f"{p}.post_attention_layernorm.weight", h, cfg.hidden_size, cfg.rms_norm_eps)
     if cfg.is_moe_layer(i):
         y = moe(g, rd, cfg, i, x, moe_forms)
+        if cfg.block["post_moe_norm"]:  # A.X-K1: the released files keep it at the layer, transformers in mlp
+            name = next((n for n in (f"{p}.post_mlp_layernorm.weight", f"{p}.mlp.post_mlp_layernorm.weight")
+                         if rd.has(n)), f"{p}.post_mlp_layernorm.weight")
+            y = norm(g, rd, name, y, cfg.hidden_size, cfg.rms_norm_eps)
     else:
         y = dense_mlp(g, rd, f"{p}.mlp", x, cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
-    return g.op("Add", h, y)
+    return residual(h, y)

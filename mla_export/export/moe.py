@@ -77,8 +77,12 @@ def router(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig, prefix: s
     k = g.i64(moe.num_experts_per_tok)
     if moe.scoring == "sigmoid":  # DeepseekV3TopkRouter
         scores = g.op("Sigmoid", logits)
-        bias = g.f32_tensor(f"{prefix}.gate.e_score_correction_bias",
-                            rd.get(f"{prefix}.gate.e_score_correction_bias", (n_exp,)))
+        bias_name = f"{prefix}.gate.e_score_correction_bias"
+        if cfg.block["optional_router_bias"] and not rd.has(bias_name):
+            bias_value = np.zeros(n_exp, np.float32)  # transformers' init when the file has none (A.X-K1)
+        else:
+            bias_value = rd.get(bias_name, (n_exp,))
+        bias = g.f32_tensor(bias_name, bias_value)
         choice = g.op("Add", scores, bias)
         if moe.topk_group < moe.n_group:  # with every group kept the mask is all true: skip it
             keep = _group_mask(g, choice, n_exp, moe.n_group, moe.topk_group, "top2_sum")
@@ -88,7 +92,18 @@ def router(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig, prefix: s
         if moe.norm_topk_prob:
             denom = g.op("Add", g.op("ReduceSum", weights, g.i64(-1), keepdims=1), g.f32(1e-20))
             weights = g.op("Div", weights, denom)
-    else:  # DeepseekV2TopkRouter; it ignores norm_topk_prob in transformers 5.24, and so do we
+    elif moe.topk_method == "group_top2":  # Mistral4TopkRouter: softmax, top-2-sum groups, optional renorm
+        scores = g.op("Softmax", logits, axis=-1)
+        choice = scores
+        if moe.topk_group < moe.n_group:
+            keep = _group_mask(g, scores, n_exp, moe.n_group, moe.topk_group, "top2_sum")
+            choice = g.op("Where", keep, scores, g.f32(0.0))
+        idx = g.op("TopK", choice, k, axis=-1, n_out=2)[1]
+        weights = g.op("GatherElements", scores, idx, axis=1)
+        if moe.norm_topk_prob:
+            denom = g.op("Add", g.op("ReduceSum", weights, g.i64(-1), keepdims=1), g.f32(1e-20))
+            weights = g.op("Div", weights, denom)
+    else:  # DeepseekV2TopkRouter; it ignores norm_topk_prob in transformers 5.25, and so do we
         scores = g.op("Softmax", logits, axis=-1)
         if moe.topk_method == "group_limited_greedy" and moe.topk_group < moe.n_group:
             keep = _group_mask(g, scores, n_exp, moe.n_group, moe.topk_group, "max")

@@ -25,7 +25,8 @@ import numpy as np
 __all__ = ["write_random_checkpoint", "tensor_shapes", "save_safetensors"]
 
 _ARCH = {"deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM"}
-_ST_DTYPES = {np.dtype("<f4"): "F32", np.dtype("<f2"): "F16", np.dtype(ml_dtypes.bfloat16): "BF16"}
+_ST_DTYPES = {np.dtype("<f4"): "F32", np.dtype("<f2"): "F16", np.dtype(ml_dtypes.bfloat16): "BF16",
+              np.dtype(ml_dtypes.float8_e4m3fn): "F8_E4M3"}
 _NP_DTYPES = {"float32": np.dtype("<f4"), "float16": np.dtype("<f2"), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
 
 
@@ -84,7 +85,7 @@ def save_safetensors(path: Path, tensors: dict[str, np.ndarray], metadata: dict 
     for name, arr in tensors.items():
         arr = np.ascontiguousarray(arr)
         if arr.dtype not in _ST_DTYPES:
-            raise ValueError(f"tensor {name!r}: dtype {arr.dtype} is not written here (f32/f16/bf16 only)")
+            raise ValueError(f"tensor {name!r}: dtype {arr.dtype} is not written here (f32/f16/bf16/f8_e4m3 only)")
         header[name] = {"dtype": _ST_DTYPES[arr.dtype], "shape": list(arr.shape),
                         "data_offsets": [offset, offset + arr.nbytes]}
         offset += arr.nbytes

@@ -162,6 +162,12 @@ class MLAModelConfig:
             scaling = scaling * m * m
         return scaling
 
+    @property
+    def fp8_block(self) -> tuple[int, int] | None:
+        """(rows, cols) of the checkpoint's FP8 weight blocks, None for a float checkpoint."""
+        quant = self.raw.get("quantization_config")
+        return fp8_block_size(quant, ConfigError) if isinstance(quant, dict) else None
+
     def is_moe_layer(self, layer: int) -> bool:
         return self.mlp_layer_types[layer] == "moe"
 

@@ -8,6 +8,11 @@ file: mapped pages would count in the exporter's resident set until the end), so
 holds only the tensors of the layer it is building. bf16 comes through `ml_dtypes`, so no torch is needed. Tensors come back as
 float32 numpy arrays; the caller says which shape it expects and gets a `WeightError` naming the
 tensor when the file disagrees.
+
+FP8 checkpoints as DeepSeek (V3, R1, V3.1, V3.2) and Kimi K2 ship them: a projection's `weight`
+holds float8_e4m3fn codes and `weight_scale_inv` one float32 multiplier per block of
+`weight_block_size` (128 x 128) values; `get` returns codes x multiplier, block by block, in
+float32, one tensor at a time (no bf16 copy on disk, no more memory than a bf16 tensor's read).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-__all__ = ["CheckpointReader", "WeightError", "SafetensorsFile"]
+__all__ = ["CheckpointReader", "WeightError", "SafetensorsFile", "FP8_SCALE_SUFFIX", "dequantize_fp8_blocks"]
 
 # safetensors dtype names -> numpy dtypes (little-endian, as the format stores them)
 _DTYPES = {"F64": np.dtype("<f8"), "F32": np.dtype("<f4"), "F16": np.dtype("<f2"),
@@ -27,6 +32,8 @@ _DTYPES = {"F64": np.dtype("<f8"), "F32": np.dtype("<f4"), "F16": np.dtype("<f2"
            "I16": np.dtype("<i2"), "I8": np.dtype("i1"), "U8": np.dtype("u1"), "BOOL": np.dtype("?"),
            "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn), "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2)}
 _FLOAT_DTYPES = {"F32", "F16", "BF16", "F64"}
+_FP8_DTYPES = {"F8_E4M3"}  # DeepSeek's block-scaled weights (quantization_config.fmt: e4m3)
+FP8_SCALE_SUFFIX = "_scale_inv"  # `x.weight` -> `x.weight_scale_inv`
 _MAX_HEADER = 256 << 20  # the format's own reference implementation refuses headers over 100 MB
 
 
@@ -95,9 +102,32 @@ class SafetensorsFile:
         self._file.close()
 
 
+def dequantize_fp8_blocks(codes: np.ndarray, scale_inv: np.ndarray, block: tuple[int, int], name: str = "weight"
+                          ) -> np.ndarray:
+    """float32 codes * scale_inv[i // block_rows, j // block_cols] for a 2-D e4m3 weight (the last
+    blocks of a row or column may be partial, as DeepSeek's own `weight_dequant` allows)."""
+    rows, cols = codes.shape
+    br, bc = block
+    want = (-(-rows // br), -(-cols // bc))
+    if scale_inv.shape != want:
+        raise WeightError(f"tensor {name + FP8_SCALE_SUFFIX!r} has shape {list(scale_inv.shape)}, expected {list(want)} "
+                          f"(one scale per {br}x{bc} block of the {rows}x{cols} weight)")
+    scale = scale_inv.astype(np.float32, copy=False)
+    if not (np.isfinite(scale).all() and (scale > 0).all()):
+        raise WeightError(f"tensor {name + FP8_SCALE_SUFFIX!r} holds scales that are not finite and positive")
+    out = codes.astype(np.float32)
+    for i in range(want[0]):  # block rows: one [br, cols] slab scaled at a time
+        slab = out[i * br:(i + 1) * br]
+        slab *= np.repeat(scale[i], bc)[:cols][None, :]
+    return out
+
+
 class CheckpointReader:
-    def __init__(self, model_dir: str | Path):
+    def __init__(self, model_dir: str | Path, fp8_block: tuple[int, int] | None = None):
+        """fp8_block: (rows, cols) of the FP8 weights' scale blocks (config.json's
+        quantization_config.weight_block_size); None refuses FP8 tensors."""
         self.model_dir = Path(model_dir)
+        self.fp8_block = fp8_block
         self._where: dict[str, Path] = {}
         self._open: dict[Path, SafetensorsFile] = {}
         index = self.model_dir / "model.safetensors.index.json"
@@ -127,8 +157,10 @@ class CheckpointReader:
         return self._open[path]
 
     def num_params(self) -> int:
-        """Values in every tensor of the checkpoint (all shards; from the headers only)."""
-        return sum(int(np.prod(shape, dtype=np.int64)) for shape, _ in self._headers())
+        """Values in every tensor of the checkpoint (all shards; from the headers only; FP8 block
+        scales are not parameters)."""
+        return sum(int(np.prod(shape, dtype=np.int64)) for name, shape, _ in self._headers()
+                   if not name.endswith(FP8_SCALE_SUFFIX))
 
     def has(self, name: str) -> bool:
         return name in self._where
@@ -145,12 +177,25 @@ class CheckpointReader:
         """The tensor as a float32 numpy array, checked against `shape` when given."""
         f = self._file(name)
         dtype, got = f.dtype(name), f.shape(name)
-        if dtype not in _FLOAT_DTYPES:
-            raise WeightError(f"tensor {name!r} has dtype {dtype}; only F32/F16/BF16 weights are supported "
-                              "(dequantize FP8/int checkpoints first)")
+        if dtype not in _FLOAT_DTYPES and not (dtype in _FP8_DTYPES and self.fp8_block):
+            if dtype in _FP8_DTYPES:
+                raise WeightError(f"tensor {name!r} holds FP8 codes but config.json has no quantization_config "
+                                  "with quant_method 'fp8' and weight_block_size")
+            raise WeightError(f"tensor {name!r} has dtype {dtype}; only F32/F16/BF16 weights and DeepSeek's "
+                              "block-scaled F8_E4M3 are supported")
         if shape is not None and got != tuple(shape):
             raise WeightError(f"tensor {name!r} has shape {list(got)}, expected {list(shape)} from config.json")
-        arr = f.array(name).astype(np.float32, copy=False)
+        if dtype in _FP8_DTYPES:
+            if len(got) != 2 or not self.has(name + FP8_SCALE_SUFFIX):
+                raise WeightError(f"FP8 tensor {name!r} needs a 2-D shape and its {name + FP8_SCALE_SUFFIX!r} "
+                                  f"(got shape {list(got)})")
+            scale = self._file(name + FP8_SCALE_SUFFIX)
+            if scale.dtype(name + FP8_SCALE_SUFFIX) not in _FLOAT_DTYPES:
+                raise WeightError(f"tensor {name + FP8_SCALE_SUFFIX!r} must be float, got "
+                                  f"{scale.dtype(name + FP8_SCALE_SUFFIX)}")
+            arr = dequantize_fp8_blocks(f.array(name), scale.array(name + FP8_SCALE_SUFFIX), self.fp8_block, name)
+        else:
+            arr = f.array(name).astype(np.float32, copy=False)
         if not np.isfinite(arr).all():
             raise WeightError(f"tensor {name!r} holds NaN or Inf values")
         return arr
@@ -163,11 +208,11 @@ class CheckpointReader:
     def nbytes(self, prefix: str = "") -> int:
         """Stored bytes of the tensors whose names start with `prefix` (from the headers only;
         the export's progress display weighs its phases with them)."""
-        return sum(size for _, size in self._headers(prefix))
+        return sum(size for _, _, size in self._headers(prefix))
 
     def _headers(self, prefix: str = ""):
-        """(shape, stored bytes) of every tensor whose name starts with `prefix`."""
+        """(name, shape, stored bytes) of every tensor whose name starts with `prefix`."""
         for name in self._where:
             if name.startswith(prefix):
                 _, shape, begin, end = self._file(name).entries[name]
-                yield shape, end - begin
+                yield name, shape, end - begin

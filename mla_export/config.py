@@ -110,9 +110,11 @@ class MoEConfig:
     routed_scaling_factor: float
     norm_topk_prob: bool
     scoring: str  # "sigmoid" (V3, with e_score_correction_bias) or "softmax" (V2, Mistral 4)
-    topk_method: str  # V3: "noaux_tc"; V2: "greedy" or "group_limited_greedy"; Mistral 4: "group_top2"
+    topk_method: str  # V3: "noaux_tc"; V2: "greedy", "group_limited_greedy"; Mistral 4: "group_top2";
+    # LongCat-Flash: "zero_experts" (softmax + correction bias over real and identity experts)
     n_group: int
     topk_group: int
+    zero_experts: int = 0  # LongCat-Flash: router ids >= n_routed_experts are identity experts
 
 
 @dataclass(frozen=True)
@@ -374,7 +376,10 @@ def _moe_config(d: dict, scoring: str, method: str, ints: dict) -> MoEConfig:
     shared = d.get("n_shared_experts") or 0
     if isinstance(shared, bool) or not isinstance(shared, int) or shared < 0:
         raise ConfigError(f"config.json: n_shared_experts must be an integer >= 0, got {shared!r}")
-    if method == "greedy":
+    zero = d.get("zero_expert_num") or 0 if method == "zero_experts" else 0
+    if isinstance(zero, bool) or not isinstance(zero, int) or zero < 0:
+        raise ConfigError(f"config.json: zero_expert_num must be an integer >= 0, got {zero!r}")
+    if method in ("greedy", "zero_experts"):
         n_group, topk_group = 1, 1
     else:
         n_group, topk_group = _positive_int(d, "n_group"), _positive_int(d, "topk_group")
@@ -385,12 +390,12 @@ def _moe_config(d: dict, scoring: str, method: str, ints: dict) -> MoEConfig:
     if method in ("noaux_tc", "group_top2") and n_exp // n_group < 2:
         raise ConfigError("this router sums the top-2 scores of each group: "
                           f"n_routed_experts / n_group must be >= 2, got {n_exp // n_group}")
-    if top_k > topk_group * (n_exp // n_group):
+    if top_k > topk_group * (n_exp // n_group) + zero:
         raise ConfigError(f"num_experts_per_tok ({top_k}) exceeds the experts of the {topk_group} chosen group(s)")
     first = d.get("first_k_dense_replace")
     return MoEConfig(n_routed_experts=n_exp, num_experts_per_tok=top_k,
                      moe_intermediate_size=ints["moe_intermediate_size"], n_shared_experts=shared,
                      first_k_dense_replace=first if isinstance(first, int) else 0,
                      routed_scaling_factor=float(d["routed_scaling_factor"]),
-                     norm_topk_prob=bool(d["norm_topk_prob"]), scoring=scoring, topk_method=method,
-                     n_group=n_group, topk_group=topk_group)
+                     norm_topk_prob=bool(d.get("norm_topk_prob", False)), scoring=scoring, topk_method=method,
+                     n_group=n_group, topk_group=topk_group, zero_experts=zero)

@@ -112,7 +112,8 @@ def test_bad_config_values(tmp_path, checkpoint, capsys):
     ckpt = _copy(checkpoint, tmp_path / "cfg")
     cfg = json.loads((ckpt / "config.json").read_text())
     for change, message in [(dict(kv_lora_rank=0), "kv_lora_rank must be a positive integer"),
-                            (dict(quantization_config={"quant_method": "fp8"}), "quantized checkpoints"),
+                            (dict(quantization_config={"quant_method": "fp8"}), "quantization_config.weight_block_size"),
+                            (dict(quantization_config={"quant_method": "awq"}), "quantized checkpoints"),
                             (dict(hidden_act="gelu"), "hidden_act"),
                             (dict(topk_group=5), "topk_group (5) must be <= n_group")]:
         (ckpt / "config.json").write_text(json.dumps(dict(cfg, **change)))

@@ -20,7 +20,7 @@ from mla_export.presets import make_checkpoint
 from test_export_models import BLOCK, NUM_BLOCKS, SCHEDULE, _prompts, openvino_runner, portable_runner
 
 TOL = 1e-5
-FAMILIES = ["kimi_k2", "glm4_moe_lite", "sarvam_mla", "youtu", "axk1", "minicpm3", "mistral4"]
+FAMILIES = ["kimi_k2", "glm4_moe_lite", "sarvam_mla", "youtu", "axk1", "minicpm3", "mistral4", "longcat_flash"]
 BACKENDS = {"openvino-ir": (openvino_runner, "openvino_model.xml"),
             "onnx-in-openvino": (openvino_runner, "model.onnx"),
             "portable-onnxruntime": (portable_runner, "model_portable.onnx")}

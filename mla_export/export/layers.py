@@ -96,11 +96,13 @@ def _rope(g: GraphBuilder, x: str, cos: str, sin: str, half: int) -> str:
     return g.op("Add", g.op("Mul", x, cos), g.op("Mul", swapped, sin))
 
 
-def attention(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig, i: int, x: str, io: dict) -> str:
-    """MLA self-attention of layer i on normed hidden states x [T, hidden] -> [T, hidden].
+def attention(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig, i: int, x: str, io: dict,
+              prefix: str | None = None) -> str:
+    """MLA self-attention on normed hidden states x [T, hidden] -> [T, hidden], reading and writing
+    cache layer i (`kv_cache.{i}`); its weights under `prefix` (default `model.layers.{i}.self_attn`).
 
     io: graph-level values (metadata input names, per-layer cache names, RoPE cos/sin rows)."""
-    p = f"model.layers.{i}.self_attn"
+    p = prefix or f"model.layers.{i}.self_attn"
     h, dn, dr, dv, r = cfg.num_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim, cfg.kv_lora_rank
     hidden, qk = cfg.hidden_size, cfg.qk_head_dim
     perm = deinterleave_perm(dr) if cfg.rope_form in ("interleave", "complex") else np.arange(dr)
@@ -111,11 +113,15 @@ def attention(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig, i: int
         qa = linear(g, rd, f"{p}.q_a_proj", x, cfg.q_lora_rank, hidden, bias=cfg.attention_bias)
         qa = norm(g, rd, f"{p}.q_a_layernorm.weight", qa, cfg.q_lora_rank, 1e-6)  # transformers: default eps
         q = linear(g, rd, f"{p}.q_b_proj", qa, h * qk, cfg.q_lora_rank, rows=q_rows)
+    if cfg.block["q_lora_scale"] != 1.0:  # LongCat-Flash: q times sqrt(hidden / q_lora_rank)
+        q = g.op("Mul", q, g.f32(cfg.block["q_lora_scale"]))
     q_nope, q_pe = g.op("Split", g.op("Reshape", q, g.i64(-1, h, qk)), g.i64(dn, dr), axis=2, n_out=2)
     kv_rows = np.concatenate([np.arange(r), r + perm])
     ckv = linear(g, rd, f"{p}.kv_a_proj_with_mqa", x, r + dr, hidden, bias=cfg.attention_bias, rows=kv_rows)
     kv_c, k_pe = g.op("Split", ckv, g.i64(r, dr), axis=1, n_out=2)
     kv_c = norm(g, rd, f"{p}.kv_a_layernorm.weight", kv_c, r, 1e-6)  # transformers: default eps
+    if cfg.block["kv_lora_scale"] != 1.0:  # LongCat-Flash: the cached latent times sqrt(hidden / kv_lora_rank)
+        kv_c = g.op("Mul", kv_c, g.f32(cfg.block["kv_lora_scale"]))
     q_pe = _rope(g, q_pe, io["cos_q"], io["sin_q"], dr // 2)
     k_pe = _rope(g, k_pe, io["cos_k"], io["sin_k"], dr // 2)
     if "q_scale" in io:  # Mistral 4: the whole query (both parts) times a per-position factor

@@ -22,6 +22,7 @@ from ..contract import graph_io
 from .graph import GraphBuilder, WeightFormat, WeightStore
 from .layers import CUSTOM_OP_VARIANTS, attention, dense_mlp, norm, rope_tables
 from .qlinear import qlinear, qlinear_problem
+from .longcat_flash import SUBLAYERS as LONGCAT_SUBLAYERS, longcat_layer
 from .moe import moe
 from .weights import CheckpointReader
 
@@ -99,10 +100,12 @@ def _build(g: GraphBuilder, reader: CheckpointReader, cfg: MLAModelConfig,
     h, table = _embed(g, reader, cfg)
     if cfg.block["embed_scale"] != 1.0:  # MiniCPM3's scale_emb (lm_head, when tied, reads the unscaled table)
         h = g.op("Mul", h, g.f32(cfg.block["embed_scale"]))
-    for i in range(cfg.num_layers):
-        h = _decoder_layer(g, reader, cfg, i, h, io, moe_forms)
+    layer, per_layer = LAYOUTS[cfg.block["layout"]]
+    n = cfg.num_layers // per_layer  # decoder layers (num_layers counts latent cache layers)
+    for i in range(n):
+        h = layer(g, reader, cfg, i, h, io, moe_forms)
         if progress:
-            progress(i + 1, cfg.num_layers)
+            progress(i + 1, n)
     picked = g.op("Gather", h, "logits_indices", axis=0)  # [B, hidden]: norm + lm_head on B rows only
     picked = norm(g, reader, "model.norm.weight", picked, cfg.hidden_size, cfg.rms_norm_eps)
     if cfg.block["logits_divisor"] != 1.0:  # MiniCPM3: hidden / (hidden_size / dim_model_base)
@@ -198,7 +201,7 @@ def _lm_head(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig, embeddi
     return g.weight("lm_head.weight", rd.get("lm_head.weight"))  # raises the missing-tensor error
 
 
-def _decoder_layer(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig, i: int, h: str, io: dict,
+def decoder_layer(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig, i: int, h: str, io: dict,
                    moe_forms: dict[str, str] | None) -> str:
     p = f"model.layers.{i}"
     scale = cfg.block["residual_scale"]  # MiniCPM3: scale_depth / sqrt(layers) on each sub-layer's output
@@ -218,3 +221,7 @@ def _decoder_layer(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig, i
     else:
         y = dense_mlp(g, rd, f"{p}.mlp", x, cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
     return residual(h, y)
+
+
+# The decoder layer's builder by `cfg.block["layout"]` and how many cache layers one layer holds.
+LAYOUTS = {"standard": (decoder_layer, 1), "longcat_flash": (longcat_layer, LONGCAT_SUBLAYERS)}

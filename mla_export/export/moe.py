@@ -72,9 +72,19 @@ def _group_mask(g: GraphBuilder, scores: str, n_exp: int, n_group: int, topk_gro
 def router(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig, prefix: str, x: str) -> tuple[str, str]:
     """(topk_weights [T, k] f32, topk_indices [T, k] i64) exactly as the model's TopkRouter."""
     moe, n_exp = cfg.moe, cfg.moe.n_routed_experts
+    k = g.i64(moe.num_experts_per_tok)
+    if moe.topk_method == "zero_experts":  # LongcatFlashTopkRouter: softmax over real + identity experts
+        n_all = n_exp + moe.zero_experts
+        name = f"{prefix}.router.classifier.weight"  # its bias, if any, is not read by transformers' forward
+        scores = g.op("Softmax", g.op("Gemm", x, g.f32_tensor(name, rd.get(name, (n_all, cfg.hidden_size))),
+                                      transB=1), axis=-1)
+        bias = f"{prefix}.router.e_score_correction_bias"
+        choice = g.op("Add", scores, g.f32_tensor(bias, rd.get(bias, (n_all,))))
+        idx = g.op("TopK", choice, k, axis=-1, n_out=2)[1]
+        weights = g.op("GatherElements", scores, idx, axis=1)
+        return g.op("Mul", weights, g.f32(moe.routed_scaling_factor)), idx
     w = g.f32_tensor(f"{prefix}.gate.weight", rd.get(f"{prefix}.gate.weight", (n_exp, cfg.hidden_size)))
     logits = g.op("Gemm", x, w, transB=1)  # [T, E], f32 as transformers computes the router
-    k = g.i64(moe.num_experts_per_tok)
     if moe.scoring == "sigmoid":  # DeepseekV3TopkRouter
         scores = g.op("Sigmoid", logits)
         bias_name = f"{prefix}.gate.e_score_correction_bias"
@@ -267,7 +277,7 @@ def _fused(g: GraphBuilder, experts: _ExpertWeights, x: str, weights: str, idx: 
 
 
 def moe(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig, i: int, x: str,
-        forms: dict[str, str] | None = None) -> str:
+        forms: dict[str, str] | None = None, prefix: str | None = None) -> str:
     """Routed experts on their selected tokens only, plus the shared experts.
 
     forms: graph variant -> MoE form (default: grouped everywhere). Router and shared experts are
@@ -279,9 +289,16 @@ def moe(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig, i: int, x: s
     if set(forms) != set(g.variants) or not set(forms.values()) <= set(MOE_FORMS):
         raise ValueError(f"MoE forms must map each graph variant {sorted(g.variants)} to one of "
                          f"{', '.join(MOE_FORMS)}, got {forms!r}")
-    prefix = f"model.layers.{i}.mlp"
+    prefix = prefix or f"model.layers.{i}.mlp"
     hidden, inter, n_exp = cfg.hidden_size, cfg.moe.moe_intermediate_size, cfg.moe.n_routed_experts
     weights, idx = router(g, rd, cfg, prefix, x)
+    identity = None
+    if cfg.moe.zero_experts:  # LongCat-Flash: ids >= E are identity experts, x times their summed weight
+        is_zero = g.op("GreaterOrEqual", idx, g.i64(n_exp))
+        zero_w = g.op("Where", is_zero, weights, g.f32(0.0))
+        identity = g.op("Mul", x, g.op("ReduceSum", zero_w, g.i64(-1), keepdims=1))
+        weights = g.op("Where", is_zero, g.f32(0.0), weights)  # the real experts get weight 0 there
+        idx = g.op("Where", is_zero, g.i64(0), idx)  # any real expert: it is weighed by 0
     experts = _ExpertWeights(rd, prefix, n_exp, hidden, inter)
     by_form = {f: [v for v in forms if forms[v] == f] for f in MOE_FORMS if f in forms.values()}
     out = f"{prefix}.routed_experts"  # each form's last node writes this name in its own variants
@@ -296,6 +313,8 @@ def moe(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig, i: int, x: s
         _gather_matmul(g.only(by_form["gather_matmul"]), stacked, x, weights, idx, n_exp, hidden, out)
     if "grouped" in by_form:
         _grouped(g.only(by_form["grouped"]), experts, x, weights, idx, n_exp, out, stacked)
+    if identity is not None:
+        out = g.op("Add", out, identity)
     if cfg.moe.n_shared_experts:
         shared = dense_mlp(g, rd, f"{prefix}.shared_experts", x, hidden, inter * cfg.moe.n_shared_experts, cfg.mlp_bias)
         out = g.op("Add", out, shared)

@@ -24,6 +24,9 @@ class Block(dict):
         logits_divisor=1.0,     # final hidden divided by this before lm_head (MiniCPM3)
         post_moe_norm=False,    # an RMSNorm on the MoE block's output (A.X-K1)
         q_position_scale=None,  # (beta, original_max): q *= 1 + beta * log(1 + floor(pos / original_max))
+        q_lora_scale=1.0,       # the query times this after q_b_proj (LongCat-Flash)
+        kv_lora_scale=1.0,      # the normed latent (what the cache holds) times this (LongCat-Flash)
+        layout="standard",      # the decoder layer's builder (export/model.py LAYOUTS): "standard" or "longcat_flash"
         optional_router_bias=False,  # a missing e_score_correction_bias means zeros (A.X-K1), not a broken file
     )
 

@@ -8,8 +8,6 @@ UNSUPPORTED = {
                     "exporting it as deepseek_v3 would be exact only up to index_topk tokens",
     "glm_moe_dsa": "GLM-5 uses DeepSeek Sparse Attention (a lightning indexer and top-k attention), not yet run here",
     "glm5_next": "GLM-5's multimodal model; its text tower uses DeepSeek Sparse Attention, not yet run here",
-    "longcat_flash": "LongCat-Flash's layer (two attention and two MLP sub-layers, a shortcut MoE with "
-                     "zero-computation experts) is not built yet",
     "kimi_linear": "Kimi Linear interleaves MLA with Kimi Delta Attention (linear attention with a recurrent state), "
                    "which has no paged-cache op here",
     "bailing_hybrid": "Ling/Ring hybrid models interleave MLA with linear-attention layers (a recurrent state), "

@@ -98,3 +98,63 @@ def test_fp8_errors(fp8_ckpt, tmp_path):
     (broken / "config.json").write_text((fp8 / "config.json").read_text())
     with pytest.raises(WeightError, match="needs a 2-D shape and its"):
         CheckpointReader(broken, fp8_block=BLOCKS).get(name)
+
+
+def _with_int8_table_and_head(hf):
+    """transformers' model with the embedding and lm_head replaced by their int8 values (what
+    --weight-format fp8 stores for them, as int4 does)."""
+    import torch
+
+    from mla_export.export.quantize import dequantize, quantize
+
+    with torch.no_grad():
+        for p in (hf.model.embed_tokens.weight, hf.lm_head.weight):
+            p.copy_(torch.from_numpy(dequantize(quantize(p.numpy(), 8))))
+    hf.__dict__.pop("_last_logits_memo", None)
+    return hf
+
+
+@pytest.mark.parametrize("file", ["openvino_model.xml", "model.onnx"])
+def test_fp8_weight_format_keeps_the_checkpoint_codes(fp8_ckpt, tmp_path, rng, file):
+    """--weight-format fp8 from an FP8 checkpoint: every projection and expert in its own e4m3 codes
+    and block scales, read by our ops: transformers' logits on the dequantised weights (f32)."""
+    fp8, deq = fp8_ckpt
+    out = tmp_path / "out"
+    result = export_model(fp8, out, fmt="both", block_size=BLOCK, kv_dtype="f32", weight_format="fp8")
+    params = result.contract["export"]["weight_params"]
+    # projections and experts fp8; table and head int8; projections our ops cannot take (48 rows here) float
+    assert params["fp8"] > params["int8"] > 0 and set(params) == {"fp8", "int8", "f32"}, params
+    hf = _with_int8_table_and_head(load_hf(deq))
+    cfg = hf.config
+    run, _ = openvino_runner(out / file, cfg.num_hidden_layers, cfg.kv_lora_rank + cfg.qk_rope_head_dim)
+    stats = drive_and_compare(run, hf, PagedSession(BLOCK, NUM_BLOCKS, rng), _prompts(7, cfg.vocab_size), SCHEDULE, 1e-5)
+    assert stats["agree"] == stats["total"]
+
+
+def test_fp8_weight_format_from_a_float_checkpoint(tmp_path, rng):
+    """--weight-format fp8 from a float checkpoint: each matmul weight's rows quantized to e4m3 with
+    a scale per 32 inputs (this checkpoint's sizes; 128 where they allow): transformers on exactly
+    those values."""
+    import torch
+
+    from mla_export.export.quantize import fp8_dequantize, fp8_group, fp8_operands
+
+    src = make_checkpoint(tmp_path / "ckpt", "deepseek_v2", seed=8, q_lora_rank=None)
+    out = tmp_path / "out"
+    export_model(src, out, fmt="openvino", block_size=BLOCK, kv_dtype="f32", weight_format="fp8")
+    hf = _with_int8_table_and_head(load_hf(src))
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            # what the export stores as fp8: the projections our ops read (kv_b_proj becomes the
+            # attention op's float operands; the router stays f32; kv_a_proj_with_mqa's 48 rows
+            # here are not a multiple of 32, so it stays float too)
+            ours = "proj" in name and "kv_b_proj" not in name and p.ndim >= 2 and p.shape[-2] % 32 == 0
+            if ours:
+                w = p.detach().numpy()
+                codes, scales, _ = fp8_operands(w, fp8_group(w.shape[-1]))
+                p.copy_(torch.from_numpy(fp8_dequantize(codes, scales)))
+    hf.__dict__.pop("_last_logits_memo", None)
+    cfg = hf.config
+    run, _ = openvino_runner(out / "openvino_model.xml", cfg.num_hidden_layers, cfg.kv_lora_rank + cfg.qk_rope_head_dim)
+    stats = drive_and_compare(run, hf, PagedSession(BLOCK, NUM_BLOCKS, rng), _prompts(7, cfg.vocab_size), SCHEDULE, 1e-5)
+    assert stats["agree"] == stats["total"]

@@ -133,7 +133,7 @@ def test_bad_inputs_name_the_input(rng, runtime, bad):
 @pytest.mark.parametrize("runtime", list(RUNTIMES))
 def test_bad_attribute_and_x(rng, runtime):
     weights, _ = _case(rng, 64, 64, 8, None)
-    with pytest.raises(Exception, match="bits.*4 or 8"):
+    with pytest.raises(Exception, match=r"bits.*4 \(int4\), 8 \(int8\) or 43"):
         RUNTIMES[runtime](_model(64, 64, weights, 5), {"x": np.zeros((1, 64), np.float32)})
     with pytest.raises(Exception, match="w_q|x"):  # x's K does not match the codes
         RUNTIMES[runtime](_model(32, 64, weights, 8), {"x": np.zeros((1, 32), np.float32)})

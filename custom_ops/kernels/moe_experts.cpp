@@ -60,8 +60,9 @@ struct Dims {
 
 Dims check_all(const MoeInputs& in, MoeBits bits) {
     for (auto [name, b] : {std::make_pair("w13_bits", bits.w13), std::make_pair("w2_bits", bits.w2)})
-        if (b != 4 && b != 8)
-            throw Error(std::string(kOp) + ": attribute '" + name + "' must be 4 or 8, got " + std::to_string(b));
+        if (!weight_bits_valid(b))
+            throw Error(std::string(kOp) + ": attribute '" + name + "' must be " + kWeightBitsExpected + ", got " +
+                        std::to_string(b));
     check_rank(kOp, in.x, 2);
     check_float(kOp, in.x);  // the CPU plugin hands bf16 activations to custom ops under a bf16 hint
     check_rank(kOp, in.topk_ids, 2);
@@ -141,8 +142,10 @@ void moe_experts(const MoeInputs& in, MoeBits bits, const TensorView& out, const
     const Dims d = check_all(in, bits);
     if (out.dtype != DType::f32) fail(kOp, out, std::string("must be f32, got ") + dtype_name(out.dtype));
     const MoeIsa& isa = moe_isa();
-    const QMode mode = qmode(compute == MoeCompute::bf16, isa);
-    const int bi13 = bits.w13 == 4 ? 1 : 0, bi2 = bits.w2 == 4 ? 1 : 0;
+    // Per projection: fp8 codes have no int8-activation dots, so f32 dots and panels in every mode.
+    const QMode mode_q8 = qmode(compute == MoeCompute::bf16, isa);
+    const QMode mode13 = bits.w13 == kFp8Bits ? QMode{} : mode_q8, mode2 = bits.w2 == kFp8Bits ? QMode{} : mode_q8;
+    const int bi13 = weight_code_index(bits.w13), bi2 = weight_code_index(bits.w2);
     float* y = out.ptr<float>();
     if (d.T == 0) return;
     // Activations and routing weights in f32 (copies only when the runtime passed bf16 or f16).
@@ -183,7 +186,8 @@ void moe_experts(const MoeInputs& in, MoeBits bits, const TensorView& out, const
             max_m = std::max(max_m, start[e + 1] - start[e]);
             min_m = std::min(min_m, start[e + 1] - start[e]);
         }
-    const bool some_many = max_m >= many_rows(mode), some_few = min_m < many_rows(mode);
+    const int64_t many13 = many_rows(mode13), many2 = many_rows(mode2);
+    const bool some_many = max_m >= std::min(many13, many2);
 
     const QWeights w13{in.w13_q.ptr<uint8_t>(), in.w13_s.ptr<float>(), in.w13_zp.ptr<uint8_t>(), in.w13_q.dim(2),
                        d.H / d.g13};
@@ -191,7 +195,7 @@ void moe_experts(const MoeInputs& in, MoeBits bits, const TensorView& out, const
                       d.I / d.g2};
 
     // Phase 1: act[p, :] = silu(x_p gate^T) * (x_p up^T).
-    const QActs xa(x, d.T, d.H, d.g13, mode, some_few, isa, th);
+    const QActs xa(x, d.T, d.H, d.g13, mode13, min_m < many13, isa, th);
     std::unique_ptr<float[]> act(new float[P * d.I]);
     const int64_t col_blocks = d.I / 16;
     // Decode (no expert with many tokens): every item costs the same, and contiguous runs of items
@@ -213,7 +217,7 @@ void moe_experts(const MoeInputs& in, MoeBits bits, const TensorView& out, const
         thread_local std::vector<float> tile;
         if (static_cast<int64_t>(tile.size()) < m * kPanel) tile.resize(m * kPanel);
         float* c = tile.data();
-        qtile(isa, bi13, xa, pair_tok.data() + p0, m, blocks, d.H, d.g13, c, many_rows(mode), 2);
+        qtile(isa, bi13, xa, pair_tok.data() + p0, m, blocks, d.H, d.g13, c, many13, 2);
         for (int64_t t = 0; t < m; ++t) {
             alignas(64) float gate[16], up[16];
             for (int64_t j = 0; j < 16; ++j) {
@@ -225,7 +229,7 @@ void moe_experts(const MoeInputs& in, MoeBits bits, const TensorView& out, const
     });
 
     // Phase 2: y[t, cols] = sum over t's pairs, experts ascending, of w_p * (act_p . down rows).
-    const QActs aa(act.get(), P, d.I, d.g2, mode, some_few, isa, th);
+    const QActs aa(act.get(), P, d.I, d.g2, mode2, min_m < many2, isa, th);
     std::fill(y, y + d.T * d.H, 0.f);
     const auto down_tile = [&](int64_t item, int64_t e) {  // expert e's share of columns item * 32 ..
         const int64_t c0 = item * kPanel, p0 = start[e], m = start[e + 1] - p0;
@@ -234,7 +238,7 @@ void moe_experts(const MoeInputs& in, MoeBits bits, const TensorView& out, const
         for (int64_t j = 0; j < kPanel / 4; ++j) blocks[j] = w2.block(e * d.H + c0 + 4 * j);
         if (static_cast<int64_t>(tile.size()) < m * kPanel) tile.resize(m * kPanel);
         float* c = tile.data();
-        qtile(isa, bi2, aa, pair_row.data() + p0, m, blocks, d.I, d.g2, c, many_rows(mode));
+        qtile(isa, bi2, aa, pair_row.data() + p0, m, blocks, d.I, d.g2, c, many2);
         for (int64_t t = 0; t < m; ++t) {
             float* dst = y + pair_tok[p0 + t] * d.H + c0;
             const float wt = pair_w[p0 + t];

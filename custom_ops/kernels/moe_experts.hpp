@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "mla_tensor.hpp"
+#include "moe_isa.hpp"  // the weight codes (kFp8Bits, weight_bits_valid)
 
 namespace mla {
 

@@ -50,16 +50,30 @@ inline void finish_q8_block(int64_t b, int64_t block, int64_t group, float scale
     gsum[g] += scale * static_cast<float>(sum);
 }
 
+// The weight codes the ops read, named by their `bits` attributes: 8 = u8 codes, 4 = packed u4
+// codes (both w = (q - zp) * s), kFp8Bits = float8 e4m3fn codes, w = e4m3(q) * s: the FP8
+// weights DeepSeek-V3 / R1 and Kimi K2 ship, kept as they are (s: their block scale, one per
+// group of 128 inputs; the zero points are not read and the export writes them as 0). fp8 codes
+// lie like int8's (16 a chunk) and run the f32 dot products and panels in every mode.
+constexpr int64_t kFp8Bits = 43;  // "e4m3"
+constexpr int kWeightCodes = 3;
+inline bool weight_bits_valid(int64_t bits) { return bits == 8 || bits == 4 || bits == kFp8Bits; }
+inline int weight_code_index(int64_t bits) { return bits == 4 ? 1 : bits == kFp8Bits ? 2 : 0; }
+constexpr const char* kWeightBitsExpected = "4 (int4), 8 (int8) or 43 (fp8 e4m3)";
+// e4m3 codes widened through float16 (sign and the 7 other bits moved into place) come out as
+// their value / 256, exactly (normal and subnormal codes alike): the kernels fold 256 into the scale.
+constexpr float kE4m3ViaF16 = 256.f;
+
 struct MoeIsa {
     const char* name;
     // out[t * ldo + r] = sum_k x[t][k] * w_r[k] for the 4 rows r of a block and M = 1..4 rows t
     // (index M - 1), dequantising in registers; xsum[t][g] = sum of x[t] over group g (for the zero
-    // points). bits index 0 = int8, 1 = int4.
-    void (*qdot[2][4])(int64_t K, int64_t group, const float* const* x, const float* const* xsum,
+    // points). Index: weight_code_index (0 = int8, 1 = int4, 2 = fp8).
+    void (*qdot[kWeightCodes][4])(int64_t K, int64_t group, const float* const* x, const float* const* xsum,
                        const QBlock& blk, float* out, int64_t ldo);
     // dst[r * kb + p] = w_r[k0 + p] for the 4 rows of each of n blocks (row r = 4 * block + row in
     // block) and p < kb (k0, kb multiples of 32).
-    void (*dequant[2])(int64_t n, const QBlock* blocks, int64_t k0, int64_t kb, int64_t group, float* dst);
+    void (*dequant[kWeightCodes])(int64_t n, const QBlock* blocks, int64_t k0, int64_t kb, int64_t group, float* dst);
     // out[t * ldo + r] += sum_p a[t][k0 + p] * w[r * kb + p] for 4 rows r and M = 1..4 rows t.
     void (*fdot[4])(int64_t k0, int64_t kb, const float* const* a, const float* w, float* out, int64_t ldo);
     // qdot on int8 activation rows (u8 codes x s8 activations summed in int32 by AVX512_VNNI

@@ -3,6 +3,7 @@
 // on the baseline, so the same source serves every table. Included by one .cpp per instruction
 // set, which defines MLA_MOE_NS and MLA_MOE_TABLE.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #if defined(__AVX2__) || defined(__AVX512F__)
@@ -56,6 +57,54 @@ inline vf widen(vb b) {
     return f;
 }
 #endif
+// e4m3 codes -> their value / kE4m3ViaF16 in float lanes: the 7 bits below the sign become a
+// float16's exponent and mantissa (exponent bias 7 against 15: the factor 2^8, the same for
+// subnormal codes), then a float16 -> float32 conversion (F16C / AVX-512F). NaN codes never reach
+// here (the export refuses non-finite weights).
+#if defined(__AVX512F__)
+inline vf widen_e4m3(vb b) {
+    __m128i v;
+    std::memcpy(&v, &b, sizeof v);
+    const __m256i w = _mm256_cvtepu8_epi16(v);
+    const __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x80)), 8),
+                                      _mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x7F)), 7));
+    return (vf)_mm512_cvtph_ps(h);
+}
+#elif defined(__AVX2__)
+inline __m256 e4m3x8(__m128i bytes8) {  // the low 8 bytes
+    const __m128i w = _mm_cvtepu8_epi16(bytes8);
+    return _mm256_cvtph_ps(_mm_or_si128(_mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x80)), 8),
+                                        _mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x7F)), 7)));
+}
+inline vf widen_e4m3(vb b) {
+    __m128i v;
+    std::memcpy(&v, &b, sizeof v);
+    union {
+        __m256 h[2];
+        vf f;
+    } u;
+    u.h[0] = e4m3x8(v);
+    u.h[1] = e4m3x8(_mm_srli_si128(v, 8));
+    return u.f;
+}
+#else
+inline float e4m3_value_over_256(uint8_t c) {
+    const int e = (c >> 3) & 15, m = c & 7;
+    const float mag = e == 0 ? static_cast<float>(m) * 0x1p-9f : (1.f + static_cast<float>(m) / 8.f) * std::ldexp(1.f, e - 7);
+    return (c & 0x80 ? -mag : mag) / kE4m3ViaF16;
+}
+inline vf widen_e4m3(vb b) {
+    static const struct Table {
+        float v[256];
+        Table() {
+            for (int c = 0; c < 256; ++c) v[c] = e4m3_value_over_256(static_cast<uint8_t>(c));
+        }
+    } table;
+    vf f;
+    for (int i = 0; i < 16; ++i) f[i] = table.v[b[i]];
+    return f;
+}
+#endif
 inline float hsum(vf v) {
     float s = 0.f;
     for (int i = 0; i < 16; ++i) s += v[i];
@@ -75,7 +124,8 @@ inline float hsum8(__m256 v) {
 template <int BITS, int M>
 void qdot(int64_t K, int64_t group, const float* const* x, const float* const* xsum, const QBlock& blk, float* out,
           int64_t ldo) {
-    constexpr int64_t kChunk = BITS == 8 ? 16 : 32;  // inputs per 16-byte chunk
+    constexpr bool kFp8 = BITS == kFp8Bits;
+    constexpr int64_t kChunk = BITS == 4 ? 32 : 16;  // inputs per 16-byte chunk
     vf tot[4][M];
     float corr[4][M];
     for (int r = 0; r < 4; ++r)
@@ -88,9 +138,9 @@ void qdot(int64_t K, int64_t group, const float* const* x, const float* const* x
         const int64_t k0 = g * group, k1 = k0 + group;
         for (int64_t k = k0; k < k1; k += kChunk) {
             const uint8_t* chunk = blk.q + (k / kChunk) * 64;  // the 4 rows' 16 bytes, one cache line
-            if (BITS == 8) {
+            if (BITS != 4) {
                 vf w[4];
-                for (int r = 0; r < 4; ++r) w[r] = widen(loadb(chunk + 16 * r));
+                for (int r = 0; r < 4; ++r) w[r] = kFp8 ? widen_e4m3(loadb(chunk + 16 * r)) : widen(loadb(chunk + 16 * r));
                 for (int t = 0; t < M; ++t) {
                     const vf xv = loadf(x[t] + k);
                     for (int r = 0; r < 4; ++r) acc[r][t] += w[r] * xv;
@@ -109,7 +159,8 @@ void qdot(int64_t K, int64_t group, const float* const* x, const float* const* x
             }
         }
         for (int r = 0; r < 4; ++r) {
-            const float s = blk.s[r][g], sz = s * static_cast<float>(blk.zp[r][g]);
+            const float s = kFp8 ? blk.s[r][g] * kE4m3ViaF16 : blk.s[r][g];
+            const float sz = kFp8 ? 0.f : s * static_cast<float>(blk.zp[r][g]);
             for (int t = 0; t < M; ++t) {
                 tot[r][t] += acc[r][t] * s;
                 corr[r][t] += sz * xsum[t][g];
@@ -171,13 +222,20 @@ void qdot4(int64_t K, int64_t group, const float* const* x, const float* const* 
 
 template <int BITS>
 void dequant(int64_t n, const QBlock* blocks, int64_t k0, int64_t kb, int64_t group, float* dst) {
-    constexpr int64_t kChunk = BITS == 8 ? 16 : 32;
+    constexpr int64_t kChunk = BITS == 4 ? 32 : 16;
     for (int64_t b = 0; b < n; ++b) {
         const QBlock& blk = blocks[b];
         for (int64_t p = 0; p < kb; p += 32) {
             const int64_t k = k0 + p, g = k / group;  // 32 | group: a 32-input step never straddles groups
             for (int r = 0; r < 4; ++r) {
                 float* d = dst + (4 * b + r) * kb + p;
+                if (BITS == kFp8Bits) {
+                    const uint8_t* chunk = blk.q + (k / kChunk) * 64 + 16 * r;
+                    const vf s8 = vf{} + blk.s[r][g] * kE4m3ViaF16;
+                    storef(d, widen_e4m3(loadb(chunk)) * s8);
+                    storef(d + 16, widen_e4m3(loadb(chunk + 64)) * s8);
+                    continue;
+                }
                 const vf s = vf{} + blk.s[r][g], z = vf{} + static_cast<float>(blk.zp[r][g]);
                 if (BITS == 8) {
                     const uint8_t* chunk = blk.q + (k / kChunk) * 64 + 16 * r;
@@ -250,13 +308,18 @@ void qdot8(int64_t K, int64_t group, const float* const* x, const QBlock& blk, f
     for (int64_t g = 0; g < groups; ++g) {
         __m256 sc[4], zp[4];
         for (int r = 0; r < 4; ++r) {
-            sc[r] = _mm256_set1_ps(blk.s[r][g]);
+            sc[r] = _mm256_set1_ps(BITS == kFp8Bits ? blk.s[r][g] * kE4m3ViaF16 : blk.s[r][g]);
             zp[r] = _mm256_set1_ps(static_cast<float>(blk.zp[r][g]));
         }
         for (int64_t k = g * group; k < (g + 1) * group; k += 8) {
             __m256 wv[4];
             for (int r = 0; r < 4; ++r) {
                 __m128i c8;
+                if (BITS == kFp8Bits) {  // as int8's chunk, the codes widened as e4m3
+                    c8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk.q + (k / 16) * 64 + 16 * r + (k % 16)));
+                    wv[r] = _mm256_mul_ps(e4m3x8(c8), sc[r]);
+                    continue;
+                }
                 if (BITS == 8) {  // chunk k / 16 of row r, its first or second 8 codes
                     c8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk.q + (k / 16) * 64 + 16 * r + (k % 16)));
                 } else {  // chunk k / 32: inputs 32c..+15 in the low nibbles, 32c+16..+31 in the high ones
@@ -283,10 +346,12 @@ void qdot_avx2(int64_t K, int64_t group, const float* const* x, const float* con
     qdot8<BITS, M - 2 >= 1 ? M - 2 : 1>(K, group, x + 2, blk, out + 2 * ldo, ldo);
 }
 #define MLA_MOE_QDOT {{qdot_avx2<8, 1>, qdot_avx2<8, 2>, qdot_avx2<8, 3>, qdot_avx2<8, 4>}, \
-                      {qdot_avx2<4, 1>, qdot_avx2<4, 2>, qdot_avx2<4, 3>, qdot_avx2<4, 4>}}
+                      {qdot_avx2<4, 1>, qdot_avx2<4, 2>, qdot_avx2<4, 3>, qdot_avx2<4, 4>}, \
+                      {qdot_avx2<kFp8Bits, 1>, qdot_avx2<kFp8Bits, 2>, qdot_avx2<kFp8Bits, 3>, qdot_avx2<kFp8Bits, 4>}}
 #define MLA_MOE_FDOT {fdot_avx2<1>, fdot_avx2<2>, fdot_avx2<3>, fdot_avx2<4>}
 #else
-#define MLA_MOE_QDOT {{qdot<8, 1>, qdot<8, 2>, qdot<8, 3>, qdot<8, 4>}, {qdot4<1>, qdot4<2>, qdot4<3>, qdot4<4>}}
+#define MLA_MOE_QDOT {{qdot<8, 1>, qdot<8, 2>, qdot<8, 3>, qdot<8, 4>}, {qdot4<1>, qdot4<2>, qdot4<3>, qdot4<4>}, \
+                      {qdot<kFp8Bits, 1>, qdot<kFp8Bits, 2>, qdot<kFp8Bits, 3>, qdot<kFp8Bits, 4>}}
 #define MLA_MOE_FDOT {fdot<1>, fdot<2>, fdot<3>, fdot<4>}
 #endif
 
@@ -657,7 +722,7 @@ extern const MoeIsa MLA_MOE_TABLE;  // external linkage: moe_experts.cpp picks i
 const MoeIsa MLA_MOE_TABLE = {
     MLA_MOE_NAME,
     MLA_MOE_QDOT,
-    {dequant<8>, dequant<4>},
+    {dequant<8>, dequant<4>, dequant<kFp8Bits>},
     MLA_MOE_FDOT,
     MLA_MOE_Q8,
     MLA_MOE_Q8_QUANTIZE,

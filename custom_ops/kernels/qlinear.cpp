@@ -21,7 +21,8 @@ struct Dims {
 };
 
 Dims check_all(const QLinearInputs& in, int64_t bits) {
-    if (bits != 4 && bits != 8) throw Error(std::string(kOp) + ": attribute 'bits' must be 4 or 8, got " + std::to_string(bits));
+    if (!weight_bits_valid(bits))
+        throw Error(std::string(kOp) + ": attribute 'bits' must be " + kWeightBitsExpected + ", got " + std::to_string(bits));
     if (in.x.rank() < 2) fail(kOp, in.x, "must have rank 2 or more ([..., K]), got rank " + std::to_string(in.x.rank()));
     check_float(kOp, in.x);  // the CPU plugin hands bf16 activations to custom ops under a bf16 hint
     Dims d{};
@@ -62,7 +63,8 @@ void qlinear(const QLinearInputs& in, int64_t bits, const TensorView& out, const
     if (out.dtype != DType::f32) fail(kOp, out, std::string("must be f32, got ") + dtype_name(out.dtype));
     if (d.M == 0) return;
     const MoeIsa& isa = moe_isa();
-    const QMode mode = qmode(compute == MoeCompute::bf16, isa);
+    // fp8 codes have no int8-activation dots: f32 dots and panels in every mode (moe_isa.hpp)
+    const QMode mode = bits == kFp8Bits ? QMode{} : qmode(compute == MoeCompute::bf16, isa);
     std::vector<float> x_f32;
     const float* x = in.x.ptr<float>();
     if (in.x.dtype != DType::f32) {  // a copy only when the runtime passed bf16 or f16
@@ -76,7 +78,7 @@ void qlinear(const QLinearInputs& in, int64_t bits, const TensorView& out, const
     std::vector<int64_t> rows(d.M);
     for (int64_t i = 0; i < d.M; ++i) rows[i] = i;
     const QWeights w{in.w_q.ptr<uint8_t>(), in.w_s.ptr<float>(), in.w_zp.ptr<uint8_t>(), in.w_q.dim(1), d.K / d.group};
-    const int bi = bits == 4 ? 1 : 0;
+    const int bi = weight_code_index(bits);
     const bool t16 = in.tile16 && tile16_dots(isa, mode) && acts.has_q8();
     float* y = out.ptr<float>();
     // Decode's few rows (a step's sequences): one pass over the codes, each core streaming one run

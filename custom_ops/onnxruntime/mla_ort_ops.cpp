@@ -448,9 +448,9 @@ struct MoeExpertsKernel {
           compute_(mla::moe_compute_from_name("MlaMoeExperts", string_attr(api, info, "MlaMoeExperts", "compute"))),
           num_threads_(num_threads) {
         for (auto [name, b] : {std::make_pair("w13_bits", bits_.w13), std::make_pair("w2_bits", bits_.w2)})
-            if (b != 4 && b != 8)
-                throw mla::Error(std::string("MlaMoeExperts: attribute '") + name + "' must be 4 or 8, got " +
-                                 std::to_string(b));
+            if (!mla::weight_bits_valid(b))
+                throw mla::Error(std::string("MlaMoeExperts: attribute '") + name + "' must be " +
+                                 mla::kWeightBitsExpected + ", got " + std::to_string(b));
         zero_points_.scan(api, info, "MlaMoeExperts", mla::int4_zero_point_inputs(bits_));
     }
     OrtStatusPtr ComputeV2(OrtKernelContext* context) {
@@ -493,8 +493,9 @@ struct QLinearKernel {
           num_threads_(num_threads) {
         const std::string layout = string_attr(api, info, "MlaQLinear", "layout");
         tile16_ = mla::qlinear_tile16_from_name(layout.empty() ? "rows4" : layout);
-        if (bits_ != 4 && bits_ != 8)
-            throw mla::Error("MlaQLinear: attribute 'bits' must be 4 or 8, got " + std::to_string(bits_));
+        if (!mla::weight_bits_valid(bits_))
+            throw mla::Error(std::string("MlaQLinear: attribute 'bits' must be ") + mla::kWeightBitsExpected + ", got " +
+                             std::to_string(bits_));
         zero_points_.scan(api, info, "MlaQLinear", mla::int4_zero_point_inputs(bits_));
     }
     OrtStatusPtr ComputeV2(OrtKernelContext* context) {

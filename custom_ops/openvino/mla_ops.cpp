@@ -344,10 +344,10 @@ MlaMoeExperts::MlaMoeExperts(const ov::OutputVector& args, int64_t w13_bits, int
 
 void MlaMoeExperts::validate_and_infer_types() {
     NODE_VALIDATION_CHECK(this, get_input_size() == 9, "MlaMoeExperts takes 9 inputs, got ", get_input_size());
-    NODE_VALIDATION_CHECK(this, m_w13_bits == 4 || m_w13_bits == 8,
-                          "MlaMoeExperts attribute 'w13_bits' must be 4 or 8, got ", m_w13_bits);
-    NODE_VALIDATION_CHECK(this, m_w2_bits == 4 || m_w2_bits == 8, "MlaMoeExperts attribute 'w2_bits' must be 4 or 8, got ",
-                          m_w2_bits);
+    NODE_VALIDATION_CHECK(this, mla::weight_bits_valid(m_w13_bits), "MlaMoeExperts attribute 'w13_bits' must be ",
+                          mla::kWeightBitsExpected, ", got ", m_w13_bits);
+    NODE_VALIDATION_CHECK(this, mla::weight_bits_valid(m_w2_bits), "MlaMoeExperts attribute 'w2_bits' must be ",
+                          mla::kWeightBitsExpected, ", got ", m_w2_bits);
     NODE_VALIDATION_CHECK(this, m_compute == "f32" || m_compute == "bf16",
                           "MlaMoeExperts attribute 'compute' must be f32 or bf16, got '", m_compute, "'");
     try {
@@ -397,7 +397,8 @@ MlaQLinear::MlaQLinear(const ov::OutputVector& args, int64_t bits, std::string c
 
 void MlaQLinear::validate_and_infer_types() {
     NODE_VALIDATION_CHECK(this, get_input_size() == 4, "MlaQLinear takes 4 inputs, got ", get_input_size());
-    NODE_VALIDATION_CHECK(this, m_bits == 4 || m_bits == 8, "MlaQLinear attribute 'bits' must be 4 or 8, got ", m_bits);
+    NODE_VALIDATION_CHECK(this, mla::weight_bits_valid(m_bits), "MlaQLinear attribute 'bits' must be ",
+                          mla::kWeightBitsExpected, ", got ", m_bits);
     NODE_VALIDATION_CHECK(this, m_compute == "f32" || m_compute == "bf16",
                           "MlaQLinear attribute 'compute' must be f32 or bf16, got '", m_compute, "'");
     NODE_VALIDATION_CHECK(this, m_layout == "rows4" || (m_layout == "tile16" && m_bits == 8),

@@ -28,10 +28,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="latent cache row format (default f16: bf16's size, ~10x closer to f32); int8/fp8: 656/644 bytes "
                         "per 512+64 row (codes + 4/1 f32 scales, k_pe bf16); see docs/KV_CACHE.md")
     p.add_argument("--weight-format", "--weight-dtype", dest="weight_format",
-                   choices=("auto", "f32", "f16", "bf16", "int8", "int4"), default="auto",
+                   choices=("auto", "f32", "f16", "bf16", "int8", "int4", "fp8"), default="auto",
                    help="how weights are stored (optimum-cli's spelling): auto = the checkpoint's float dtype; "
                         "int8 = per output channel; int4 = per group of --group-size inputs, embedding and "
-                        "lm_head int8. OpenVINO decompresses int8/int4 on the fly (1 / 0.5 byte per weight "
+                        "lm_head int8; fp8 = e4m3 codes with a scale per 128 inputs (an FP8 checkpoint's own codes "
+                        "and block scales, unchanged), read by our ops, embedding and lm_head int8. "
+                        "OpenVINO decompresses int8/int4 on the fly (1 / 0.5 byte per weight "
                         "resident); on CPUs without native bf16/f16 it widens bf16/f16 weights to f32 at compile")
     p.add_argument("--group-size", type=int, default=128,
                    help="int4 inputs per scale (default 128; -1 = one per output channel); a size that does not "

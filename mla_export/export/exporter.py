@@ -24,7 +24,7 @@ from ..config import MLAModelConfig
 from ..contract import CONTRACT_FILE, make_contract
 from ..export_files import describe_files
 from .graph import WEIGHT_DTYPES, WeightFormat
-from .quantize import INT_FORMATS, WEIGHT_FORMATS
+from .quantize import CODE_FORMATS, INT_FORMATS, WEIGHT_FORMATS
 from .model import ONNX_DATA, ONNX_FILES, build_onnx, plan_weights
 from .moe import MOE_FORMS, fused_form_problem
 from .progress import IR_SHARE, ExportProgress
@@ -72,12 +72,13 @@ def _weight_format(requested: str, group_size: int, ratio: float, cfg: MLAModelC
     if isinstance(group_size, bool) or not isinstance(group_size, int) or not (group_size == -1 or group_size >= 1):
         raise ExportError(f"--group-size must be a positive integer or -1 (one group per output channel), "
                           f"got {group_size!r}")
-    if requested in INT_FORMATS:
+    if requested in CODE_FORMATS:
         return WeightFormat(requested, _checkpoint_dtype(cfg), group_size, ratio=float(ratio), all_layers=all_layers)
     return WeightFormat(_checkpoint_dtype(cfg) if requested == "auto" else requested)
 
 
-_BYTES_PER_PARAM = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "int8": 1.02, "int4": 0.62}  # int4: embedding/lm_head int8
+_BYTES_PER_PARAM = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "int8": 1.02, "int4": 0.62,  # int4: embedding/lm_head int8
+                    "fp8": 1.04}
 
 
 def _check_disk(out_dir: Path, reader: CheckpointReader, wformat: WeightFormat, portable: bool) -> int:
@@ -120,7 +121,7 @@ def export_model(model_dir, out_dir, *, fmt: str = "openvino", portable: bool = 
                  kv_dtype: str = "f16", weight_format: str = "auto", group_size: int = 128, ratio: float = 1.0,
                  overwrite: bool = False, progress: ExportProgress | None = None,
                  weight_dtype: str | None = None, moe_form: str = "auto", all_layers: bool = False) -> ExportResult:
-    """weight_format: auto | f32 | f16 | bf16 | int8 | int4 (weight_dtype: its older name).
+    """weight_format: auto | f32 | f16 | bf16 | int8 | int4 | fp8 (weight_dtype: its older name).
     moe_form: auto | fused | grouped | gather_matmul (see moe.py). auto = fused (our MlaMoeExperts op,
     IR and model.onnx) for int8/int4 weights it can hold, else grouped. gather_matmul applies to the
     IR only; the portable ONNX is always grouped. all_layers (int4 only): the embedding table and

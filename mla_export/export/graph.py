@@ -23,7 +23,7 @@ import ml_dtypes
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
-from .quantize import FLOAT_FORMATS, Quantized, dequantize, pack_u4, pick_group, quantize
+from .quantize import CODE_FORMATS, FLOAT_FORMATS, FP8_BITS, Quantized, dequantize, pack_u4, pick_group, quantize
 
 __all__ = ["WeightStore", "GraphBuilder", "WeightFormat", "WEIGHT_DTYPES"]
 
@@ -37,7 +37,7 @@ _ALIGN = 64
 class WeightFormat:
     """How matmul and embedding weights are stored.
 
-    fmt: f32 | f16 | bf16 | int8 | int4. float_dtype: the dtype of weights that stay float (all of
+    fmt: f32 | f16 | bf16 | int8 | int4 | fp8. float_dtype: the dtype of weights that stay float (all of
     them for float formats; the attention op's absorbed w_uk/w_uv, which feed a custom op rather
     than a MatMul, for int formats). group_size: int4 inputs per scale (-1 = per output channel).
     int4 keeps the embedding table and lm_head in int8 (NNCF's default: they are the most
@@ -55,17 +55,22 @@ class WeightFormat:
     stats: dict = field(default_factory=dict)  # what was stored: format -> parameter count, group sizes used
 
     def __post_init__(self):
-        if self.fmt not in FLOAT_FORMATS + ("int8", "int4"):
-            raise ValueError(f"weight format must be f32, f16, bf16, int8 or int4, got {self.fmt!r}")
+        if self.fmt not in FLOAT_FORMATS + CODE_FORMATS:
+            raise ValueError(f"weight format must be f32, f16, bf16, int8, int4 or fp8, got {self.fmt!r}")
         if self.float_dtype not in FLOAT_FORMATS:
             raise ValueError(f"float weight dtype must be f32, f16 or bf16, got {self.float_dtype!r}")
         if self.fmt in FLOAT_FORMATS:
             self.float_dtype = self.fmt
 
     def bits(self, kind: str, name: str = "") -> int | None:
-        """Integer bits for a weight of this kind (matmul | embedding | head), None to keep it float."""
+        """Code bits for a weight of this kind (matmul | embedding | head), None to keep it float:
+        4 / 8 integer codes, FP8_BITS e4m3 codes (fp8: the matmul weights our ops read; the
+        embedding table and lm_head int8, as int4 keeps them; a matmul weight our ops cannot take
+        stays float, GraphBuilder.weight)."""
         if self.fmt == "int8":
             return 8
+        if self.fmt == "fp8":
+            return FP8_BITS if kind == "matmul" else 8
         if self.fmt == "int4":
             if kind in ("embedding", "head") and not self.all_layers:
                 return 8
@@ -229,7 +234,7 @@ class GraphBuilder:
             if bits == 4:
                 fmt.sensitivity[name] = (_int4_error(array, fmt.group_size), array.size)
             return name  # the planning graph is never saved
-        if bits is None:
+        if bits is None or bits == FP8_BITS:  # fp8 codes are read by our ops only: float elsewhere
             if record:
                 fmt.record(fmt.float_dtype, array.size)
             stored = self.store.add(name, array, fmt.float_dtype)

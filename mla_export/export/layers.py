@@ -20,6 +20,7 @@ from ..config import MLAModelConfig
 from ..onnx_ops import (cache_update_node, cache_write_node, paged_attention_node, portable_attention_node)
 from .graph import GraphBuilder
 from .qlinear import qlinear, qlinear_problem
+from .quantize import FP8_BITS
 from .weights import CheckpointReader
 
 __all__ = ["rms_norm", "linear", "attention", "dense_mlp", "deinterleave_perm", "rope_tables", "CUSTOM_OP_VARIANTS"]
@@ -76,9 +77,10 @@ def linear(g: GraphBuilder, rd: CheckpointReader, prefix: str, x: str, n_out: in
     fmt = g.store.format
     ours = [v for v in CUSTOM_OP_VARIANTS if v in g.variants]
     bits = fmt.bits("matmul", name)
-    if (ours and not bias and not fmt.planning and bits in (4, 8)
+    if (ours and not bias and not fmt.planning and bits in (4, 8, FP8_BITS)
             and qlinear_problem(n_out, n_in, bits, fmt.group_size) is None):
-        y = qlinear(g.only(ours), name, w, x, bits, prefix)
+        source = rd.fp8_rows(name, (n_out, n_in), rows) if bits == FP8_BITS else None
+        y = qlinear(g.only(ours), name, w, x, bits, prefix, fp8_source=source)
         rest = g.only([v for v in g.variants if v not in ours])
         if rest.variants:  # the portable graph: a Gemm on the same weight, counted once
             rest.op("Gemm", x, rest.weight(name, w, record=False), transB=1, name=prefix)

@@ -41,7 +41,7 @@ from onnx import TensorProto, helper
 
 from ..config import MLAModelConfig
 from .graph import GraphBuilder, WeightFormat, _int4_error
-from .quantize import INT_FORMATS, moe_operands, pick_group, quantize
+from .quantize import CODE_FORMATS, FP8_BITS, fp8_group, fp8_operands, moe_operands, pick_group, quantize
 from .weights import CheckpointReader
 
 __all__ = ["MOE_FORMS", "moe", "router", "fused_form_problem"]
@@ -136,6 +136,14 @@ class _ExpertWeights:
 
     PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 
+    def fp8(self, e: int, proj: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """Expert e's own FP8 (codes, row scales) of `proj` when the checkpoint holds them (per-expert
+        files, as DeepSeek's), else None."""
+        if self.fused is not None:
+            return None
+        shape = (self.hidden, self.inter) if proj == "down_proj" else (self.inter, self.hidden)
+        return self.rd.fp8_rows(f"{self.prefix}.experts.{e}.{proj}.weight", shape)
+
     def one(self, e: int, proj: str) -> np.ndarray:
         """Projection `proj` of expert e as [out, in]."""
         j = self.PROJECTIONS.index(proj)
@@ -223,8 +231,8 @@ def _gather_matmul(g: GraphBuilder, stacked: dict, x: str, weights: str, idx: st
 
 def fused_form_problem(cfg: MLAModelConfig, fmt: WeightFormat) -> str | None:
     """Why the fused MoE op cannot hold this model's experts in this weight format (None: it can)."""
-    if fmt.fmt not in INT_FORMATS:
-        return f"the fused MoE op reads int8/int4 weights (this export stores {fmt.fmt})"
+    if fmt.fmt not in CODE_FORMATS:
+        return f"the fused MoE op reads int8/int4/fp8 weights (this export stores {fmt.fmt})"
     hidden, inter = cfg.hidden_size, cfg.moe.moe_intermediate_size
     if hidden % 32 or inter % 32:
         return f"the fused MoE op needs hidden and moe_intermediate sizes divisible by 32 (got {hidden}, {inter})"
@@ -246,6 +254,15 @@ def _fused(g: GraphBuilder, experts: _ExpertWeights, x: str, weights: str, idx: 
             return np.concatenate([experts.one(e, "gate_proj"), experts.one(e, "up_proj")])
         return experts.one(e, "down_proj")
 
+    def fp8_source(proj: str, e: int):
+        """The checkpoint's own fp8 codes and row scales of expert e's projection, or None."""
+        if proj == "w2":
+            return experts.fp8(e, "down_proj")
+        gate, up = experts.fp8(e, "gate_proj"), experts.fp8(e, "up_proj")
+        if gate is None or up is None or gate[1].shape[-1] != up[1].shape[-1]:
+            return None
+        return np.concatenate([gate[0], up[0]]), np.concatenate([gate[1], up[1]])
+
     operands, bits_of = [], {}
     for proj, rows, n_in in (("w13", 2 * inter, hidden), ("w2", hidden, inter)):
         name = f"{prefix}.experts.{proj}"
@@ -256,20 +273,33 @@ def _fused(g: GraphBuilder, experts: _ExpertWeights, x: str, weights: str, idx: 
                 sample = np.concatenate([matrix(proj, e) for e in sorted({0, n_exp // 2, n_exp - 1})])
                 fmt.sensitivity[name] = (_int4_error(sample, fmt.group_size), n_exp * rows * n_in)
             continue
-        group = pick_group(n_in, fmt.group_size) if bits == 4 else n_in
+        if bits == FP8_BITS:  # the checkpoint's own block width when its codes are kept, else 128
+            first = fp8_source(proj, 0)
+            group = n_in // first[1].shape[-1] if first is not None else fp8_group(n_in)
+        else:
+            group = pick_group(n_in, fmt.group_size) if bits == 4 else n_in
         scales = np.empty((n_exp, rows, n_in // group), np.float32)
         zeros = np.empty((n_exp, rows, n_in // group), np.uint8)
 
         def codes():
             for e in range(n_exp):
-                q, scales[e], zeros[e] = moe_operands(quantize(matrix(proj, e), bits, group))
+                if bits == FP8_BITS:
+                    src = fp8_source(proj, e)
+                    if src is not None and src[1].shape[-1] != n_in // group:
+                        src = None  # another block width than expert 0's: quantized afresh at its group
+                    q, scales[e], zeros[e] = fp8_operands(None if src is not None else matrix(proj, e), group, src)
+                else:
+                    q, scales[e], zeros[e] = moe_operands(quantize(matrix(proj, e), bits, group))
                 yield q.tobytes()
 
         per_byte = 2 if bits == 4 else 1
         operands.append(g.store.add_chunks(f"{name}.q", TensorProto.UINT8, (n_exp, rows, n_in // per_byte), codes()))
         operands.append(g.store.add(f"{name}.scale", scales))
         operands.append(g.store.add(f"{name}.zp", zeros))
-        fmt.record(f"int{bits}", n_exp * rows * n_in, group if bits == 4 else None)
+        if bits == FP8_BITS:
+            fmt.record("fp8", n_exp * rows * n_in)
+        else:
+            fmt.record(f"int{bits}", n_exp * rows * n_in, group if bits == 4 else None)
     if fmt.planning:
         return out
     return g.op("MlaMoeExperts", x, idx, weights, *operands, domain="mla_export", name=out,

@@ -20,11 +20,17 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["Quantized", "quantize", "dequantize", "pick_group", "pack_u4", "pack_u4_halves", "unpack_u4_halves",
-           "moe_operands", "interleave_rows4", "deinterleave_rows4", "WEIGHT_FORMATS", "FLOAT_FORMATS", "INT_FORMATS"]
+           "moe_operands", "interleave_rows4", "deinterleave_rows4", "fp8_operands", "fp8_group", "fp8_dequantize", "FP8_BITS",
+           "WEIGHT_FORMATS", "FLOAT_FORMATS", "INT_FORMATS", "CODE_FORMATS"]
 
 FLOAT_FORMATS = ("f32", "f16", "bf16")
 INT_FORMATS = ("int8", "int4")
-WEIGHT_FORMATS = FLOAT_FORMATS + INT_FORMATS
+# fp8: e4m3 codes with an f32 scale per (row, group of 128 inputs), read by our ops only (MlaQLinear,
+# MlaMoeExperts); from DeepSeek's FP8 checkpoints the codes and block scales are kept as they are.
+CODE_FORMATS = INT_FORMATS + ("fp8",)  # the formats whose matmul weights our ops read as codes
+WEIGHT_FORMATS = FLOAT_FORMATS + CODE_FORMATS
+FP8_BITS = 43  # the ops' `bits` value for e4m3 codes (custom_ops/kernels/moe_isa.hpp kFp8Bits)
+FP8_MAX = 448.0
 _LEVELS = {8: 255, 4: 15}
 _SLAB = 1 << 22  # values per slab of rows (16 MiB of f32)
 _MIN_GROUP = 16
@@ -151,3 +157,48 @@ def moe_operands(qw: Quantized) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         codes = pack_u4_halves(codes)
     return (interleave_rows4(codes), qw.scale.reshape(lead + (-1,)).astype(np.float32),
             np.ascontiguousarray(qw.zp.reshape(lead + (-1,))))
+
+
+def fp8_group(n_in: int, requested: int = 128) -> int | None:
+    """Inputs per fp8 scale: `requested` (a checkpoint's block width, else 128) when it divides
+    n_in and is a multiple of 32 (the ops' chunking), else the largest halving of it that is; None
+    when none is (n_in not a multiple of 32)."""
+    g = requested
+    while g >= 32:
+        if n_in % g == 0 and g % 32 == 0:
+            return g
+        g //= 2
+    return None
+
+
+def fp8_operands(w: np.ndarray | None, group: int, source: tuple[np.ndarray, np.ndarray] | None = None
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(codes, scales, zero points) of a projection [..., rows, in] as the ops read fp8 weights
+    (custom_ops/kernels/moe_isa.hpp): u8 bytes of e4m3 codes, rows interleaved by 4; f32 scales
+    [..., rows, in / group]; u8 zero points, all 0 (the ops do not read them). w ~= e4m3(codes) x scale.
+
+    source: (e4m3 codes [rows, in], f32 scales [rows, in / group]) taken from the checkpoint as
+    they are (no second rounding); else w is quantized per (row, group): scale = max|w| / 448."""
+    if source is not None:
+        codes, scales = source
+        codes = np.ascontiguousarray(codes).view(np.uint8)
+        scales = np.ascontiguousarray(scales, dtype=np.float32)
+    else:
+        import ml_dtypes
+
+        w = np.asarray(w, dtype=np.float32)
+        lead, n_in = w.shape[:-1], w.shape[-1]
+        blocks = w.reshape(lead + (n_in // group, group))
+        scales = (np.abs(blocks).max(axis=-1) / np.float32(FP8_MAX)).astype(np.float32)
+        scales[scales == 0] = 1.0  # an all-zero group: any scale
+        codes = (blocks / scales[..., None]).astype(ml_dtypes.float8_e4m3fn).reshape(w.shape).view(np.uint8)
+    return interleave_rows4(codes), scales, np.zeros(scales.shape, np.uint8)
+
+
+def fp8_dequantize(codes_rows4: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """What the ops compute from fp8_operands' codes and scales, as float32 [..., rows, in]."""
+    import ml_dtypes
+
+    codes = deinterleave_rows4(codes_rows4).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    group = codes.shape[-1] // scales.shape[-1]
+    return (codes.reshape(scales.shape + (group,)) * scales[..., None]).reshape(codes.shape)

@@ -200,6 +200,25 @@ class CheckpointReader:
             raise WeightError(f"tensor {name!r} holds NaN or Inf values")
         return arr
 
+    def fp8_rows(self, name: str, shape: tuple[int, int], rows: np.ndarray | None = None
+                 ) -> tuple[np.ndarray, np.ndarray] | None:
+        """A 2-D FP8 weight's own codes and scales as `--weight-format fp8` keeps them: (e4m3 codes
+        [R, C], f32 scales [R, C / block_cols], each row given its block row's scales), rows
+        reordered by `rows` when given; None when `name` is not an FP8 tensor or its block width is
+        not a multiple of 32 dividing C (then the caller quantizes the dequantised values)."""
+        if not self.fp8_block or not self.has(name) or self._file(name).dtype(name) not in _FP8_DTYPES:
+            return None
+        br, bc = self.fp8_block
+        if shape[1] % bc or bc % 32:
+            return None
+        self.get(name, shape)  # every check (shape, scales, finite values) of the dequantised read
+        codes = self._file(name).array(name)
+        scale = self._file(name + FP8_SCALE_SUFFIX).array(name + FP8_SCALE_SUFFIX).astype(np.float32)
+        scales = np.repeat(scale, br, axis=0)[:shape[0]]
+        if rows is not None:
+            codes, scales = codes[rows], scales[rows]
+        return codes, np.ascontiguousarray(scales)
+
     def close(self) -> None:
         for f in self._open.values():
             f.close()

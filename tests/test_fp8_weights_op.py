@@ -2,10 +2,11 @@
 
 f32 exactness against the float64 reference (mla_export.reference) on the weights the codes
 decode to (fp8_dequantize): few rows of x (dot products on the codes) and many (dequantised
-panels), mixed fp8 / int8 projections in the MoE op, both runtimes, the compute="bf16" mode too
-(fp8 codes run f32 products in every mode), and every vector table this CPU runs (generic, avx2,
-avx512 through MLA_EXPORT_ISA in a child process). Every finite e4m3 code, subnormals and -0
-included, decodes to its exact value.
+panels), mixed fp8 / int8 projections in the MoE op, both runtimes, and every vector table this
+CPU runs (generic, avx2, avx512 through MLA_EXPORT_ISA in a child process). compute="bf16" (the
+runtime's reduced precision) on AVX512_BF16 CPUs runs fewer than 16 rows as bf16 dots: exact
+against the reference on bf16-rounded activations with the subnormal codes as 0. Every finite
+e4m3 code, subnormals and -0 included, decodes to its exact value (f32).
 """
 
 from __future__ import annotations
@@ -24,20 +25,42 @@ from test_moe_experts_op import RUNTIMES, TOL, _model as moe_model
 from test_qlinear_op import _model as qlinear_model
 
 
+BF16_DOT_ROWS = 16  # below this many rows, compute="bf16" runs fp8 codes on bf16 rows (qmatmul.hpp)
+
+
 def _fp8(rng, shape, group):
     w = (rng.standard_normal(shape) * 0.1).astype(np.float32)
     codes, scales, zp = fp8_operands(w, group)
     return [codes, scales, zp], fp8_dequantize(codes, scales)
 
 
+def _bf16_dots(isa: str = "avx512") -> bool:
+    """Whether compute="bf16" takes the fp8 codes' bf16 dots here (AVX512_BF16 and the AVX-512 table)."""
+    from test_moe_experts_op import _cpu_has
+
+    return isa == "avx512" and _cpu_has("avx512_bf16")
+
+
+def _bf16_reference(x, weights):
+    """What the bf16 dots compute: activations rounded to bf16, subnormal codes as 0, f32 sums."""
+    codes, scales, _ = weights
+    normal = np.where(codes & 0x78, codes, codes & 0x80).astype(np.uint8)  # exponent 0 -> (signed) zero
+    return ref.linear(x.astype(ml_dtypes.bfloat16).astype(np.float32), fp8_dequantize(normal, scales))
+
+
 @pytest.mark.parametrize("runtime", list(RUNTIMES))
 @pytest.mark.parametrize("compute", [None, "bf16"])
 @pytest.mark.parametrize("n,k,group,rows", [(32, 128, 128, 1), (64, 256, 128, 3), (96, 96, 32, 9), (64, 128, 64, 300)])
 def test_qlinear_fp8_matches_reference(rng, runtime, compute, n, k, group, rows):
+    """f32: exact on the codes' values. compute="bf16" below 16 rows on AVX512_BF16 CPUs: exact on
+    bf16-rounded activations (and the subnormal codes as 0), which differs from the f32 result."""
     weights, w = _fp8(rng, (n, k), group)
     x = rng.standard_normal((rows, k)).astype(np.float32)
     got = RUNTIMES[runtime](qlinear_model(k, n, weights, FP8_BITS, compute=compute), {"x": x})
     want = ref.linear(x, w)
+    if compute == "bf16" and rows < BF16_DOT_ROWS and _bf16_dots():
+        assert np.abs(got - want).max() / np.abs(want).max() > 1e-6, "bf16 dots expected, the result is f32-exact"
+        want = _bf16_reference(x, weights)
     err = np.abs(got - want).max() / np.abs(want).max()
     assert err < TOL, f"{runtime} N{n} K{k} g{group} M{rows}: max rel error {err:.2e}"
 
@@ -90,7 +113,7 @@ def test_every_table_decodes_fp8(tmp_path, rng):
     f32 and compute="bf16", few rows and many: f32-exact against the reference in every one."""
     from test_ops_isa import HAS
 
-    cases = []
+    cases, computes, rows_of = [], {}, {}
     for i, (compute, rows) in enumerate([(None, 1), (None, 4), ("bf16", 2), (None, 12), ("bf16", 40)]):
         weights, w = _fp8(rng, (64, 256), 128)
         x = rng.standard_normal((rows, 256)).astype(np.float32)
@@ -98,7 +121,9 @@ def test_every_table_decodes_fp8(tmp_path, rng):
                                               .SerializeToString())
         np.save(tmp_path / f"x{i}.npy", x)
         np.save(tmp_path / f"want{i}.npy", ref.linear(x, w))
+        np.save(tmp_path / f"bf16_{i}.npy", _bf16_reference(x, weights))
         cases.append(i)
+        computes[i], rows_of[i] = compute, rows
     script = f"""
 import numpy as np, onnx, sys
 sys.path.insert(0, {os.path.dirname(__file__)!r})
@@ -106,17 +131,54 @@ from test_moe_experts_op import _run_openvino
 from mla_export import kernels_openvino
 for i in {cases!r}:
     got = _run_openvino(onnx.load({str(tmp_path)!r} + f"/m{{i}}.onnx"), {{"x": np.load({str(tmp_path)!r} + f"/x{{i}}.npy")}})
-    want = np.load({str(tmp_path)!r} + f"/want{{i}}.npy")
-    print("ERR", i, np.abs(got - want).max() / np.abs(want).max())
+    for kind in ("want", "bf16_"):
+        want = np.load({str(tmp_path)!r} + f"/{{kind}}{{i}}.npy")
+        print("ERR", i, kind, np.abs(got - want).max() / np.abs(want).max())
 """
     ran = []
     for isa in [name for name, runs in HAS.items() if runs]:
         res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
                              env=dict(os.environ, MLA_EXPORT_ISA=isa))
         assert res.returncode == 0, res.stderr[-2000:]
-        errs = [float(line.split()[2]) for line in res.stdout.splitlines() if line.startswith("ERR")]
-        assert len(errs) == len(cases), res.stdout
-        assert max(errs) < TOL, (isa, errs)
+        errs = {(int(i), kind): float(e) for _, i, kind, e in (line.split() for line in res.stdout.splitlines()
+                                                                  if line.startswith("ERR"))}
+        assert len(errs) == 2 * len(cases), res.stdout
+        for i in cases:
+            bf16 = computes[i] == "bf16" and rows_of[i] < BF16_DOT_ROWS and _bf16_dots(isa)
+            assert errs[i, "bf16_" if bf16 else "want"] < TOL, (isa, i, errs)
         ran.append(isa)
     assert "generic" in ran
     print(f"[fp8 qlinear tables] {ran}")
+
+
+@pytest.mark.parametrize("runtime", list(RUNTIMES))
+def test_moe_fp8_bf16_dots(rng, runtime):
+    """compute="bf16", few tokens an expert: both projections' fp8 codes on bf16 rows (AVX512_BF16
+    CPUs), against the same math in numpy: bf16-rounded x and silu(gate) * up, subnormal codes 0."""
+    experts, hidden, inter, k, tokens = 6, 128, 64, 2, 3
+    (w13_ops, _), (w2_ops, _) = _fp8(rng, (experts, 2 * inter, hidden), 32), _fp8(rng, (experts, hidden, inter), 32)
+    x = rng.standard_normal((tokens, hidden)).astype(np.float32)
+    ids = np.stack([rng.permutation(experts)[:k] for _ in range(tokens)]).astype(np.int64)
+    wts = rng.random((tokens, k)).astype(np.float32)
+    got = RUNTIMES[runtime](moe_model(hidden, (FP8_BITS, FP8_BITS), w13_ops + w2_ops, compute="bf16"),
+                           {"x": x, "ids": ids, "wts": wts})
+    if not _bf16_dots():
+        want = ref.moe_experts(x, ids, wts, fp8_dequantize(*w13_ops[:2]), fp8_dequantize(*w2_ops[:2]))
+    else:
+        def flushed(ops):
+            codes, scales, _ = ops
+            return fp8_dequantize(np.where(codes & 0x78, codes, codes & 0x80).astype(np.uint8), scales).astype(np.float64)
+
+        bf = lambda a: np.asarray(a, np.float32).astype(ml_dtypes.bfloat16).astype(np.float64)  # noqa: E731
+        w13, w2 = flushed(w13_ops), flushed(w2_ops)
+        want = np.zeros((tokens, hidden))
+        for t in range(tokens):
+            for j in np.argsort(ids[t]):  # ascending expert order, as the op adds them
+                e = ids[t, j]
+                gu = w13[e] @ bf(x[t])
+                act = gu[:inter] / (1 + np.exp(-gu[:inter])) * gu[inter:]
+                want[t] += wts[t, j] * (w2[e] @ bf(act))
+    # the op's f32 silu(gate) * up may round to the other bf16 neighbour than float64's (a tie within
+    # ~1e-7): one such flip moves an output by ~2^-8 of one term, hence the looser bound
+    err = np.abs(got - want).max() / np.abs(want).max()
+    assert err < 3e-3, f"{runtime}: max rel error {err:.2e}"

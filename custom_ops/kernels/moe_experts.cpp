@@ -142,9 +142,10 @@ void moe_experts(const MoeInputs& in, MoeBits bits, const TensorView& out, const
     const Dims d = check_all(in, bits);
     if (out.dtype != DType::f32) fail(kOp, out, std::string("must be f32, got ") + dtype_name(out.dtype));
     const MoeIsa& isa = moe_isa();
-    // Per projection: fp8 codes have no int8-activation dots, so f32 dots and panels in every mode.
-    const QMode mode_q8 = qmode(compute == MoeCompute::bf16, isa);
-    const QMode mode13 = bits.w13 == kFp8Bits ? QMode{} : mode_q8, mode2 = bits.w2 == kFp8Bits ? QMode{} : mode_q8;
+    // Per projection: fp8 codes take bf16 or f32 dots, never int8 activations (qmode_fp8).
+    const bool reduced = compute == MoeCompute::bf16;
+    const QMode mode13 = bits.w13 == kFp8Bits ? qmode_fp8(reduced, isa) : qmode(reduced, isa);
+    const QMode mode2 = bits.w2 == kFp8Bits ? qmode_fp8(reduced, isa) : qmode(reduced, isa);
     const int bi13 = weight_code_index(bits.w13), bi2 = weight_code_index(bits.w2);
     float* y = out.ptr<float>();
     if (d.T == 0) return;

@@ -89,6 +89,13 @@ struct MoeIsa {
     // point at the first row's groups. out[t * ldo + r] for r < 16 * nb. Null but on VNNI CPUs.
     void (*qdot_q8_t16[2][4])(int64_t K, int64_t group, const QRow* x, const uint8_t* q, const float* s,
                               const uint8_t* zp, int64_t groups, float* out, int64_t ldo);
+    // fp8 codes against bf16 activation rows, the reduced-precision mode's fp8 dots where the CPU has
+    // AVX512_BF16: each code's bf16 bits made in registers (sign, exponent + 120, mantissa: exact for
+    // every normal code and zero; the subnormal codes, below 2^-6 of their scale's unit, count as 0,
+    // as vdpbf16ps would take them), vdpbf16ps pairs summed in f32 and each group folded with its
+    // scale. [M - 1]; null where not compiled (qmode_fp8 checks the CPU).
+    void (*qdot_fp8_bf16[4])(int64_t K, int64_t group, const uint16_t* const* x, const QBlock& blk, float* out,
+                             int64_t ldo);
 };
 
 const MoeIsa& moe_isa();

@@ -63,8 +63,9 @@ void qlinear(const QLinearInputs& in, int64_t bits, const TensorView& out, const
     if (out.dtype != DType::f32) fail(kOp, out, std::string("must be f32, got ") + dtype_name(out.dtype));
     if (d.M == 0) return;
     const MoeIsa& isa = moe_isa();
-    // fp8 codes have no int8-activation dots: f32 dots and panels in every mode (moe_isa.hpp)
-    const QMode mode = bits == kFp8Bits ? QMode{} : qmode(compute == MoeCompute::bf16, isa);
+    // fp8 codes: bf16 or f32 dots, never int8 activations (qmode_fp8)
+    const bool reduced = compute == MoeCompute::bf16;
+    const QMode mode = bits == kFp8Bits ? qmode_fp8(reduced, isa) : qmode(reduced, isa);
     std::vector<float> x_f32;
     const float* x = in.x.ptr<float>();
     if (in.x.dtype != DType::f32) {  // a copy only when the runtime passed bf16 or f16

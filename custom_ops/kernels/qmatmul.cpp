@@ -6,6 +6,7 @@
 #include <cstring>
 #include <string>
 
+#include "numeric.hpp"
 #include "validate.hpp"
 #if defined(MLA_HAVE_AMX)
 #include "amx.hpp"
@@ -21,6 +22,7 @@ constexpr int64_t kBlockK = 2048;  // inputs per dequantised k-block (32 rows x 
 struct Scratch {
     std::vector<float> panel;
     std::vector<const float*> a, xs;
+    std::vector<const uint16_t*> b;
     std::vector<QRow> q8;
 };
 thread_local Scratch tls;
@@ -118,6 +120,13 @@ QMode qmode(bool reduced, const MoeIsa& isa) {
     return m;
 }
 
+QMode qmode_fp8(bool reduced, const MoeIsa& isa) {
+    static const bool cpu_bf16 = __builtin_cpu_supports("avx512bf16");
+    QMode m;
+    m.fp8_bf16 = reduced && cpu_bf16 && isa.qdot_fp8_bf16[0] != nullptr;
+    return m;
+}
+
 QBlock QWeights::block(int64_t r0) const {
     QBlock b;
     b.q = q + r0 * row_bytes;  // blocks of 4 interleaved rows: the block starts at its first row's offset
@@ -131,6 +140,11 @@ QBlock QWeights::block(int64_t r0) const {
 QActs::QActs(const float* x, int64_t n, int64_t K, int64_t group, QMode mode, bool want_q8, const MoeIsa& isa,
              const Threading& th)
     : x_(x), K_(K), G_(K / group) {
+    if (want_q8 && mode.fp8_bf16) {  // decode rows for fp8 codes: bf16 copies (round to nearest even)
+        b_.resize(n * K);
+        for (int64_t i = 0; i < n * K; ++i) b_[i] = f32_to_bf16(x[i]);
+        return;
+    }
     if (want_q8 && mode.q8_dots) {
         q_.resize(n * K);
         block_ = q8_block(group);
@@ -163,6 +177,17 @@ void qtile(const MoeIsa& isa, int bi, const QActs& acts, const int64_t* rows, in
            int64_t K, int64_t group, float* c, int64_t many_from, int few_nb) {
     Scratch& s = tls;
     if (m < many_from) {
+        if (acts.has_bf16()) {  // fp8 codes on bf16 rows
+            s.b.resize(m);
+            for (int64_t t = 0; t < m; ++t) s.b[t] = acts.bf16(rows[t]);
+            for (int64_t r0 = 0; r0 < kTileRows; r0 += 4)
+                for (int64_t t0 = 0; t0 < m; t0 += 4) {
+                    const int64_t mt = std::min<int64_t>(4, m - t0);
+                    isa.qdot_fp8_bf16[mt - 1](K, group, s.b.data() + t0, blocks[r0 / 4], c + t0 * kTileRows + r0,
+                                              kTileRows);
+                }
+            return;
+        }
         // rows outside, tokens inside: a second chunk of tokens finds the 4 rows' codes in cache
         if (acts.has_q8()) {
 #if defined(MLA_HAVE_AMX)

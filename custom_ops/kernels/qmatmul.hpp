@@ -52,9 +52,18 @@ constexpr int64_t kQLinearRowBlock = MLA_QLINEAR_ROW_BLOCK;
 // AVX512_BF16 has AVX512_VNNI too), else f32 (the portable table).
 struct QMode {
     bool q8_dots = false;
+    bool fp8_bf16 = false;  // fp8 codes against bf16 activations (MoeIsa::qdot_fp8_bf16)
 };
 QMode qmode(bool reduced, const MoeIsa& isa);
-inline int64_t many_rows(const QMode& mode) { return mode.q8_dots ? kNeverMany : kManyRows; }
+// The mode of a projection in fp8 codes: bf16 dots under the reduced precision where the table has
+// them and the CPU has AVX512_BF16, else f32 dots (never int8 activations).
+QMode qmode_fp8(bool reduced, const MoeIsa& isa);
+// fp8 codes on bf16 rows: dots up to 16 rows (2-4 passes over a tile whose 64 KB of codes stay in
+// L2), panels from there.
+constexpr int64_t kManyRowsFp8Bf16 = 16;
+inline int64_t many_rows(const QMode& mode) {
+    return mode.q8_dots ? kNeverMany : mode.fp8_bf16 ? kManyRowsFp8Bf16 : kManyRows;
+}
 
 // The weights of one projection: codes [rows, in / per_byte] (4-row interleaved), scales and zero
 // points [rows, groups]. Several experts' projections stack along rows.
@@ -85,12 +94,15 @@ public:
     const float* sums(int64_t i) const { return sums_.data() + i * G_; }
     QRow q8(int64_t i) const;
     bool has_q8() const { return !q_.empty(); }
+    const uint16_t* bf16(int64_t i) const { return b_.data() + i * K_; }
+    bool has_bf16() const { return !b_.empty(); }
 
 private:
     const float* x_;
     int64_t K_, G_, block_ = 32;
     std::vector<float> sums_;
     LineVector<int8_t> q_;  // row i at i * K: line-aligned A tiles when K % 64 == 0
+    std::vector<uint16_t> b_;  // bf16 rows (want_q8 under the fp8_bf16 mode)
     std::vector<float> d_, gsum_;
 };
 

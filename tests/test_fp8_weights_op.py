@@ -4,8 +4,9 @@ f32 exactness against the float64 reference (mla_export.reference) on the weight
 decode to (fp8_dequantize): few rows of x (dot products on the codes) and many (dequantised
 panels), mixed fp8 / int8 projections in the MoE op, both runtimes, and every vector table this
 CPU runs (generic, avx2, avx512 through MLA_EXPORT_ISA in a child process). compute="bf16" (the
-runtime's reduced precision) on AVX512_BF16 CPUs runs fewer than 16 rows as bf16 dots: exact
-against the reference on bf16-rounded activations with the subnormal codes as 0. Every finite
+runtime's reduced precision) on AVX512_BF16 CPUs runs fewer than 16 rows as bf16 dots, and from 8
+rows AMX-BF16 tiles where the CPU has them: exact against the reference on bf16-rounded
+activations with the subnormal codes as 0. Every finite
 e4m3 code, subnormals and -0 included, decodes to its exact value (f32).
 """
 
@@ -41,6 +42,16 @@ def _bf16_dots(isa: str = "avx512") -> bool:
     return isa == "avx512" and _cpu_has("avx512_bf16")
 
 
+def _bf16_path(rows: int, isa: str = "avx512") -> bool:
+    """Whether compute="bf16" runs `rows` rows of x on bf16 activations here: bf16 dots below 16
+    rows, AMX-BF16 tiles from 8 (where the CPU and OS have them), else f32 panels."""
+    from test_moe_experts_op import _cpu_has
+
+    amx = (_bf16_dots(isa) and _cpu_has("amx_bf16") and _cpu_has("amx_tile")
+           and os.environ.get("MLA_EXPORT_AMX", "1") != "0")
+    return (rows < BF16_DOT_ROWS and _bf16_dots(isa)) or (rows >= 8 and amx)
+
+
 def _bf16_reference(x, weights):
     """What the bf16 dots compute: activations rounded to bf16, subnormal codes as 0, f32 sums."""
     codes, scales, _ = weights
@@ -58,8 +69,8 @@ def test_qlinear_fp8_matches_reference(rng, runtime, compute, n, k, group, rows)
     x = rng.standard_normal((rows, k)).astype(np.float32)
     got = RUNTIMES[runtime](qlinear_model(k, n, weights, FP8_BITS, compute=compute), {"x": x})
     want = ref.linear(x, w)
-    if compute == "bf16" and rows < BF16_DOT_ROWS and _bf16_dots():
-        assert np.abs(got - want).max() / np.abs(want).max() > 1e-6, "bf16 dots expected, the result is f32-exact"
+    if compute == "bf16" and _bf16_path(rows):
+        assert np.abs(got - want).max() / np.abs(want).max() > 1e-6, "bf16 products expected, the result is f32-exact"
         want = _bf16_reference(x, weights)
     err = np.abs(got - want).max() / np.abs(want).max()
     assert err < TOL, f"{runtime} N{n} K{k} g{group} M{rows}: max rel error {err:.2e}"
@@ -144,7 +155,7 @@ for i in {cases!r}:
                                                                   if line.startswith("ERR"))}
         assert len(errs) == 2 * len(cases), res.stdout
         for i in cases:
-            bf16 = computes[i] == "bf16" and rows_of[i] < BF16_DOT_ROWS and _bf16_dots(isa)
+            bf16 = computes[i] == "bf16" and _bf16_path(rows_of[i], isa)
             assert errs[i, "bf16_" if bf16 else "want"] < TOL, (isa, i, errs)
         ran.append(isa)
     assert "generic" in ran
@@ -152,13 +163,19 @@ for i in {cases!r}:
 
 
 @pytest.mark.parametrize("runtime", list(RUNTIMES))
-def test_moe_fp8_bf16_dots(rng, runtime):
-    """compute="bf16", few tokens an expert: both projections' fp8 codes on bf16 rows (AVX512_BF16
-    CPUs), against the same math in numpy: bf16-rounded x and silu(gate) * up, subnormal codes 0."""
-    experts, hidden, inter, k, tokens = 6, 128, 64, 2, 3
+@pytest.mark.parametrize("tokens", [3, 40], ids=["dots", "one-expert-40-tokens"])
+def test_moe_fp8_bf16_dots(rng, runtime, tokens):
+    """compute="bf16": both projections' fp8 codes on bf16 rows (AVX512_BF16 CPUs; an expert with
+    40 tokens on AMX-BF16 tiles where the CPU has them), against the same math in numpy:
+    bf16-rounded x and silu(gate) * up, subnormal codes 0."""
+    experts, hidden, inter, k = 6, 128, 64, 2
+    if tokens >= BF16_DOT_ROWS and _bf16_dots() and not _bf16_path(tokens):
+        pytest.skip("40 tokens of one expert run f32 panels here (no AMX-BF16) while the others run bf16 dots")
     (w13_ops, _), (w2_ops, _) = _fp8(rng, (experts, 2 * inter, hidden), 32), _fp8(rng, (experts, hidden, inter), 32)
     x = rng.standard_normal((tokens, hidden)).astype(np.float32)
     ids = np.stack([rng.permutation(experts)[:k] for _ in range(tokens)]).astype(np.int64)
+    if tokens >= 16:
+        ids[:, 0], ids[:, 1] = 3, np.where(ids[:, 1] == 3, 4, ids[:, 1])  # expert 3: every token
     wts = rng.random((tokens, k)).astype(np.float32)
     got = RUNTIMES[runtime](moe_model(hidden, (FP8_BITS, FP8_BITS), w13_ops + w2_ops, compute="bf16"),
                            {"x": x, "ids": ids, "wts": wts})

@@ -36,6 +36,16 @@ bool amx_rows(int64_t m, int64_t K, int64_t group) {
 #endif
 
 // The int8 forms of the activation rows `rows` (indices into acts), in this thread's scratch.
+// Whether n rows of x against fp8 codes run on AMX-BF16 tiles (they then need bf16 rows).
+bool amx_fp8_rows(int64_t n) {
+#if defined(MLA_HAVE_AMX)
+    return n >= kAmxRows && amx_bf16_usable();
+#else
+    (void)n;
+    return false;
+#endif
+}
+
 const QRow* q8_rows(Scratch& s, const QActs& acts, const int64_t* rows, int64_t m) {
     s.q8.resize(m);
     for (int64_t t = 0; t < m; ++t) s.q8[t] = acts.q8(rows[t]);
@@ -140,7 +150,7 @@ QBlock QWeights::block(int64_t r0) const {
 QActs::QActs(const float* x, int64_t n, int64_t K, int64_t group, QMode mode, bool want_q8, const MoeIsa& isa,
              const Threading& th)
     : x_(x), K_(K), G_(K / group) {
-    if (want_q8 && mode.fp8_bf16) {  // decode rows for fp8 codes: bf16 copies (round to nearest even)
+    if (mode.fp8_bf16 && (want_q8 || amx_fp8_rows(n))) {  // fp8 codes' bf16 rows (round to nearest even)
         b_.resize(n * K);
         for (int64_t i = 0; i < n * K; ++i) b_[i] = f32_to_bf16(x[i]);
         return;
@@ -176,6 +186,11 @@ QRow QActs::q8(int64_t i) const {
 void qtile(const MoeIsa& isa, int bi, const QActs& acts, const int64_t* rows, int64_t m, const QBlock* blocks,
            int64_t K, int64_t group, float* c, int64_t many_from, int few_nb) {
     Scratch& s = tls;
+#if defined(MLA_HAVE_AMX)
+    // fp8 codes from 8 rows of bf16 activations: AMX-BF16 tiles where the CPU has them
+    if (acts.has_bf16() && m >= kAmxRows && K % 32 == 0 && amx_bf16_usable())
+        return qtile_fp8_amx(acts, rows, m, blocks, K, group, c);
+#endif
     if (m < many_from) {
         if (acts.has_bf16()) {  // fp8 codes on bf16 rows
             s.b.resize(m);

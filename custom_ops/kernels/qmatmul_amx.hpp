@@ -29,6 +29,11 @@ void qtile_amx(int bits_index, const QActs& acts, const int64_t* rows, int64_t m
 
 // The same on int8 codes in the tile16 layout (qmatmul.hpp: the 32 rows at q, s / zp at their first
 // row's groups): tile16 lines are B tiles as they lie, loaded without a re-layout.
+// fp8 codes (4-row layout) on AMX-BF16 tiles against the bf16 rows of acts (qmatmul_fp8_amx.cpp);
+// K and group multiples of 32.
+void qtile_fp8_amx(const QActs& acts, const int64_t* rows, int64_t m, const QBlock* blocks, int64_t K, int64_t group,
+                   float* c);
+
 void qtile16_amx(const QActs& acts, const int64_t* rows, int64_t m, const uint8_t* q, const float* s,
                  const uint8_t* zp, int64_t groups, int64_t K, int64_t group, float* c);
 

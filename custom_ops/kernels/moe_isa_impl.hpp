@@ -11,6 +11,9 @@
 #endif
 
 #include "moe_isa.hpp"
+#if defined(__AVX512BF16__)
+#include "fp8_bf16.hpp"
+#endif
 
 namespace mla {
 namespace MLA_MOE_NS {
@@ -257,16 +260,12 @@ void qdot_fp8(int64_t K, int64_t group, const float* const* x, const float* cons
 
 #if defined(__AVX512BF16__)
 // MoeIsa::qdot_fp8_bf16: 32 inputs a step, a row's two 16-code chunks (k and k + 16: one 64-byte line
-// apart) made one vector of 32 bf16 weights: u = code << 4 puts the mantissa at bits 4..6, the
-// exponent at 7..10 and the sign at 11; (u & 0x7F0) + (120 << 7) rebiases the exponent (zeroed for
-// exponent 0: the subnormal codes and 0); the sign moves to bit 15 through one bit select. Half the
-// instructions a weight of the f16 route (qdot_fp8), which is what bounds it at 1-2 tokens.
+// apart) made one vector of 32 bf16 weights (e4m3_to_bf16x32). Half the instructions a weight of
+// the f16 route (qdot_fp8), which is what bounds it at 1-2 tokens.
 template <int M>
 void qdot_fp8_bf16(int64_t K, int64_t group, const uint16_t* const* x, const QBlock& blk, float* out, int64_t ldo) {
     static const bool intel = __builtin_cpu_is("intel");
     const bool prefetch = intel && M <= 2;
-    const __m512i low = _mm512_set1_epi16(0x7F0), bias = _mm512_set1_epi16(120 << 7);
-    const __m512i sign = _mm512_set1_epi16(static_cast<short>(0x8000)), expo = _mm512_set1_epi16(0x78);
     __m512 tot[4][M];
     for (int r = 0; r < 4; ++r)
         for (int t = 0; t < M; ++t) tot[r][t] = _mm512_setzero_ps();
@@ -284,13 +283,7 @@ void qdot_fp8_bf16(int64_t K, int64_t group, const uint16_t* const* x, const QBl
             __m512i xv[M];
             for (int t = 0; t < M; ++t) xv[t] = _mm512_loadu_si512(x[t] + k);
             for (int r = 0; r < 4; ++r) {
-                const __m256i raw = _mm256_inserti128_si256(
-                    _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(line + 16 * r))),
-                    _mm_loadu_si128(reinterpret_cast<const __m128i*>(line + 64 + 16 * r)), 1);
-                const __m512i c = _mm512_cvtepu8_epi16(raw);
-                const __m512i u = _mm512_slli_epi16(c, 4);
-                const __m512i v = _mm512_maskz_add_epi16(_mm512_test_epi16_mask(c, expo), _mm512_and_si512(u, low), bias);
-                const __m512i w = _mm512_ternarylogic_epi32(sign, _mm512_slli_epi16(u, 4), v, 0xCA);  // sign ? u<<4 : v
+                const __m512i w = e4m3_to_bf16x32(line + 16 * r, line + 64 + 16 * r);
                 for (int t = 0; t < M; ++t) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)w, (__m512bh)xv[t]);
             }
         }

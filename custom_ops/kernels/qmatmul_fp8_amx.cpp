@@ -16,6 +16,7 @@
 
 #include "aligned_vector.hpp"
 #include "amx.hpp"
+#include "fp8_bf16.hpp"
 #include "qmatmul_amx.hpp"
 
 namespace mla {
@@ -38,17 +39,6 @@ TileConfig token_config(int n0, int n1) {
     for (int t : {0, 1, 4}) cfg.rows[t] = static_cast<uint8_t>(n0);
     for (int t : {2, 3, 5}) cfg.rows[t] = static_cast<uint8_t>(n1), cfg.colsb[t] = n1 > 0 ? 64 : 0;
     return cfg;
-}
-
-// A row's 32 codes (16 at lo, 16 at hi) as 32 bf16: sign, exponent + 120, mantissa (exponent 0 -> 0).
-inline __m512i e4m3_bf16(const uint8_t* lo, const uint8_t* hi) {
-    const __m256i raw = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(lo))),
-                                                _mm_loadu_si128(reinterpret_cast<const __m128i*>(hi)), 1);
-    const __m512i c = _mm512_cvtepu8_epi16(raw);
-    const __m512i u = _mm512_slli_epi16(c, 4);
-    const __m512i v = _mm512_maskz_add_epi16(_mm512_test_epi16_mask(c, _mm512_set1_epi16(0x78)),
-                                             _mm512_and_si512(u, _mm512_set1_epi16(0x7F0)), _mm512_set1_epi16(120 << 7));
-    return _mm512_ternarylogic_epi32(_mm512_set1_epi16(static_cast<short>(0x8000)), _mm512_slli_epi16(u, 4), v, 0xCA);
 }
 
 // r[n] dword j -> r[j] dword n (16 x 16 dwords).
@@ -86,7 +76,7 @@ void pack_weights(const QBlock* blocks, int64_t K, uint16_t* w) {
             for (int n = 0; n < 16; ++n) {
                 const QBlock& b = blocks[4 * h + n / 4];
                 const uint8_t* line = b.q + (k / 16) * 64 + 16 * (n % 4);
-                r[n] = e4m3_bf16(line, line + 64);
+                r[n] = e4m3_to_bf16x32(line, line + 64);
             }
             transpose16(r);
             uint16_t* dst = w + ((k / kStep) * 2 + h) * kHalfStep;

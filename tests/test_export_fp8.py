@@ -158,3 +158,25 @@ def test_fp8_weight_format_from_a_float_checkpoint(tmp_path, rng):
     run, _ = openvino_runner(out / "openvino_model.xml", cfg.num_hidden_layers, cfg.kv_lora_rank + cfg.qk_rope_head_dim)
     stats = drive_and_compare(run, hf, PagedSession(BLOCK, NUM_BLOCKS, rng), _prompts(7, cfg.vocab_size), SCHEDULE, 1e-5)
     assert stats["agree"] == stats["total"]
+
+
+def test_fp8_rows_refuses_nan_codes(fp8_ckpt, tmp_path):
+    """The codes --weight-format fp8 keeps are checked as the dequantised read is: a NaN code is refused."""
+    from mla_export.export.weights import SafetensorsFile
+
+    fp8, _ = fp8_ckpt
+    name = "model.layers.0.self_attn.q_a_proj.weight"
+    f = SafetensorsFile(fp8 / "model.safetensors")
+    tensors = {n: f.array(n) for n in f.entries}
+    codes = tensors[name].view(np.uint8).copy()
+    codes[3, 5] = 0x7F  # e4m3fn NaN
+    tensors[name] = codes.view(tensors[name].dtype)
+    bad = tmp_path / "nan"
+    bad.mkdir()
+    save_safetensors(bad / "model.safetensors", tensors)
+    reader = CheckpointReader(bad, fp8_block=BLOCKS)
+    shape = tuple(codes.shape)
+    with pytest.raises(WeightError, match="NaN or Inf"):
+        reader.fp8_rows(name, shape)
+    with pytest.raises(WeightError, match="NaN or Inf"):
+        reader.get(name, shape)

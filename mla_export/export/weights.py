@@ -102,11 +102,9 @@ class SafetensorsFile:
         self._file.close()
 
 
-def dequantize_fp8_blocks(codes: np.ndarray, scale_inv: np.ndarray, block: tuple[int, int], name: str = "weight"
-                          ) -> np.ndarray:
-    """float32 codes * scale_inv[i // block_rows, j // block_cols] for a 2-D e4m3 weight (the last
-    blocks of a row or column may be partial, as DeepSeek's own `weight_dequant` allows)."""
-    rows, cols = codes.shape
+def _fp8_scales(scale_inv: np.ndarray, shape: tuple[int, ...], block: tuple[int, int], name: str) -> np.ndarray:
+    """scale_inv as float32 once checked: one finite, positive scale per block of the weight's shape."""
+    rows, cols = shape
     br, bc = block
     want = (-(-rows // br), -(-cols // bc))
     if scale_inv.shape != want:
@@ -115,8 +113,18 @@ def dequantize_fp8_blocks(codes: np.ndarray, scale_inv: np.ndarray, block: tuple
     scale = scale_inv.astype(np.float32, copy=False)
     if not (np.isfinite(scale).all() and (scale > 0).all()):
         raise WeightError(f"tensor {name + FP8_SCALE_SUFFIX!r} holds scales that are not finite and positive")
+    return scale
+
+
+def dequantize_fp8_blocks(codes: np.ndarray, scale_inv: np.ndarray, block: tuple[int, int], name: str = "weight"
+                          ) -> np.ndarray:
+    """float32 codes * scale_inv[i // block_rows, j // block_cols] for a 2-D e4m3 weight (the last
+    blocks of a row or column may be partial, as DeepSeek's own `weight_dequant` allows)."""
+    scale = _fp8_scales(scale_inv, codes.shape, block, name)
+    br, bc = block
+    cols = codes.shape[1]
     out = codes.astype(np.float32)
-    for i in range(want[0]):  # block rows: one [br, cols] slab scaled at a time
+    for i in range(scale.shape[0]):  # block rows: one [br, cols] slab scaled at a time
         slab = out[i * br:(i + 1) * br]
         slab *= np.repeat(scale[i], bc)[:cols][None, :]
     return out
@@ -186,19 +194,22 @@ class CheckpointReader:
         if shape is not None and got != tuple(shape):
             raise WeightError(f"tensor {name!r} has shape {list(got)}, expected {list(shape)} from config.json")
         if dtype in _FP8_DTYPES:
-            if len(got) != 2 or not self.has(name + FP8_SCALE_SUFFIX):
-                raise WeightError(f"FP8 tensor {name!r} needs a 2-D shape and its {name + FP8_SCALE_SUFFIX!r} "
-                                  f"(got shape {list(got)})")
-            scale = self._file(name + FP8_SCALE_SUFFIX)
-            if scale.dtype(name + FP8_SCALE_SUFFIX) not in _FLOAT_DTYPES:
-                raise WeightError(f"tensor {name + FP8_SCALE_SUFFIX!r} must be float, got "
-                                  f"{scale.dtype(name + FP8_SCALE_SUFFIX)}")
-            arr = dequantize_fp8_blocks(f.array(name), scale.array(name + FP8_SCALE_SUFFIX), self.fp8_block, name)
+            arr = dequantize_fp8_blocks(*self._fp8_parts(name, f, got), self.fp8_block, name)
         else:
             arr = f.array(name).astype(np.float32, copy=False)
         if not np.isfinite(arr).all():
             raise WeightError(f"tensor {name!r} holds NaN or Inf values")
         return arr
+
+    def _fp8_parts(self, name: str, f: SafetensorsFile, got: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+        """An FP8 tensor's codes and its checked f32 block scales, each read once."""
+        scale_name = name + FP8_SCALE_SUFFIX
+        if len(got) != 2 or not self.has(scale_name):
+            raise WeightError(f"FP8 tensor {name!r} needs a 2-D shape and its {scale_name!r} (got shape {list(got)})")
+        sf = self._file(scale_name)
+        if sf.dtype(scale_name) not in _FLOAT_DTYPES:
+            raise WeightError(f"tensor {scale_name!r} must be float, got {sf.dtype(scale_name)}")
+        return f.array(name), _fp8_scales(sf.array(scale_name), got, self.fp8_block, name)
 
     def fp8_rows(self, name: str, shape: tuple[int, int], rows: np.ndarray | None = None
                  ) -> tuple[np.ndarray, np.ndarray] | None:
@@ -211,9 +222,12 @@ class CheckpointReader:
         br, bc = self.fp8_block
         if shape[1] % bc or bc % 32:
             return None
-        self.get(name, shape)  # every check (shape, scales, finite values) of the dequantised read
-        codes = self._file(name).array(name)
-        scale = self._file(name + FP8_SCALE_SUFFIX).array(name + FP8_SCALE_SUFFIX).astype(np.float32)
+        f = self._file(name)
+        if f.shape(name) != tuple(shape):
+            raise WeightError(f"tensor {name!r} has shape {list(f.shape(name))}, expected {list(shape)} from config.json")
+        codes, scale = self._fp8_parts(name, f, f.shape(name))
+        if ((codes.view(np.uint8) & 0x7F) == 0x7F).any():  # e4m3fn's NaN codes, what get's finite check refuses
+            raise WeightError(f"tensor {name!r} holds NaN or Inf values")
         scales = np.repeat(scale, br, axis=0)[:shape[0]]
         if rows is not None:
             codes, scales = codes[rows], scales[rows]

@@ -139,10 +139,10 @@ def test_bad_attribute_and_x(rng, runtime):
         RUNTIMES[runtime](_model(32, 64, weights, 8), {"x": np.zeros((1, 32), np.float32)})
 
 
-def errors_per_table(tmp_path, cases):
+def errors_per_table(tmp_path, cases, kinds=("q8", "f32")):
     """For each vector table this CPU runs (MLA_EXPORT_ISA, in a child process): the relative
-    errors of the models tmp_path/m{i}.onnx on x{i}.npy against q8_{i}.npy (the reference on int8
-    activations) and f32_{i}.npy, as (isa, {(i, "q8" | "f32"): error})."""
+    errors of the models tmp_path/m{i}.onnx on x{i}.npy against {kind}_{i}.npy for each kind (by
+    default q8, the reference on int8 activations, and f32), as (isa, {(i, kind): error})."""
     import os
     import subprocess
     import sys
@@ -155,7 +155,7 @@ sys.path.insert(0, {os.path.dirname(__file__)!r})
 from test_moe_experts_op import _run_openvino
 for i in {list(cases)!r}:
     got = _run_openvino(onnx.load({str(tmp_path)!r} + f"/m{{i}}.onnx"), {{"x": np.load({str(tmp_path)!r} + f"/x{{i}}.npy")}})
-    for kind in ("q8", "f32"):
+    for kind in {list(kinds)!r}:
         want = np.load({str(tmp_path)!r} + f"/{{kind}}_{{i}}.npy")
         print("ERR", i, kind, np.abs(got - want).max() / np.abs(want).max())
 """
@@ -165,7 +165,7 @@ for i in {list(cases)!r}:
         assert res.returncode == 0, res.stderr[-2000:]
         errs = {(int(i), kind): float(e) for _, i, kind, e in (line.split() for line in res.stdout.splitlines()
                                                                   if line.startswith("ERR"))}
-        assert len(errs) == 2 * len(cases), res.stdout
+        assert len(errs) == len(kinds) * len(cases), res.stdout
         yield isa, errs
 
 

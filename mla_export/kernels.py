@@ -17,7 +17,7 @@ import importlib
 
 import numpy as np
 
-__all__ = ["RUNTIMES", "available", "cache_write", "paged_decode", "paged_attention"]
+__all__ = ["RUNTIMES", "available", "cache_write", "paged_decode", "paged_attention", "indexer_topk"]
 
 RUNTIMES = ("openvino", "onnxruntime")
 FORMS = ("auto", "absorbed", "expanded")
@@ -58,8 +58,11 @@ def paged_decode(q, kv_cache, block_tables, seq_lens, scale: float, kv_lora_rank
 
 def paged_attention(q_nope, q_pe, kv_cache, w_uk, w_uv, query_start_loc, seq_lens, block_tables,
                     scale: float, form: str = "auto", kv_dtype: str | None = None, *,
-                    runtime: str = "openvino", num_threads: int | None = None, compute: str = "f32") -> np.ndarray:
-    """Causal paged MLA over packed new tokens: -> [T, H, dv].
+                    runtime: str = "openvino", num_threads: int | None = None, compute: str = "f32",
+                    topk_indices=None) -> np.ndarray:
+    """Causal paged MLA over packed new tokens: -> [T, H, dv]. topk_indices [T, K] (int32/int64):
+    sparse attention, each token attends only to the positions it lists (-1 = none; distinct,
+    causal, at least one), as DeepSeek Sparse Attention's indexer selects them.
     form: "auto" (per sequence by cost), "absorbed" or "expanded". compute: "f32" (every product
     f32, the exact path) or "bf16" (what the runtime sets under a bf16 hint: single-token rows
     multiply in bf16 with f32 sums on AMX tiles where the CPU has them, else in AVX512-BF16 dot
@@ -70,4 +73,16 @@ def paged_attention(q_nope, q_pe, kv_cache, w_uk, w_uv, query_start_loc, seq_len
         raise ValueError(f"compute must be 'f32' or 'bf16', got {compute!r}")
     return _runner(runtime).paged_attention(q_nope, q_pe, kv_cache, w_uk, w_uv, query_start_loc, seq_lens,
                                             block_tables, scale, form, kv_dtype, num_threads=num_threads,
-                                            compute=compute)
+                                            compute=compute, topk_indices=topk_indices)
+
+
+def indexer_topk(q, weights, index_cache, query_start_loc, seq_lens, block_tables, topk: int,
+                 kv_dtype: str | None = None, *, runtime: str = "openvino", num_threads: int | None = None) -> np.ndarray:
+    """DeepSeek Sparse Attention's lightning indexer over a paged key cache: q [T, Hi, D] (RoPE
+    applied), weights [T, Hi] (every positive factor folded in), index_cache [NB, BS, D] (u8 rows
+    for int8/fp8) -> [T, topk] int32: per new token the topk positions it sees of largest
+    sum_h weights[t, h] * relu(q[t, h] . key[s]), ascending, -1 padded when it sees fewer."""
+    if isinstance(topk, bool) or not isinstance(topk, (int, np.integer)) or topk < 1:
+        raise ValueError(f"topk must be a positive integer, got {topk!r}")
+    return _runner(runtime).indexer_topk(q, weights, index_cache, query_start_loc, seq_lens, block_tables, int(topk),
+                                         kv_dtype, num_threads=num_threads)

@@ -26,7 +26,7 @@ from .ort_tensors import (BF16, ONNX_BFLOAT16, THREADS_CONFIG_KEY, available, or
 
 __all__ = ["BF16", "available", "session_options", "ortvalue", "to_numpy", "single_op_model", "cache_write",
            "check_writable_cache", "THREADS_CONFIG_KEY",
-           "paged_decode", "paged_attention", "cache_write_then_attention", "FORMS"]
+           "paged_decode", "paged_attention", "indexer_topk", "cache_write_then_attention", "FORMS"]
 
 FORMS = {"auto": 0, "absorbed": 1, "expanded": 2}
 DOMAIN = "mla_export"
@@ -152,10 +152,10 @@ def paged_decode(q, kv_cache, block_tables, seq_lens, scale: float, kv_lora_rank
 
 def paged_attention(q_nope, q_pe, kv_cache, w_uk, w_uv, query_start_loc, seq_lens, block_tables,
                     scale: float, form: str | int = "auto", kv_dtype: str | None = None,
-                    num_threads: int | None = None, compute: str = "f32") -> np.ndarray:
+                    num_threads: int | None = None, compute: str = "f32", topk_indices=None) -> np.ndarray:
     """MlaPagedAttention: causal paged MLA over packed new tokens -> [T, H, dv].
     form: "auto", "absorbed", "expanded" (or the raw int attribute, passed unchecked); compute:
-    the op's attribute (passed unchecked)."""
+    the op's attribute (passed unchecked); topk_indices [T, K]: sparse attention (-1 = none)."""
     if isinstance(form, str):
         if form not in FORMS:
             raise ValueError(f"form must be one of {sorted(FORMS)}, got {form!r}")
@@ -167,8 +167,21 @@ def paged_attention(q_nope, q_pe, kv_cache, w_uk, w_uv, query_start_loc, seq_len
               ("w_uk", _contiguous(w_uk)), ("w_uv", _contiguous(w_uv)),
               ("query_start_loc", _contiguous(query_start_loc)), ("seq_lens", _contiguous(seq_lens)),
               ("block_tables", _contiguous(block_tables))]
+    if topk_indices is not None:  # after the ordering input (never read)
+        arrays += [("after", np.zeros(1, np.int32)), ("topk_indices", _contiguous(topk_indices))]
     return _run("MlaPagedAttention", arrays, {"scale": _float_attr(scale), "form": int(form), "compute": compute, **kv},
                 q_nope.dtype, 3, num_threads)
+
+
+def indexer_topk(q, weights, index_cache, query_start_loc, seq_lens, block_tables, topk: int,
+                 kv_dtype: str | None = None, num_threads: int | None = None) -> np.ndarray:
+    """MlaIndexerTopK -> [T, topk] int32 positions (ascending, -1 padded)."""
+    cache = _contiguous(index_cache)
+    kv = _kv_attrs(cache, kv_dtype)
+    arrays = [("q", _contiguous(q)), ("weights", _contiguous(weights)), ("index_cache", _bind_cache(cache, kv)),
+              ("query_start_loc", _contiguous(query_start_loc)), ("seq_lens", _contiguous(seq_lens)),
+              ("block_tables", _contiguous(block_tables))]
+    return _run("MlaIndexerTopK", arrays, {"topk": int(topk), **kv}, np.int32, 2, num_threads)
 
 
 def cache_write_then_attention(kv_c, k_pe, slot_mapping, q_nope, q_pe, kv_cache: np.ndarray, w_uk, w_uv,

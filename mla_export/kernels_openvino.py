@@ -26,7 +26,7 @@ from .ov_op_errors import checked_infer
 from .cache_binding import cache_binding
 from .ov_tensors import BF16, ov_type, shared_tensor, to_numpy
 
-__all__ = ["cache_write", "paged_decode", "paged_attention"]
+__all__ = ["cache_write", "paged_decode", "paged_attention", "indexer_topk"]
 
 _PRECISION = {ov.Type.f32: "FP32", ov.Type.f16: "FP16", ov.Type.bf16: "BF16", ov.Type.i32: "I32", ov.Type.u8: "U8", ov.Type.i8: "I8",
               ov.Type.i64: "I64"}
@@ -155,10 +155,11 @@ def paged_decode(q, kv_cache, block_tables, seq_lens, scale: float, kv_lora_rank
 
 def paged_attention(q_nope, q_pe, kv_cache, w_uk, w_uv, query_start_loc, seq_lens, block_tables,
                     scale: float, form: str = "auto", kv_dtype: str | None = None,
-                    num_threads: int | None = None, compute: str = "f32") -> np.ndarray:
+                    num_threads: int | None = None, compute: str = "f32", topk_indices=None) -> np.ndarray:
     """Causal paged MLA over packed new tokens: -> [T, H, dv].
 
-    form: "auto" (per sequence by cost), "absorbed" or "expanded"; compute: the op's attribute."""
+    form: "auto" (per sequence by cost), "absorbed" or "expanded"; compute: the op's attribute;
+    topk_indices [T, K]: sparse attention over each token's listed positions (-1 = none)."""
     forms = {"auto": 0, "absorbed": 1, "expanded": 2}
     if form not in forms:
         raise ValueError(f"form must be one of {sorted(forms)}, got {form!r}")
@@ -167,7 +168,21 @@ def paged_attention(q_nope, q_pe, kv_cache, w_uk, w_uv, query_start_loc, seq_len
               ("kv_cache", cache_binding(cache)), ("w_uk", _float("w_uk", w_uk)),
               ("w_uv", _float("w_uv", w_uv)), ("query_start_loc", _index("query_start_loc", query_start_loc)),
               ("seq_lens", _index("seq_lens", seq_lens)), ("block_tables", _index("block_tables", block_tables))]
+    if topk_indices is not None:  # the ordering input (never read) comes first
+        arrays += [("after", np.zeros(1, np.int32)), ("topk_indices", _index("topk_indices", topk_indices))]
     out = _run("MlaPagedAttention", arrays,
                {"scale": repr(float(scale)), "form": forms[form], "kv_dtype": fmt, "compute": compute},
                ov_type(arrays[0][1].dtype), 3, num_threads)
+    return to_numpy(out)
+
+
+def indexer_topk(q, weights, index_cache, query_start_loc, seq_lens, block_tables, topk: int,
+                 kv_dtype: str | None = None, num_threads: int | None = None) -> np.ndarray:
+    """MlaIndexerTopK: DeepSeek Sparse Attention's indexer over the paged key cache -> [T, topk]
+    int32 positions (ascending; -1 pads a token that sees fewer than topk positions)."""
+    cache, fmt = _cache(index_cache, kv_dtype)
+    arrays = [("q", _float("q", q)), ("weights", _float("weights", weights)), ("index_cache", cache_binding(cache)),
+              ("query_start_loc", _index("query_start_loc", query_start_loc)),
+              ("seq_lens", _index("seq_lens", seq_lens)), ("block_tables", _index("block_tables", block_tables))]
+    out = _run("MlaIndexerTopK", arrays, {"topk": int(topk), "kv_dtype": fmt}, ov.Type.i32, 2, num_threads)
     return to_numpy(out)

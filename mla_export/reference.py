@@ -36,6 +36,9 @@ __all__ = [
     "paged_attention_absorbed",
     "paged_attention_expanded",
     "absorb_query",
+    "sparse_mask",
+    "indexer_scores",
+    "indexer_topk",
     "moe_experts",
 ]
 
@@ -114,12 +117,26 @@ def _sequences(query_start_loc, seq_lens):
         yield b, qsl[b], qsl[b + 1] - qsl[b], seq_len
 
 
+def sparse_mask(topk_indices, start: int, qlen: int, seq_len: int) -> np.ndarray:
+    """[qlen, seq_len] bool: causal, and (with topk_indices [T, K]) only the positions token
+    start + j lists (-1 = none)."""
+    mask = _causal_mask(qlen, seq_len)
+    if topk_indices is None:
+        return mask
+    chosen = np.zeros_like(mask)
+    for j, row in enumerate(np.asarray(topk_indices)[start:start + qlen].tolist()):
+        chosen[j, [p for p in row if p >= 0]] = True
+    return mask & chosen
+
+
 def paged_attention_absorbed(q_nope, q_pe, kv_cache, w_uk, w_uv, query_start_loc, seq_lens,
-                             block_tables, scale: float, kv_dtype: str | None = None) -> np.ndarray:
+                             block_tables, scale: float, kv_dtype: str | None = None,
+                             topk_indices=None) -> np.ndarray:
     """Causal paged MLA over packed new tokens, absorbed form. Returns [T, H, dv] float64.
 
     Scores are q576 . row over the whole latent row; values are the first r columns; the
-    latent output is up-projected per head by w_uv [H, r, dv].
+    latent output is up-projected per head by w_uv [H, r, dv]. topk_indices [T, K]: sparse
+    attention, each token sees only the positions it lists.
     """
     w_uv = _f64(w_uv)
     r = w_uv.shape[1]
@@ -130,14 +147,15 @@ def paged_attention_absorbed(q_nope, q_pe, kv_cache, w_uk, w_uv, query_start_loc
             continue
         rows = gather_sequence_rows(kv_cache, block_tables[b], seq_len, kv_dtype, r)  # [L, W]
         scores = np.einsum("thw,lw->htl", q576[start:start + qlen], rows) * scale
-        scores = np.where(_causal_mask(qlen, seq_len)[None], scores, -np.inf)
+        scores = np.where(sparse_mask(topk_indices, start, qlen, seq_len)[None], scores, -np.inf)
         o_lat = _softmax(scores) @ rows[:, :r]  # [H, qlen, r]
         out[start:start + qlen] = np.einsum("htr,hrv->thv", o_lat, w_uv)
     return out
 
 
 def paged_attention_expanded(q_nope, q_pe, kv_cache, w_uk, w_uv, query_start_loc, seq_lens,
-                             block_tables, scale: float, kv_dtype: str | None = None) -> np.ndarray:
+                             block_tables, scale: float, kv_dtype: str | None = None,
+                             topk_indices=None) -> np.ndarray:
     """The same attention in the expanded (up-projected) form: per-head K = [W_UK kv_c | k_pe],
     V = kv_c @ W_UV, ordinary causal multi-head attention. Returns [T, H, dv] float64."""
     q_nope, q_pe, w_uk, w_uv = _f64(q_nope), _f64(q_pe), _f64(w_uk), _f64(w_uv)
@@ -153,8 +171,35 @@ def paged_attention_expanded(q_nope, q_pe, kv_cache, w_uk, w_uv, query_start_loc
         qn = q_nope[start:start + qlen].transpose(1, 0, 2)  # [H, qlen, dn]
         qp = q_pe[start:start + qlen].transpose(1, 0, 2)  # [H, qlen, dr]
         scores = (qn @ k_nope.transpose(0, 2, 1) + qp @ k_pe.T[None]) * scale  # [H, qlen, L]
-        scores = np.where(_causal_mask(qlen, seq_len)[None], scores, -np.inf)
+        scores = np.where(sparse_mask(topk_indices, start, qlen, seq_len)[None], scores, -np.inf)
         out[start:start + qlen] = (_softmax(scores) @ v).transpose(1, 0, 2)
+    return out
+
+
+def indexer_scores(q, weights, index_cache, query_start_loc, seq_lens, block_tables,
+                   kv_dtype: str | None = None) -> list[np.ndarray]:
+    """DeepSeek Sparse Attention's indexer scores, float64: for each new token t (position p) the
+    vector [p + 1] of sum_h weights[t, h] * relu(q[t, h] . key[s]) over the positions s <= p it sees.
+    q [T, Hi, D], weights [T, Hi], index_cache rows of D values ([kv_c] only: dr = 0)."""
+    q, w = _f64(q), _f64(weights)
+    out = [None] * q.shape[0]
+    for b, start, qlen, seq_len in _sequences(query_start_loc, seq_lens):
+        keys = gather_sequence_rows(index_cache, block_tables[b], seq_len, kv_dtype, q.shape[2])  # [L, D]
+        for j in range(qlen):
+            t, p = start + j, seq_len - qlen + j
+            out[t] = (w[t][:, None] * np.maximum(q[t] @ keys[:p + 1].T, 0.0)).sum(axis=0)
+    return out
+
+
+def indexer_topk(q, weights, index_cache, query_start_loc, seq_lens, block_tables, topk: int,
+                 kv_dtype: str | None = None) -> np.ndarray:
+    """[T, topk] int32: each token's topk positions of largest indexer score (ties: the earlier
+    position), ascending; a token that sees at most topk positions lists them all, then -1."""
+    scores = indexer_scores(q, weights, index_cache, query_start_loc, seq_lens, block_tables, kv_dtype)
+    out = np.full((len(scores), topk), -1, np.int32)
+    for t, s in enumerate(scores):
+        chosen = np.sort(np.argsort(-s, kind="stable")[:topk])
+        out[t, :len(chosen)] = chosen
     return out
 
 

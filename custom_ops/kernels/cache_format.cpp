@@ -111,10 +111,11 @@ CacheRows cache_rows(const char* op, const TensorView& c, KvDtype kind, int64_t 
         throw Error(std::string(op) + ": an " + kv_dtype_name(kind) + " cache quantises kv_c in " +
                     std::to_string(groups) + " equal groups, so the latent rank r must be a multiple of " +
                     std::to_string(groups) + ", got " + std::to_string(rank));
+    // dr = 0: rows with no bf16 part (the indexer's key cache, whose D values are all quantised).
     const int64_t rest = c.dim(2) - rank - 4 * groups;  // 2 * dr
-    if (rest < 2 || rest % 2 != 0)
+    if (rest < 0 || rest % 2 != 0)
         fail(op, c, "must hold rows of r + 4 * G + 2 * dr bytes " + what + " with r = " + std::to_string(rank) +
-                        ", G = " + std::to_string(groups) + " and dr >= 1 (codes, G f32 scales, bf16 k_pe), got shape " +
+                        ", G = " + std::to_string(groups) + " and dr >= 0 (codes, G f32 scales, bf16 k_pe), got shape " +
                         shape_str(c.shape));
     out.width = rank + rest / 2;
     out.rank = rank;

@@ -30,14 +30,17 @@ namespace {
 constexpr int64_t kChunk = 64;  // context positions per online-softmax step
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// One sequence's rows of the paged cache.
+// One sequence's rows of the paged cache. Under sparse attention (a top-k index list per token)
+// a token's "context" is its list: position i of the walk is the cached position positions[i].
 struct SeqCache {
     const CacheRows* rows;  // the format: f32 rows are read in place, others widened by load_rows
     int64_t bs, width;
     const TensorView* block_tables;
     int64_t table_offset;  // b * M
+    const int32_t* positions = nullptr;  // sparse: the selected positions, ascending
 
     const void* row(int64_t pos) const {
+        if (positions) pos = positions[pos];
         const int64_t blk = index_at(*block_tables, table_offset + pos / bs);
         return rows->row(blk, pos % bs);
     }
@@ -51,6 +54,7 @@ SeqCache seq_cache(const CacheRows& cache, const TensorView& bt, int64_t b) {
 // Per-thread scratch, grown on demand and reused across calls.
 struct Scratch {
     std::vector<float> kr, s, krow, v, qh, wk, wv;
+    std::vector<int64_t> cursor;  // expanded_sparse_task: each token's next selected position
     static float* get(std::vector<float>& buf, int64_t n) {
         if (static_cast<int64_t>(buf.size()) < n) buf.resize(static_cast<size_t>(n));
         return buf.data();
@@ -360,6 +364,8 @@ void run_absorbed(const IsaKernels& K, const std::vector<AbsorbedSeq>& seqs, int
 struct ExpandedSeq {
     SeqCache cache;
     int64_t start, qlen, seq_len;
+    const int32_t* pos = nullptr;    // sparse: the tokens' selected positions (expanded_sparse_task)
+    const int64_t* first = nullptr;  // [qlen + 1]: token t's are pos[first[t] .. first[t + 1])
 };
 
 constexpr int64_t kSpan = 512;   // keys up-projected at once per head (their K and V stay in scratch)
@@ -443,6 +449,76 @@ void expanded_task(const IsaKernels& K, const ExpandedSeq& s, int64_t h, int64_t
     }
 }
 
+// expanded_task under sparse attention: token t attends only to its selected positions
+// pos[first[t] .. first[t + 1]) (ascending). The context is up-projected span by span as there
+// (a span no token selects from is skipped), V as rows this time, and each token gathers the key
+// and value rows of its positions in the span, its online-softmax state kept across spans.
+void expanded_sparse_task(const IsaKernels& K, const ExpandedSeq& s, int64_t h, int64_t heads, const float* qn,
+                          const float* qp, const float* wuk, const float* wuv, int64_t r, int64_t dn, int64_t dr,
+                          int64_t dv, float scale, float* out /*[T, H, dv]*/) {
+    const int64_t w = s.cache.width, dk = dn + dr;
+    const int32_t* pos = s.pos;
+    const int64_t* first = s.first;
+    Scratch& sc = tls;
+    float* kr = Scratch::get(sc.kr, kChunk * w);
+    float* krow = Scratch::get(sc.krow, kSpan * dk);                // [kSpan, dk]
+    float* vrow = Scratch::get(sc.v, kSpan * dv);                   // [kSpan, dv]
+    float* wk = Scratch::get(sc.wk, panels(dn) * r * 16);
+    float* wv = Scratch::get(sc.wv, panels(dv) * r * 16);
+    float* qh = Scratch::get(sc.qh, s.qlen * dk);
+    float* sbuf = Scratch::get(sc.s, kChunk + s.qlen * (dv + 2));
+    float* o = sbuf + kChunk;
+    float* mx = o + s.qlen * dv;
+    float* l = mx + s.qlen;
+    if (static_cast<int64_t>(sc.cursor.size()) < s.qlen) sc.cursor.resize(static_cast<size_t>(s.qlen));
+    int64_t* cur = sc.cursor.data();
+    std::fill(o, o + s.qlen * dv, 0.f);
+    std::fill(mx, mx + s.qlen, kNegInf);
+    std::fill(l, l + s.qlen, 0.f);
+    pack_panels(wuk + h * dn * r, 1, r, r, dn, wk);
+    pack_panels(wuv + h * r * dv, dv, 1, r, dv, wv);
+    for (int64_t t = 0; t < s.qlen; ++t) {
+        std::copy_n(qn + ((s.start + t) * heads + h) * dn, dn, qh + t * dk);
+        std::copy_n(qp + ((s.start + t) * heads + h) * dr, dr, qh + t * dk + dn);
+        cur[t] = first[t];
+    }
+    const float* keys[kChunk];
+    const float* vals[kChunk];
+    for (int64_t s0 = 0; s0 < s.seq_len; s0 += kSpan) {
+        const int64_t ns = std::min(kSpan, s.seq_len - s0);
+        bool any = false;
+        for (int64_t t = 0; t < s.qlen && !any; ++t) any = cur[t] < first[t + 1] && pos[cur[t]] < s0 + ns;
+        if (!any) continue;
+        for (int64_t c = 0; c < ns; c += kChunk) {
+            const int64_t n = std::min(kChunk, ns - c);
+            gather_chunk(K, s.cache, s0 + c, n, kr);
+            K.gemm_packed(n, dn, r, kr, w, wk, r * 16, krow + c * dk, dk, 16, false);  // K_nope
+            for (int64_t j = 0; j < n; ++j) std::copy_n(kr + j * w + r, dr, krow + (c + j) * dk + dn);
+            K.gemm_packed(n, dv, r, kr, w, wv, r * 16, vrow + c * dv, dv, 16, false);  // V
+        }
+        for (int64_t t = 0; t < s.qlen; ++t) {
+            int64_t e = cur[t];
+            while (e < first[t + 1] && pos[e] < s0 + ns) ++e;
+            for (int64_t a = cur[t]; a < e; a += kChunk) {
+                const int64_t n = std::min(kChunk, e - a);
+                for (int64_t j = 0; j < n; ++j) {
+                    keys[j] = krow + (pos[a + j] - s0) * dk;
+                    vals[j] = vrow + (pos[a + j] - s0) * dv;
+                }
+                K.row_dot(1, n, dk, qh + t * dk, dk, keys, sbuf, kChunk, nullptr);
+                softmax_step(K, sbuf, 1, scale, [n](int64_t) { return n; }, mx + t, l + t, o + t * dv, dv, dv);
+                K.row_axpy(1, n, dv, sbuf, kChunk, vals, o + t * dv, dv, nullptr);
+            }
+            cur[t] = e;
+        }
+    }
+    for (int64_t t = 0; t < s.qlen; ++t) {
+        const float inv = 1.f / l[t];
+        float* dst = out + ((s.start + t) * heads + h) * dv;
+        for (int64_t d = 0; d < dv; ++d) dst[d] = o[t * dv + d] * inv;
+    }
+}
+
 // f32 view of a float tensor: the tensor itself when f32, else a converted copy kept in `keep`.
 const float* as_f32(const TensorView& t, std::vector<float>& keep) {
     if (t.dtype == DType::f32) return t.ptr<const float>();
@@ -459,6 +535,8 @@ struct Workspace::Attention {
     std::vector<AbsorbedRef> refs, runs;  // absorbed sequences; their runs of consecutive tokens
     std::vector<ExpandedSeq> expanded;
     std::vector<float> q_lat, lat, out_f32, q_f32[2], w_f32[2];
+    std::vector<int32_t> sparse_pos;     // sparse: every token's selected positions, ascending
+    std::vector<int64_t> sparse_first;   // [T + 1]: token t's are sparse_pos[first[t] .. first[t + 1])
 };
 
 Workspace::Workspace() = default;
@@ -508,7 +586,7 @@ static const char* kAttn = "MlaPagedAttention";
 AttentionPlan plan_attention(const TensorView& q_nope, const TensorView& q_pe, const TensorView& cache_in,
                              const TensorView& w_uk, const TensorView& w_uv, const TensorView& qsl,
                              const TensorView& seq_lens, const TensorView& bt, float scale, Form form,
-                             KvDtype kv_dtype) {
+                             KvDtype kv_dtype, const TensorView* topk) {
     for (const TensorView* t : {&q_nope, &q_pe, &w_uk, &w_uv}) {
         check_rank(kAttn, *t, 3);
         check_float(kAttn, *t);
@@ -529,30 +607,67 @@ AttentionPlan plan_attention(const TensorView& q_nope, const TensorView& q_pe, c
     check_dim(kAttn, q_pe, 2, w - r, "cache row width minus w_uk's rank r");
     check_dim(kAttn, w_uv, 0, heads, "the number of heads H of q_nope");
     check_dim(kAttn, w_uv, 1, r, "the rank r of w_uk");
-    check_index(kAttn, qsl);
-    check_rank(kAttn, qsl, 1);
-    if (qsl.dim(0) < 1) fail(kAttn, qsl, "must have B + 1 >= 1 entries, got shape " + shape_str(qsl.shape));
-    const int64_t batch = qsl.dim(0) - 1;
-    check_block_tables(kAttn, bt, seq_lens, cache, batch, /*min_len=*/0);
-    if (index_at(qsl, 0) != 0) fail(kAttn, qsl, "must start at 0, got " + std::to_string(index_at(qsl, 0)));
+    const int64_t batch = check_new_tokens(kAttn, qsl, seq_lens, bt, cache, t_count, "q_nope");
+    if (topk) check_topk(kAttn, *topk, qsl, seq_lens, batch, t_count);
+    AttentionPlan plan{AttentionShapes{t_count, heads, w_uv.dim(2)}, rows, &q_nope, &q_pe, &w_uk, &w_uv, &qsl,
+                       &seq_lens, &bt, scale, form};
+    plan.topk = topk;
+    return plan;
+}
+
+void check_topk(const char* op, const TensorView& idx, const TensorView& qsl, const TensorView& seq_lens,
+                int64_t batch, int64_t t_count) {
+    check_index(op, idx);
+    check_rank(op, idx, 2);
+    check_dim(op, idx, 0, t_count, "the number of new tokens T");
+    if (idx.dim(1) < 1) fail(op, idx, "must list at least one position per token, got shape " + shape_str(idx.shape));
+    const int64_t k = idx.dim(1);
+    // Marks of the positions the current token listed, cleared again after each token (so a call
+    // costs O(T x K), not O(T x context)).
+    thread_local std::vector<uint8_t> mark;
     for (int64_t b = 0; b < batch; ++b) {
-        const int64_t qlen = index_at(qsl, b + 1) - index_at(qsl, b);
-        if (qlen < 0)
-            fail(kAttn, qsl, "must be non-decreasing, got " + std::to_string(index_at(qsl, b)) + " then " +
-                                 std::to_string(index_at(qsl, b + 1)) + " at [" + std::to_string(b) + "]");
-        if (qlen > index_at(seq_lens, b))
-            fail(kAttn, qsl, "gives sequence " + std::to_string(b) + " " + std::to_string(qlen) +
-                                 " new tokens, more than its seq_lens " + std::to_string(index_at(seq_lens, b)));
+        const int64_t start = index_at(qsl, b), qlen = index_at(qsl, b + 1) - start;
+        const int64_t past = index_at(seq_lens, b) - qlen;
+        if (static_cast<int64_t>(mark.size()) < past + qlen) mark.resize(static_cast<size_t>(past + qlen), 0);
+        for (int64_t t = start; t < start + qlen; ++t) {
+            const int64_t limit = past + (t - start) + 1;  // the token sees positions [0, limit)
+            int64_t count = 0;
+            auto clear = [&](int64_t upto) {
+                for (int64_t j = 0; j < upto; ++j) {
+                    const int64_t v = index_at(idx, t * k + j);
+                    if (v >= 0 && v < limit) mark[static_cast<size_t>(v)] = 0;
+                }
+            };
+            for (int64_t j = 0; j < k; ++j) {
+                const int64_t v = index_at(idx, t * k + j);
+                if (v == -1) continue;
+                const std::string at = " at [" + std::to_string(t) + ", " + std::to_string(j) + "]";
+                if (v < 0 || v >= limit) {
+                    clear(j);
+                    fail(op, idx, "holds position " + std::to_string(v) + at + ", outside [0, " + std::to_string(limit) +
+                                      ") (the positions token " + std::to_string(t) + " may see; -1 = none)");
+                }
+                if (mark[static_cast<size_t>(v)]) {
+                    clear(j);
+                    fail(op, idx, "holds position " + std::to_string(v) + " twice for token " + std::to_string(t) +
+                                      " (again" + at + ")");
+                }
+                mark[static_cast<size_t>(v)] = 1;
+                ++count;
+            }
+            clear(k);
+            if (count == 0) fail(op, idx, "selects no position for token " + std::to_string(t) + " (all -1)");
+        }
     }
-    if (index_at(qsl, batch) != t_count)
-        fail(kAttn, qsl, "must end at T = " + std::to_string(t_count) + " (tokens of q_nope), got " +
-                             std::to_string(index_at(qsl, batch)));
-    return AttentionPlan{AttentionShapes{t_count, heads, w_uv.dim(2)}, rows, &q_nope, &q_pe, &w_uk, &w_uv, &qsl,
-                         &seq_lens, &bt, scale, form};
 }
 
 Form choose_form(int64_t qlen, int64_t seq_len, int64_t heads, int64_t r, int64_t dr, int64_t dn, int64_t dv) {
     const double pairs = double(qlen) * double(seq_len - qlen) + double(qlen) * double(qlen + 1) / 2.0;
+    return form_by_cost(qlen, seq_len, pairs, heads, r, dr, dn, dv);
+}
+
+Form form_by_cost(int64_t qlen, int64_t seq_len, double pairs, int64_t heads, int64_t r, int64_t dr, int64_t dn,
+                  int64_t dv) {
     const double absorbed = double(qlen) * heads * (dn * r + r * dv) + pairs * heads * (2 * r + dr);
     const double expanded = double(seq_len) * heads * (dn + dv) * r + pairs * heads * (dn + dr + dv);
     return expanded < absorbed ? Form::expanded : Form::absorbed;
@@ -594,6 +709,26 @@ void run_attention(const AttentionPlan& plan, const TensorView& out, const Threa
     };
     float* of = out.dtype == DType::f32 ? out.ptr<float>() : grow(ws.out_f32, shp.tokens * heads * dv);
 
+    // Sparse attention: every token's selected positions, without the -1 padding, ascending
+    // (validated by plan_attention: distinct, causal, at least one).
+    const bool sparse = plan.topk != nullptr;
+    std::vector<int32_t>& sp_pos = ws.sparse_pos;
+    std::vector<int64_t>& sp_first = ws.sparse_first;
+    if (sparse) {
+        const int64_t k = plan.topk->dim(1);
+        sp_pos.clear();
+        sp_first.assign(1, 0);
+        for (int64_t t = 0; t < shp.tokens; ++t) {
+            const size_t from = sp_pos.size();
+            for (int64_t j = 0; j < k; ++j) {
+                const int64_t v = index_at(*plan.topk, t * k + j);
+                if (v >= 0) sp_pos.push_back(static_cast<int32_t>(v));
+            }
+            if (!std::is_sorted(sp_pos.begin() + from, sp_pos.end())) std::sort(sp_pos.begin() + from, sp_pos.end());
+            sp_first.push_back(static_cast<int64_t>(sp_pos.size()));
+        }
+    }
+
     std::vector<ExpandedSeq>& expanded = ws.expanded;
     std::vector<AbsorbedRef>& absorbed = ws.refs;
     expanded.clear();
@@ -602,9 +737,16 @@ void run_attention(const AttentionPlan& plan, const TensorView& out, const Threa
     for (int64_t b = 0; b < batch; ++b) {
         const int64_t start = index_at(qsl, b), qlen = index_at(qsl, b + 1) - start, len = index_at(seq_lens, b);
         if (qlen == 0) continue;
-        const Form f = plan.form == Form::automatic ? choose_form(qlen, len, heads, r, dr, dn, dv) : plan.form;
+        Form f = plan.form;
+        if (f == Form::automatic)
+            f = sparse ? form_by_cost(qlen, len, double(sp_first[start + qlen] - sp_first[start]), heads, r, dr, dn, dv)
+                       : choose_form(qlen, len, heads, r, dr, dn, dv);
         if (f == Form::expanded) {
             expanded.push_back(ExpandedSeq{seq_cache(cache, bt, b), start, qlen, len});
+            if (sparse) {
+                expanded.back().pos = sp_pos.data();
+                expanded.back().first = sp_first.data() + start;
+            }
         } else {
             absorbed.push_back(AbsorbedRef{b, start, qlen, absorbed_rows});
             absorbed_rows += qlen * heads;
@@ -646,9 +788,22 @@ void run_attention(const AttentionPlan& plan, const TensorView& out, const Threa
                 std::copy_n(qp + ((a.start + t) * heads + h) * dr, dr, dst + t * heads * w + r);
         });
         ws.seqs.clear();
-        for (const AbsorbedRef& a : absorbed)
-            ws.seqs.push_back(AbsorbedSeq{seq_cache(cache, bt, a.b), q_lat + a.offset * w, a.qlen, heads,
-                                          index_at(seq_lens, a.b), lat + a.offset * r});
+        for (const AbsorbedRef& a : absorbed) {
+            if (!sparse) {
+                ws.seqs.push_back(AbsorbedSeq{seq_cache(cache, bt, a.b), q_lat + a.offset * w, a.qlen, heads,
+                                              index_at(seq_lens, a.b), lat + a.offset * r});
+                continue;
+            }
+            // Sparse: each token is a one-token "sequence" whose context is its selected positions
+            // (so the single-token row engines serve it too).
+            for (int64_t t = 0; t < a.qlen; ++t) {
+                SeqCache sc = seq_cache(cache, bt, a.b);
+                sc.positions = sp_pos.data() + sp_first[a.start + t];
+                const int64_t row = a.offset + t * heads;
+                ws.seqs.push_back(AbsorbedSeq{sc, q_lat + row * w, 1, heads,
+                                              sp_first[a.start + t + 1] - sp_first[a.start + t], lat + row * r});
+            }
+        }
         run_absorbed(K, ws.seqs, r, scale, th, ws.absorbed, path);
         // o = o_lat @ W_UV per head, a run's tokens at once.
         th.parallel_for(n_runs * heads, [&](int64_t k) {
@@ -666,7 +821,11 @@ void run_attention(const AttentionPlan& plan, const TensorView& out, const Threa
             return a.qlen * a.seq_len > b.qlen * b.seq_len;
         });
         dynamic_for(th, n_exp * heads, [&](int64_t k) {
-            expanded_task(K, expanded[k / heads], k % heads, heads, qn, qp, wuk, wuv, r, dn, dr, dv, scale, of);
+            const ExpandedSeq& e = expanded[k / heads];
+            if (e.pos)
+                expanded_sparse_task(K, e, k % heads, heads, qn, qp, wuk, wuv, r, dn, dr, dv, scale, of);
+            else
+                expanded_task(K, e, k % heads, heads, qn, qp, wuk, wuv, r, dn, dr, dv, scale, of);
         });
     }
     if (out.dtype != DType::f32) from_f32(of, out.dtype, out.data, shp.tokens * heads * dv);

@@ -26,6 +26,8 @@ struct Workspace {
     struct Attention;                      // latent_attention.cpp's buffers
     std::unique_ptr<Attention> attention;  // made on first use
     std::vector<uint8_t> slot_taken;       // cache_write: all 0 between calls
+    std::vector<float> index_q, index_w;   // indexer: f32 copies of bf16/f16 q and weights
+    std::vector<float> index_scores;       // indexer: one tile's scores when its context is split
 };
 
 // The workspace an op object owns. Runtimes may run one op object from several requests at
@@ -84,13 +86,37 @@ struct AttentionPlan {
     // sums (AMX tiles where the CPU has them: attention_amx.hpp; else AVX512-BF16 dot products:
     // attention_bf16.hpp); false keeps every product f32.
     bool bf16_products = false;
+    // Sparse attention (DeepSeek Sparse Attention): topk_indices [T, K] lists, per new token, the
+    // cached positions it attends to (distinct, each at most its own position; -1 = none, at
+    // least one listed); null = every position up to its own (causal).
+    const TensorView* topk = nullptr;
 };
 AttentionPlan plan_attention(const TensorView& q_nope, const TensorView& q_pe, const TensorView& kv_cache,
                              const TensorView& w_uk, const TensorView& w_uv, const TensorView& query_start_loc,
                              const TensorView& seq_lens, const TensorView& block_tables, float scale, Form form,
-                             KvDtype kv_dtype);
+                             KvDtype kv_dtype, const TensorView* topk_indices = nullptr);
+// The checks of a topk_indices input against the new tokens' positions (shared with the indexer's tests).
+void check_topk(const char* op, const TensorView& topk_indices, const TensorView& query_start_loc,
+                const TensorView& seq_lens, int64_t batch, int64_t tokens);
 // out [T, H, dv] (of plan.shapes).
 void run_attention(const AttentionPlan& plan, const TensorView& out, const Threading& threading, Workspace& ws);
+
+// MlaIndexerTopK: DeepSeek Sparse Attention's lightning indexer (sparse_indexer.cpp). q [T, Hi, D]
+// (RoPE applied), weights [T, Hi] (every positive factor folded in), index_cache [NB, BS, D] (or
+// its rows' bytes; any kv_dtype, rows of D values with no k_pe part), query_start_loc, seq_lens,
+// block_tables as MlaPagedAttention's -> [T, topk] i32: per new token the topk cached positions
+// of largest sum_h weights[t, h] * relu(q[t, h] . key[s]) among those it sees, ascending; a token
+// that sees at most topk positions lists all of them, padded with -1.
+struct IndexerPlan {
+    int64_t tokens, heads, dim, topk;
+    CacheRows cache;
+    const TensorView *q, *weights, *query_start_loc, *seq_lens, *block_tables;
+};
+IndexerPlan plan_indexer(const TensorView& q, const TensorView& weights, const TensorView& index_cache,
+                         const TensorView& query_start_loc, const TensorView& seq_lens,
+                         const TensorView& block_tables, int64_t topk, KvDtype kv_dtype);
+// out [T, topk] i32.
+void run_indexer(const IndexerPlan& plan, const TensorView& out, const Threading& threading, Workspace& ws);
 
 // MlaStepCheck: the whole step's metadata checked before any layer runs (see step_check.cpp).
 struct StepInputs {
@@ -103,6 +129,9 @@ void step_check(const StepInputs& in, const std::vector<TensorView>& caches, int
 // (exposed so tests can make sure both forms are exercised).
 Form choose_form(int64_t qlen, int64_t seq_len, int64_t heads, int64_t r, int64_t dr, int64_t dn,
                  int64_t dv);
+// The same choice for `pairs` (query, key) products in all (sparse attention: the selected ones).
+Form form_by_cost(int64_t qlen, int64_t seq_len, double pairs, int64_t heads, int64_t r, int64_t dr, int64_t dn,
+                  int64_t dv);
 
 // Which vectorised code path the kernels run ("avx512", "avx2" or "generic"): the widest this
 // build and CPU have, or MLA_EXPORT_ISA's when set.

@@ -81,4 +81,27 @@ void check_block_tables(const char* op, const TensorView& bt, const TensorView& 
     }
 }
 
+int64_t check_new_tokens(const char* op, const TensorView& qsl, const TensorView& seq_lens, const TensorView& bt,
+                         const TensorView& cache, int64_t t_count, const char* tokens_of) {
+    check_index(op, qsl);
+    check_rank(op, qsl, 1);
+    if (qsl.dim(0) < 1) fail(op, qsl, "must have B + 1 >= 1 entries, got shape " + shape_str(qsl.shape));
+    const int64_t batch = qsl.dim(0) - 1;
+    check_block_tables(op, bt, seq_lens, cache, batch, /*min_len=*/0);
+    if (index_at(qsl, 0) != 0) fail(op, qsl, "must start at 0, got " + std::to_string(index_at(qsl, 0)));
+    for (int64_t b = 0; b < batch; ++b) {
+        const int64_t qlen = index_at(qsl, b + 1) - index_at(qsl, b);
+        if (qlen < 0)
+            fail(op, qsl, "must be non-decreasing, got " + std::to_string(index_at(qsl, b)) + " then " +
+                              std::to_string(index_at(qsl, b + 1)) + " at [" + std::to_string(b) + "]");
+        if (qlen > index_at(seq_lens, b))
+            fail(op, qsl, "gives sequence " + std::to_string(b) + " " + std::to_string(qlen) +
+                              " new tokens, more than its seq_lens " + std::to_string(index_at(seq_lens, b)));
+    }
+    if (index_at(qsl, batch) != t_count)
+        fail(op, qsl, "must end at T = " + std::to_string(t_count) + " (tokens of " + tokens_of + "), got " +
+                          std::to_string(index_at(qsl, batch)));
+    return batch;
+}
+
 }  // namespace mla

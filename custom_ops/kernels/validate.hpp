@@ -27,4 +27,11 @@ int64_t index_at(const TensorView& t, int64_t i);
 void check_block_tables(const char* op, const TensorView& block_tables, const TensorView& seq_lens,
                         const TensorView& kv_cache, int64_t batch, int64_t min_len);
 
+// query_start_loc [B + 1] against seq_lens and block_tables (check_block_tables, min_len 0) and
+// T packed new tokens (of input `tokens_of`): starts at 0, non-decreasing, at most seq_lens[b] new
+// tokens per sequence, ends at T. Returns B.
+int64_t check_new_tokens(const char* op, const TensorView& query_start_loc, const TensorView& seq_lens,
+                         const TensorView& block_tables, const TensorView& cache, int64_t t_count,
+                         const char* tokens_of);
+
 }  // namespace mla

@@ -237,7 +237,7 @@ struct MlaOp : Ort::CustomOpBase<TOp, TKernel, /*WithStatus=*/true> {
         : num_threads_(num_threads), q_type_(q_type) {}
     const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
     OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t index) const {
-        return index == TOp::kRequiredInputs ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
+        return index >= TOp::kRequiredInputs ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
     }
     OrtStatusPtr CreateKernelV2(const OrtApi& api, const OrtKernelInfo* info, void** kernel) const {
         return guarded(TOp::kName, [&] { *kernel = new TKernel(api, info, num_threads_); });
@@ -352,8 +352,13 @@ struct AttentionKernel {
             const auto wuk = input_view(ctx, 3, "w_uk"), wuv = input_view(ctx, 4, "w_uv");
             const auto qsl = input_view(ctx, 5, "query_start_loc"), lens = input_view(ctx, 6, "seq_lens");
             const auto bt = input_view(ctx, 7, "block_tables");
+            // topk_indices (sparse attention) is the optional input after the ordering one.
+            const bool sparse = ctx.GetInputCount() > 9 && ctx.GetInput(9);
+            mla::TensorView topk;
+            if (sparse) topk = input_view(ctx, 9, "topk_indices");
             mla::AttentionPlan plan = mla::plan_attention(qn, qp, cache, wuk, wuv, qsl, lens, bt, scale_,
-                                                          static_cast<mla::Form>(form_), kv_dtype_);
+                                                          static_cast<mla::Form>(form_), kv_dtype_,
+                                                          sparse ? &topk : nullptr);
             plan.bf16_products = bf16_products_;
             const int64_t shape[3] = {plan.shapes.tokens, plan.shapes.heads, plan.shapes.v_dim};
             auto out = ctx.GetOutput(0, shape, 3);
@@ -376,12 +381,52 @@ struct AttentionOp : MlaOp<AttentionOp, AttentionKernel> {
     static constexpr size_t kRequiredInputs = 8;
     using MlaOp::MlaOp;
     const char* GetName() const { return kName; }
-    size_t GetInputTypeCount() const { return 9; }
+    size_t GetInputTypeCount() const { return 10; }  // + after, topk_indices (both optional)
     ONNXTensorElementDataType GetInputType(size_t i) const {
         return i == 0 ? q_type_ : ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
     }
     size_t GetOutputTypeCount() const { return 1; }
     ONNXTensorElementDataType GetOutputType(size_t) const { return q_type_; }
+};
+
+// ------------------------------------------------------------------ MlaIndexerTopK
+
+struct IndexerKernel {
+    IndexerKernel(const OrtApi& api, const OrtKernelInfo* info, int num_threads)
+        : topk_(int_attr(api, info, "topk", 0)),
+          kv_dtype_(kv_dtype_attr(api, info, "MlaIndexerTopK")),
+          num_threads_(num_threads) {
+        if (topk_ < 1) throw mla::Error("MlaIndexerTopK attribute 'topk' must be >= 1, got " + std::to_string(topk_));
+    }
+    OrtStatusPtr ComputeV2(OrtKernelContext* context) {
+        return guarded("MlaIndexerTopK", [&] {
+            Ort::KernelContext ctx(context);
+            const auto q = input_view(ctx, 0, "q"), w = input_view(ctx, 1, "weights");
+            const auto cache = input_view(ctx, 2, "index_cache");
+            const auto qsl = input_view(ctx, 3, "query_start_loc"), lens = input_view(ctx, 4, "seq_lens");
+            const auto bt = input_view(ctx, 5, "block_tables");
+            const mla::IndexerPlan plan = mla::plan_indexer(q, w, cache, qsl, lens, bt, topk_, kv_dtype_);
+            const int64_t shape[2] = {plan.tokens, plan.topk};
+            auto out = ctx.GetOutput(0, shape, 2);
+            const auto out_view = output_view(out, "output");
+            ws_.use([&](mla::Workspace& ws) { mla::run_indexer(plan, out_view, ort_threading(context, num_threads_), ws); });
+        });
+    }
+    int64_t topk_;
+    mla::KvDtype kv_dtype_;
+    int num_threads_;
+    mla::OpWorkspace ws_;
+};
+
+struct IndexerOp : MlaOp<IndexerOp, IndexerKernel> {
+    static constexpr const char* kName = "MlaIndexerTopK";
+    static constexpr size_t kRequiredInputs = 6;
+    using MlaOp::MlaOp;
+    const char* GetName() const { return kName; }
+    size_t GetInputTypeCount() const { return 7; }
+    ONNXTensorElementDataType GetInputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED; }
+    size_t GetOutputTypeCount() const { return 1; }
+    ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32; }
 };
 
 // ------------------------------------------------------------------ MlaStepCheck
@@ -578,6 +623,7 @@ __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps
         reg->ops.push_back(std::make_unique<StepCheckOp>());
         reg->ops.push_back(std::make_unique<MoeExpertsOp>(threads));
         reg->ops.push_back(std::make_unique<QLinearOp>(threads));
+        reg->ops.push_back(std::make_unique<IndexerOp>(threads));
         for (auto q : {ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16,
                        ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16}) {
             reg->ops.push_back(std::make_unique<DecodeOp>(threads, q));

@@ -39,6 +39,11 @@ ov::OutputVector convert_attention(const ov::frontend::NodeContext& ctx) {
     return std::make_shared<mla_ov::MlaPagedAttention>(inputs_of(ctx), scale, form, kv_dtype_of(ctx), compute)->outputs();
 }
 
+ov::OutputVector convert_indexer(const ov::frontend::NodeContext& ctx) {
+    const int64_t topk = ctx.get_attribute<int64_t>("topk");  // required: the model's index_topk
+    return std::make_shared<mla_ov::MlaIndexerTopK>(inputs_of(ctx), topk, kv_dtype_of(ctx))->outputs();
+}
+
 ov::OutputVector convert_step_check(const ov::frontend::NodeContext& ctx) {
     const int64_t vocab = ctx.get_attribute<int64_t>("vocab_size");
     const int64_t max_pos = ctx.get_attribute<int64_t>("max_positions");
@@ -72,12 +77,14 @@ OPENVINO_CREATE_EXTENSIONS(std::vector<ov::Extension::Ptr>({
     std::make_shared<ov::OpExtension<mla_ov::MlaCacheWrite>>(),
     std::make_shared<ov::OpExtension<mla_ov::MlaPagedDecode>>(),
     std::make_shared<ov::OpExtension<mla_ov::MlaPagedAttention>>(),
+    std::make_shared<ov::OpExtension<mla_ov::MlaIndexerTopK>>(),
     std::make_shared<ov::OpExtension<mla_ov::MlaStepCheck>>(),
     std::make_shared<ov::OpExtension<mla_ov::MlaMoeExperts>>(),
     std::make_shared<ov::OpExtension<mla_ov::MlaQLinear>>(),
     std::make_shared<ov::frontend::onnx::ConversionExtension>("MlaCacheWrite", "mla_export", convert_cache_write),
     std::make_shared<ov::frontend::onnx::ConversionExtension>("MlaPagedDecode", "mla_export", convert_decode),
     std::make_shared<ov::frontend::onnx::ConversionExtension>("MlaPagedAttention", "mla_export", convert_attention),
+    std::make_shared<ov::frontend::onnx::ConversionExtension>("MlaIndexerTopK", "mla_export", convert_indexer),
     std::make_shared<ov::frontend::onnx::ConversionExtension>("MlaStepCheck", "mla_export", convert_step_check),
     std::make_shared<ov::frontend::onnx::ConversionExtension>("MlaMoeExperts", "mla_export", convert_moe_experts),
     std::make_shared<ov::frontend::onnx::ConversionExtension>("MlaQLinear", "mla_export", convert_qlinear),

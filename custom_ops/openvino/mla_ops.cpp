@@ -141,10 +141,12 @@ void check_kv_dtype(const ov::Node* node, const std::string& kv_dtype) {
     }
 }
 
-void check_inputs(const ov::Node* node, size_t required) {
+void check_inputs(const ov::Node* node, size_t required, size_t optional = 1) {
     const size_t n = node->get_input_size();
-    NODE_VALIDATION_CHECK(node, n == required || n == required + 1, node->get_type_name(), " takes ", required,
-                          " inputs (and an optional ordering input), got ", n);
+    NODE_VALIDATION_CHECK(node, n >= required && n <= required + optional, node->get_type_name(), " takes ", required,
+                          optional == 1 ? " inputs (and an optional ordering input), got "
+                                        : " inputs (and the optional ordering and topk_indices inputs), got ",
+                          n);
 }
 
 }  // namespace
@@ -234,7 +236,7 @@ MlaPagedAttention::MlaPagedAttention(const ov::OutputVector& args, float scale, 
 }
 
 void MlaPagedAttention::validate_and_infer_types() {
-    check_inputs(this, 8);
+    check_inputs(this, 8, 2);
     check_kv_dtype(this, m_kv_dtype);
     NODE_VALIDATION_CHECK(this, m_form >= 0 && m_form <= 2, "MlaPagedAttention attribute 'form' must be 0 (auto), ",
                           "1 (absorbed) or 2 (expanded), got ", m_form);
@@ -267,12 +269,54 @@ bool MlaPagedAttention::evaluate(ov::TensorVector& outputs, const ov::TensorVect
         const auto qsl = view(inputs[5], "query_start_loc"), lens = view(inputs[6], "seq_lens");
         const auto bt = view(inputs[7], "block_tables");
         const auto kv = mla::kv_dtype_from_name("MlaPagedAttention", m_kv_dtype);
+        mla::TensorView topk;
+        if (inputs.size() > 9) topk = view(inputs[9], "topk_indices");
         mla::AttentionPlan plan = mla::plan_attention(qn, qp, cache, wuk, wuv, qsl, lens, bt, m_scale,
-                                                      static_cast<mla::Form>(m_form), kv);
+                                                      static_cast<mla::Form>(m_form), kv,
+                                                      inputs.size() > 9 ? &topk : nullptr);
         plan.bf16_products = m_compute == "bf16";
         const mla::AttentionShapes& s = plan.shapes;
         outputs[0].set_shape(ov::Shape{size_t(s.tokens), size_t(s.heads), size_t(s.v_dim)});
         m_ws.use([&](mla::Workspace& ws) { mla::run_attention(plan, view(outputs[0], "output"), ov_threading(), ws); });
+    });
+}
+
+// ---------------------------------------------------------------- MlaIndexerTopK
+
+MlaIndexerTopK::MlaIndexerTopK(const ov::OutputVector& args, int64_t topk, std::string kv_dtype)
+    : Op(args), m_topk(topk), m_kv_dtype(std::move(kv_dtype)) {
+    constructor_validate_and_infer_types();
+}
+
+void MlaIndexerTopK::validate_and_infer_types() {
+    check_inputs(this, 6);
+    check_kv_dtype(this, m_kv_dtype);
+    NODE_VALIDATION_CHECK(this, m_topk >= 1, "MlaIndexerTopK attribute 'topk' must be >= 1, got ", m_topk);
+    const auto& q = get_input_partial_shape(0);
+    ov::Dimension tokens = ov::Dimension::dynamic();
+    if (q.rank().is_static() && q.rank().get_length() == 3) tokens = q[0];
+    set_output_type(0, ov::element::i32, ov::PartialShape{tokens, m_topk});
+}
+
+std::shared_ptr<ov::Node> MlaIndexerTopK::clone_with_new_inputs(const ov::OutputVector& args) const {
+    return std::make_shared<MlaIndexerTopK>(args, m_topk, m_kv_dtype);
+}
+
+bool MlaIndexerTopK::visit_attributes(ov::AttributeVisitor& visitor) {
+    visitor.on_attribute("topk", m_topk);
+    visitor.on_attribute("kv_dtype", m_kv_dtype);
+    return true;
+}
+
+bool MlaIndexerTopK::evaluate(ov::TensorVector& outputs, const ov::TensorVector& inputs) const {
+    return recorded([&] {
+        const auto q = view(inputs[0], "q"), w = view(inputs[1], "weights"), cache = view(inputs[2], "index_cache");
+        const auto qsl = view(inputs[3], "query_start_loc"), lens = view(inputs[4], "seq_lens");
+        const auto bt = view(inputs[5], "block_tables");
+        const auto kv = mla::kv_dtype_from_name("MlaIndexerTopK", m_kv_dtype);
+        const mla::IndexerPlan plan = mla::plan_indexer(q, w, cache, qsl, lens, bt, m_topk, kv);
+        outputs[0].set_shape(ov::Shape{size_t(plan.tokens), size_t(plan.topk)});
+        m_ws.use([&](mla::Workspace& ws) { mla::run_indexer(plan, view(outputs[0], "output"), ov_threading(), ws); });
     });
 }
 

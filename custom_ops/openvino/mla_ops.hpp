@@ -57,8 +57,8 @@ class MlaPagedAttention : public ov::op::Op {
 public:
     OPENVINO_OP("MlaPagedAttention", "mla_export");
     MlaPagedAttention() = default;
-    // q_nope, q_pe, kv_cache, w_uk, w_uv, query_start_loc, seq_lens, block_tables [, after]
-    // compute: "f32" (as exported: every product f32) or "bf16" (set by the runtime when it
+    // q_nope, q_pe, kv_cache, w_uk, w_uv, query_start_loc, seq_lens, block_tables [, after [, topk_indices]]
+    // (topk_indices: sparse attention over the listed positions, mla_kernels.hpp). compute: "f32" (as exported: every product f32) or "bf16" (set by the runtime when it
     // compiles for bf16: decode rows may multiply in bf16 on AMX tiles; see attention_amx.hpp).
     MlaPagedAttention(const ov::OutputVector& args, float scale, int64_t form, std::string kv_dtype = "",
                       std::string compute = "f32");
@@ -70,6 +70,20 @@ private:
     std::string m_kv_dtype;
     std::string m_compute = "f32";
     mutable mla::OpWorkspace m_ws;  // reused across evaluate calls
+};
+
+class MlaIndexerTopK : public ov::op::Op {
+public:
+    OPENVINO_OP("MlaIndexerTopK", "mla_export");
+    MlaIndexerTopK() = default;
+    // q, weights, index_cache, query_start_loc, seq_lens, block_tables [, after] -> [T, topk] i32
+    MlaIndexerTopK(const ov::OutputVector& args, int64_t topk, std::string kv_dtype = "");
+    MLA_OV_OP_OVERRIDES
+
+private:
+    int64_t m_topk = 0;  // set by the constructor or the IR's attribute (checked >= 1)
+    std::string m_kv_dtype;
+    mutable mla::OpWorkspace m_ws;
 };
 
 // input_ids, positions, slot_mapping, query_start_loc, seq_lens, block_tables, logits_indices,

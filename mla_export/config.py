@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .families import Block, family as _family, supported_model_types
+from .families import Block, SparseAttention, family as _family, supported_model_types
 from .json_file import read_json
 
 __all__ = ["ConfigError", "MLAModelConfig", "MoEConfig", "RopeConfig", "SUPPORTED_MODEL_TYPES"]
@@ -145,6 +145,7 @@ class MLAModelConfig:
     family: str = "deepseek_v3"  # the mla_export.families entry that read it
     mlp_layer_types: tuple[str, ...] = ()  # "dense" or "moe" per layer
     block: dict = field(compare=False, default_factory=Block)  # per-family block facts (families/base.py)
+    sparse: SparseAttention | None = None  # DeepSeek Sparse Attention's indexer (families/dsa.py); None: dense
 
     @property
     def qk_head_dim(self) -> int:
@@ -189,7 +190,8 @@ class MLAModelConfig:
                     rope_type=self.rope.rope_type, rope_form=self.rope_form,
                     num_moe_layers=sum(self.is_moe_layer(i) for i in range(self.num_layers)),
                     n_routed_experts=self.moe.n_routed_experts if self.moe else 0,
-                    num_experts_per_tok=self.moe.num_experts_per_tok if self.moe else 0, family=self.family)
+                    num_experts_per_tok=self.moe.num_experts_per_tok if self.moe else 0, family=self.family,
+                    sparse_attention=self.sparse.facts() if self.sparse else None)
 
     # ---------------------------------------------------------------- loading
     @classmethod
@@ -260,7 +262,8 @@ class MLAModelConfig:
             rms_norm_eps=_positive_float(d, "rms_norm_eps"), attention_bias=bool(d.get("attention_bias", False)),
             mlp_bias=fam.mlp_bias(d), tie_word_embeddings=bool(d.get("tie_word_embeddings", False)), rope=rope,
             rope_form=fam.rope_form(d), moe=moe, bos_token_id=d.get("bos_token_id"), eos_token_ids=eos_ids,
-            raw=raw, family=fam.name, mlp_layer_types=layer_types, block=fam.block(d, ints, ConfigError))
+            raw=raw, family=fam.name, mlp_layer_types=layer_types, block=fam.block(d, ints, ConfigError),
+            sparse=fam.sparse_attention(d, ints, ConfigError))
 
 
 def fp8_block_size(quant: dict, error=ValueError) -> tuple[int, int] | None:

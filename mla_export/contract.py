@@ -38,6 +38,7 @@ from .export_paths import inside
 from .json_file import read_json
 
 __all__ = ["CONTRACT_FILE", "CONTRACT_VERSION", "Contract", "ContractError", "TensorSpec", "graph_io", "cache_layout",
+           "index_cache_layout",
            "CACHE_DTYPES",
            "load_contract", "validate_contract", "schema", "normalize_dtype"]
 
@@ -93,29 +94,42 @@ def cache_layout(kv_dtype: str, row_width: int, kv_lora_rank: int | None = None)
         return "f32", row_width, f"f32[{row_width}]"
     if kv_dtype in ("bf16", "f16"):
         return "u8", 2 * row_width, f"{kv_dtype}[{row_width}] as bytes"
-    if kv_lora_rank is None or not 0 < kv_lora_rank < row_width:
-        raise ContractError(f"an {kv_dtype} cache needs kv_lora_rank in [1, {row_width - 1}], got {kv_lora_rank!r}")
-    dr = row_width - kv_lora_rank
+    if kv_lora_rank is None or not 0 < kv_lora_rank <= row_width:
+        raise ContractError(f"an {kv_dtype} cache needs kv_lora_rank in [1, {row_width}], got {kv_lora_rank!r}")
+    dr = row_width - kv_lora_rank  # 0: an indexer-key row, all codes
     code = "int8" if kv_dtype == "int8" else "e4m3fn"
     groups = SCALE_GROUPS[kv_dtype]
     if kv_lora_rank % groups:
         raise ContractError(f"an {kv_dtype} cache quantises kv_c in {groups} equal groups: kv_lora_rank "
                             f"{kv_lora_rank} is not a multiple of {groups}")
+    kpe = f" | bf16[{dr}] k_pe" if dr else ""
     if groups == 1:
         return ("u8", kv_lora_rank + 4 + 2 * dr,
-                f"{code}[{kv_lora_rank}] codes | f32 scale | bf16[{dr}] k_pe (value = code * scale)")
+                f"{code}[{kv_lora_rank}] codes | f32 scale{kpe} (value = code * scale)")
     return ("u8", kv_lora_rank + 4 * groups + 2 * dr,
-            f"{code}[{kv_lora_rank}] codes | f32[{groups}] scales, one per {kv_lora_rank // groups} codes | "
-            f"bf16[{dr}] k_pe (value = code * its group's scale)")
+            f"{code}[{kv_lora_rank}] codes | f32[{groups}] scales, one per {kv_lora_rank // groups} codes{kpe} "
+            f"(value = code * its group's scale)")
+
+
+def index_cache_layout(kv_dtype: str, index_dim: int) -> tuple[str, int, str]:
+    """cache_layout of an indexer-key cache: rows of D values, every one of them quantised for
+    int8/fp8 (no k_pe part)."""
+    return cache_layout(kv_dtype, index_dim, index_dim)
 
 
 def graph_io(num_layers: int, block_size: int, row_width: int, kv_dtype: str,
-             variant: str = "custom", kv_lora_rank: int | None = None) -> tuple[list[TensorSpec], list[TensorSpec]]:
+             variant: str = "custom", kv_lora_rank: int | None = None,
+             index: tuple[int, int] | None = None) -> tuple[list[TensorSpec], list[TensorSpec]]:
     """Inputs and outputs of a graph: variant "custom" (openvino / onnx with the MLA ops) or
-    "portable" (standard ONNX ops, caches returned). kv_lora_rank is needed for int8/fp8 caches."""
+    "portable" (standard ONNX ops, caches returned). kv_lora_rank is needed for int8/fp8 caches.
+    index: (indexer layers, D) of a sparse-attention model: its `index_cache.<j>` inputs follow
+    the latent caches (custom graphs only)."""
     graph_dtype, graph_width, layout = cache_layout(kv_dtype, row_width, kv_lora_rank)
     if variant not in ("custom", "portable"):
         raise ContractError(f"graph variant must be custom or portable, got {variant!r}")
+    if variant == "portable" and index:
+        raise ContractError("the portable ONNX graph has no sparse-attention ops (the indexer's top-k over a paged "
+                            "key cache); export DeepSeek Sparse Attention models without --portable")
     if variant == "portable" and kv_dtype not in PORTABLE_CACHE_DTYPES:
         raise ContractError(f"the portable ONNX graph cannot hold an {kv_dtype} cache (standard ONNX has no bit-cast "
                             f"to read the f32 scale stored in each byte row); use {', '.join(PORTABLE_CACHE_DTYPES)}")
@@ -129,6 +143,13 @@ def graph_io(num_layers: int, block_size: int, row_width: int, kv_dtype: str,
             meaning += ", written in place"
     for i in range(num_layers):
         inputs.append(TensorSpec(f"kv_cache.{i}", ("NB", block_size, width), cache_dtype, meaning.format(i=i)))
+    if index:
+        n_index, dim = index
+        i_dtype, i_width, i_layout = index_cache_layout(kv_dtype, dim)
+        for j in range(n_index):
+            inputs.append(TensorSpec(f"index_cache.{j}", ("NB", block_size, i_width), i_dtype,
+                                     f"indexer keys of indexer layer {j}: rows {i_layout}"
+                                     f"{' as raw bytes' if i_dtype == 'u8' else ''}, written in place"))
     outputs = [TensorSpec("logits", ("B", "vocab"), "f32", "next-token logits of the rows logits_indices picks")]
     if variant == "portable":
         for i in range(num_layers):
@@ -210,12 +231,30 @@ def validate_contract(raw: dict, out_dir: str | Path | None = None) -> None:
     if (cache["graph_dtype"], cache["graph_row_width"]) != (graph_dtype, graph_width):
         raise ContractError(f"mla_graph.json: a {cache['dtype']} cache is declared {graph_dtype} [.., {graph_width}] "
                             f"in the graphs, the file says {cache['graph_dtype']} [.., {cache['graph_row_width']}]")
+    index = cache.get("index")
+    if index:
+        sparse = model.get("sparse_attention")
+        if not sparse:
+            raise ContractError("mla_graph.json: cache.index is given but model.sparse_attention is not")
+        if index["row_width"] != sparse["index_head_dim"]:
+            raise ContractError(f"mla_graph.json: cache.index.row_width {index['row_width']} != "
+                                f"model.sparse_attention.index_head_dim {sparse['index_head_dim']}")
+        if index["num_layers"] != sparse["indexer_types"].count("full"):
+            raise ContractError(f"mla_graph.json: cache.index.num_layers {index['num_layers']} != the "
+                                f"{sparse['indexer_types'].count('full')} 'full' layers of model.sparse_attention")
+        i_dtype, i_width, i_layout = index_cache_layout(cache["dtype"], index["row_width"])
+        if (index["graph_dtype"], index["graph_row_width"]) != (i_dtype, i_width):
+            raise ContractError(f"mla_graph.json: a {cache['dtype']} indexer cache is declared {i_dtype} [.., {i_width}] "
+                                f"in the graphs, the file says {index['graph_dtype']} [.., {index['graph_row_width']}]")
+    elif model.get("sparse_attention"):
+        raise ContractError("mla_graph.json: model.sparse_attention is given but cache.index is not")
+    index_io = (index["num_layers"], index["row_width"]) if index else None
     variants = [("custom", raw["inputs"], raw["outputs"])]
     if raw["portable"] is not None:
         variants.append(("portable", raw["portable"]["inputs"], raw["portable"]["outputs"]))
     for variant, inputs, outputs in variants:
         want_in, want_out = graph_io(model["num_layers"], cache["block_size"], cache["row_width"], cache["dtype"], variant,
-                                     model["kv_lora_rank"])
+                                     model["kv_lora_rank"], index_io)
         for label, got, want in (("inputs", inputs, want_in), ("outputs", outputs, want_out)):
             got_key = [(t["name"], list(t["shape"]), t["dtype"]) for t in got]
             want_key = [(t.name, list(t.shape), t.dtype) for t in want]
@@ -389,17 +428,24 @@ def make_contract(*, model: dict, block_size: int, kv_dtype: str, files: dict, t
                   chat_template: str | None, export: dict) -> dict:
     """The mla_graph.json content for an export (validated before it is returned)."""
     row_width, r = model["kv_lora_rank"] + model["qk_rope_head_dim"], model["kv_lora_rank"]
-    inputs, outputs = graph_io(model["num_layers"], block_size, row_width, kv_dtype, "custom", r)
+    sparse = model.get("sparse_attention")
+    index_io = (sparse["indexer_types"].count("full"), sparse["index_head_dim"]) if sparse else None
+    inputs, outputs = graph_io(model["num_layers"], block_size, row_width, kv_dtype, "custom", r, index_io)
     graph_dtype, graph_width, layout = cache_layout(kv_dtype, row_width, r)
+    index = None
+    if index_io:
+        i_dtype, i_width, i_layout = index_cache_layout(kv_dtype, index_io[1])
+        index = dict(num_layers=index_io[0], row_width=index_io[1], graph_dtype=i_dtype, graph_row_width=i_width,
+                     row_layout=i_layout)
     portable = None
     if files.get("onnx_portable"):
-        p_in, p_out = graph_io(model["num_layers"], block_size, row_width, kv_dtype, "portable", r)
+        p_in, p_out = graph_io(model["num_layers"], block_size, row_width, kv_dtype, "portable", r, index_io)
         portable = dict(inputs=[t.to_json() for t in p_in], outputs=[t.to_json() for t in p_out])
     raw = dict(
         format="mla_graph", version=CONTRACT_VERSION, model=model,
         cache=dict(block_size=block_size, dtype=kv_dtype, row_width=row_width,
                    graph_dtype=graph_dtype, graph_row_width=graph_width, row_layout=layout,
-                   num_layers=model["num_layers"]),
+                   num_layers=model["num_layers"], index=index),
         inputs=[t.to_json() for t in inputs], outputs=[t.to_json() for t in outputs], portable=portable,
         files={k: files.get(k) for k in ("openvino_xml", "openvino_bin", "onnx", "onnx_portable", "onnx_data")},
         tokenizer=tokenizer, chat_template=chat_template, export=export)

@@ -25,7 +25,7 @@ from onnx import AttributeProto, TensorProto, helper
 
 __all__ = [
     "DOMAIN", "PORTABLE_DOMAIN", "OPSET_VERSION", "ONNX_OPSET", "register_schemas",
-    "cache_write_node", "paged_attention_node", "cache_update_node", "portable_attention_node",
+    "cache_write_node", "paged_attention_node", "indexer_topk_node", "cache_update_node", "portable_attention_node",
     "portable_functions", "opset_imports", "step_check_node", "STEP_INPUTS", "CHECKED",
 ]
 
@@ -69,9 +69,10 @@ def _schemas():
         outputs=[P("written", "tensor(int32)", "[1]")],
         type_constraints=[("T", _FLOATS, "activations"), ("C", _CACHES, "cache"), ("I", _INDICES, "indices")],
         attributes=[kv_dtype])
-    def reader(name: str, doc: str, inputs: list, out_shape: str, attribute):
-        """A reading op: its inputs then `after`, output `out`, the shared types and attributes."""
-        return S(name, DOMAIN, OPSET_VERSION, doc, inputs=inputs + [after], outputs=[P("out", "T", out_shape)],
+    def reader(name: str, doc: str, inputs: list, out_shape: str, attribute, extra: list = ()):
+        """A reading op: its inputs then `after` (then `extra` optional inputs), output `out`, the
+        shared types and attributes."""
+        return S(name, DOMAIN, OPSET_VERSION, doc, inputs=inputs + [after, *extra], outputs=[P("out", "T", out_shape)],
                  type_constraints=reader_types, attributes=[scale, attribute, kv_dtype])
 
     decode = reader(
@@ -86,7 +87,20 @@ def _schemas():
         [P("q_nope", "T", "[T, H, dn]"), P("q_pe", "T", "[T, H, dr]"), P("kv_cache", "C", "[NB, BS, W]"),
          P("w_uk", "T", "[H, dn, r]"), P("w_uv", "T", "[H, r, dv]"), P("query_start_loc", "I", "[B+1]"),
          P("seq_lens", "I", "[B]"), P("block_tables", "I", "[B, M]")],
-        "[T, H, dv]", A("form", helper.make_attribute("form", 0), "0 auto, 1 absorbed, 2 expanded"))
+        "[T, H, dv]", A("form", helper.make_attribute("form", 0), "0 auto, 1 absorbed, 2 expanded"),
+        [P("topk_indices", "I", "[T, K] sparse attention: the positions each token attends to (-1 = none)",
+           param_option=opt)])
+    indexer = S(
+        "MlaIndexerTopK", DOMAIN, OPSET_VERSION,
+        "DeepSeek Sparse Attention's lightning indexer over the paged key cache: per new token the topk "
+        "positions it sees of largest sum_h weights[t, h] * relu(q[t, h] . key[s]), ascending, -1 padded.",
+        inputs=[P("q", "T", "[T, Hi, D]"), P("weights", "T", "[T, Hi]"), P("index_cache", "C", "[NB, BS, D]"),
+                P("query_start_loc", "I", "[B+1]"), P("seq_lens", "I", "[B]"), P("block_tables", "I", "[B, M]"),
+                after],
+        outputs=[P("topk_indices", "tensor(int32)", "[T, topk]")],
+        type_constraints=reader_types,
+        attributes=[A("topk", S.AttrType.INT, "positions per token (the model's index_topk)", required=True),
+                    kv_dtype])
     var = S.FormalParameterOption.Variadic
     step_check = S(
         "MlaStepCheck", DOMAIN, OPSET_VERSION,
@@ -102,7 +116,7 @@ def _schemas():
         type_constraints=[("I", _INDICES, ""), ("C", _CACHES + ["tensor(int8)"], "")],
         attributes=[A("vocab_size", S.AttrType.INT, "token ids lie in [0, vocab_size)", required=True),
                     A("max_positions", S.AttrType.INT, "rows of the RoPE table", required=True)])
-    return [cache_write, decode, attention, step_check]
+    return [cache_write, decode, attention, indexer, step_check]
 
 
 def register_schemas() -> None:
@@ -120,12 +134,23 @@ def cache_write_node(kv_c: str, k_pe: str, kv_cache: str, slot_mapping: str, out
 
 
 def paged_attention_node(q_nope, q_pe, kv_cache, w_uk, w_uv, query_start_loc, seq_lens, block_tables, after,
-                         out: str, name: str, scale: float, form: int = 0, kv_dtype: str = ""):
+                         out: str, name: str, scale: float, form: int = 0, kv_dtype: str = "",
+                         topk_indices: str | None = None):
     if not isinstance(form, int) or form not in (0, 1, 2):  # OpenVINO would truncate a float silently
         raise ValueError(f"form must be 0, 1 or 2, got {form!r}")
-    return helper.make_node("MlaPagedAttention", [q_nope, q_pe, kv_cache, w_uk, w_uv, query_start_loc, seq_lens,
-                                                  block_tables, after], [out], name=name, domain=DOMAIN,
+    inputs = [q_nope, q_pe, kv_cache, w_uk, w_uv, query_start_loc, seq_lens, block_tables, after]
+    if topk_indices:
+        inputs.append(topk_indices)
+    return helper.make_node("MlaPagedAttention", inputs, [out], name=name, domain=DOMAIN,
                             scale=float(scale), form=form, **({"kv_dtype": kv_dtype} if kv_dtype else {}))
+
+
+def indexer_topk_node(q, weights, index_cache, query_start_loc, seq_lens, block_tables, after, out: str, name: str,
+                      topk: int, kv_dtype: str = ""):
+    if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
+        raise ValueError(f"topk must be a positive integer, got {topk!r}")
+    return helper.make_node("MlaIndexerTopK", [q, weights, index_cache, query_start_loc, seq_lens, block_tables, after],
+                            [out], name=name, domain=DOMAIN, topk=topk, **({"kv_dtype": kv_dtype} if kv_dtype else {}))
 
 
 STEP_INPUTS = ("input_ids", "positions", "slot_mapping", "query_start_loc", "seq_lens", "block_tables",

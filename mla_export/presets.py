@@ -93,6 +93,11 @@ FAMILY_CONFIGS = {
                      rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
                                           original_max_position_embeddings=4, beta_fast=32.0, beta_slow=1.0,
                                           mscale=1.0, mscale_all_dim=1.0, llama_4_scaling_beta=0.1)),
+    # DeepSeek Sparse Attention: top-16 of every token's context (the tests run sequences far longer)
+    "deepseek_v32": dict(_V3_ROUTING, index_topk=16, index_head_dim=32, index_n_heads=16),
+    # GLM-5: interleaved indexer RoPE; layer 1 shares layer 0's selection
+    "glm_moe_dsa": dict(_V3_ROUTING, n_group=1, topk_group=1, index_topk=16, index_head_dim=32, index_n_heads=16,
+                        indexer_types=["full", "shared", "full"], mlp_layer_types=["dense", "sparse", "sparse"]),
     # two decoder layers = four latent cache layers; 2 identity experts beside 6 real ones
     "longcat_flash": dict(num_layers=2, ffn_hidden_size=128, moe_topk=3, n_routed_experts=6, zero_expert_num=2,
                           expert_ffn_hidden_size=32, routed_scaling_factor=2.0, head_dim=16),
@@ -101,6 +106,7 @@ _MOE_KEYS = ("n_routed_experts", "n_shared_experts", "num_experts_per_tok", "fir
              "moe_intermediate_size")
 # keys the family's transformers config class does not take (strict dataclasses refuse them)
 _NOT_KEYS = {"youtu": _MOE_KEYS, "minicpm3": _MOE_KEYS, "glm4_moe_lite": ("first_k_dense_replace",),
+             "deepseek_v32": ("rope_interleave",), "glm_moe_dsa": ("rope_interleave", "first_k_dense_replace"),
              "axk1": ("first_k_dense_replace",),
              "longcat_flash": ("n_shared_experts", "num_experts_per_tok", "first_k_dense_replace", "moe_intermediate_size",
                                "num_hidden_layers", "intermediate_size")}

@@ -17,7 +17,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..config import MLAModelConfig
-from ..onnx_ops import (cache_update_node, cache_write_node, paged_attention_node, portable_attention_node)
+from ..onnx_ops import (cache_update_node, cache_write_node, indexer_topk_node, paged_attention_node,
+                        portable_attention_node)
 from .graph import GraphBuilder
 from .qlinear import qlinear, qlinear_problem
 from .quantize import FP8_BITS
@@ -109,6 +110,7 @@ def attention(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig, i: int
     hidden, qk = cfg.hidden_size, cfg.qk_head_dim
     perm = deinterleave_perm(dr) if cfg.rope_form in ("interleave", "complex") else np.arange(dr)
     q_rows = np.concatenate([np.concatenate([np.arange(dn), dn + perm]) + head * qk for head in range(h)])
+    qa = None
     if cfg.q_lora_rank is None:
         q = linear(g, rd, f"{p}.q_proj", x, h * qk, hidden, rows=q_rows)
     else:
@@ -140,6 +142,7 @@ def attention(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig, i: int
     meta = [io["query_start_loc"], io["seq_lens"], io["block_tables"]]
     attn = f"layers.{i}.attn"
     cache = f"kv_cache.{i}"
+    topk = sparse_indexer(g, rd, cfg, i, x, qa, io, p) if cfg.sparse else None
     for variant in CUSTOM_OP_VARIANTS:
         if variant in g.variants:
             written = f"layers.{i}.written"
@@ -147,7 +150,7 @@ def attention(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig, i: int
                                                  f"layers.{i}.cache_write", kv_dtype=io["kv_dtype"]))
             g.add_node(variant, paged_attention_node(q_nope, q_pe, cache, w_uk, w_uv, *meta, written, attn,
                                                      f"layers.{i}.paged_attention", scale=cfg.softmax_scale, form=0,
-                                                     kv_dtype=io["kv_dtype"]))
+                                                     kv_dtype=io["kv_dtype"], topk_indices=topk))
     if "portable" in g.variants:
         updated = f"kv_cache_out.{i}"
         g.add_node("portable", cache_update_node(kv_c, k_pe, cache, io["slot_mapping"], updated, f"layers.{i}.cache_update"))
@@ -155,6 +158,62 @@ def attention(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig, i: int
                                                        f"layers.{i}.paged_attention", scale=cfg.softmax_scale))
     o = g.op("Reshape", attn, g.i64(-1, h * dv))
     return linear(g, rd, f"{p}.o_proj", o, hidden, h * dv, bias=cfg.attention_bias)
+
+
+def _layer_norm(g: GraphBuilder, x: str, weight: str, bias: str, eps: float) -> str:
+    """nn.LayerNorm over the last axis: (x - mean) / sqrt(var + eps) * weight + bias."""
+    centred = g.op("Sub", x, g.op("ReduceMean", x, g.i64(-1), keepdims=1))
+    var = g.op("ReduceMean", g.op("Mul", centred, centred), g.i64(-1), keepdims=1)
+    return g.op("Add", g.op("Mul", g.op("Div", centred, g.op("Sqrt", g.op("Add", var, g.f32(eps)))), weight), bias)
+
+
+def sparse_indexer(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig, i: int, x: str, qa: str, io: dict,
+                   p: str) -> str:
+    """DeepSeek Sparse Attention's lightning indexer of layer i -> the name of its [T, index_topk]
+    selection (transformers' DeepseekV32Indexer; families/dsa.py). A "full" layer writes its keys to
+    `index_cache.<j>` and scores them; a "shared" one (GLM-5) takes the previous full layer's
+    selection (io["topk_indices"]).
+
+    Interleaved indexer RoPE (GLM-5) is folded into the weights as for the main attention: the
+    rotated rows of wq_b (per head) and of wk, LayerNorm's weight and bias with them, are
+    permuted into rotate-half order; q . k is unchanged by a permutation of both."""
+    sp = cfg.sparse
+    if sp.indexer_types[i] == "shared":
+        return io["topk_indices"]
+    hi, d, dr = sp.index_n_heads, sp.index_head_dim, cfg.qk_rope_head_dim
+    ip = f"{p}.indexer"
+    perm = deinterleave_perm(dr) if sp.rope_form == "interleave" else np.arange(dr)
+    k_rows = np.concatenate([perm, np.arange(dr, d)])
+    q_rows = np.concatenate([k_rows + head * d for head in range(hi)])
+    iq = g.op("Reshape", linear(g, rd, f"{ip}.wq_b", qa, hi * d, cfg.q_lora_rank, rows=q_rows), g.i64(-1, hi, d))
+    ik = linear(g, rd, f"{ip}.wk", x, d, cfg.hidden_size, rows=k_rows)
+    ln_w = g.f32_tensor(f"{ip}.k_norm.weight", rd.get(f"{ip}.k_norm.weight", (d,))[k_rows])
+    ln_b = g.f32_tensor(f"{ip}.k_norm.bias", rd.get(f"{ip}.k_norm.bias", (d,))[k_rows])
+    ik = _layer_norm(g, ik, ln_w, ln_b, 1e-6)  # transformers: nn.LayerNorm(head_dim, eps=1e-6)
+    if d > dr:
+        iq_rot, iq_pass = g.op("Split", iq, g.i64(dr, d - dr), axis=2, n_out=2)
+        ik_rot, ik_pass = g.op("Split", ik, g.i64(dr, d - dr), axis=1, n_out=2)
+        iq = g.op("Concat", _rope(g, iq_rot, io["cos_q"], io["sin_q"], dr // 2), iq_pass, axis=2)
+        ik = g.op("Concat", _rope(g, ik_rot, io["cos_k"], io["sin_k"], dr // 2), ik_pass, axis=1)
+    else:
+        iq = _rope(g, iq, io["cos_q"], io["sin_q"], dr // 2)
+        ik = _rope(g, ik, io["cos_k"], io["sin_k"], dr // 2)
+    # weights_proj(x) * Hi^-0.5, with the softmax scale D^-0.5 that transformers applies inside the
+    # relu folded in (both positive: relu(a * s) = s * relu(a)).
+    w = g.op("Mul", linear(g, rd, f"{ip}.weights_proj", x, hi, cfg.hidden_size), g.f32(hi ** -0.5 * d ** -0.5))
+    no_rope = g.op("Slice", ik, g.i64(d), g.i64(d), g.i64(1))  # [T, 0]: indexer rows have no k_pe part
+    j = sp.index_layer(i)
+    cache, topk = f"index_cache.{j}", f"layers.{i}.topk_indices"
+    for variant in CUSTOM_OP_VARIANTS:
+        if variant in g.variants:
+            written = f"layers.{i}.index_written"
+            g.add_node(variant, cache_write_node(ik, no_rope, cache, io["slot_mapping"], written,
+                                                 f"layers.{i}.index_cache_write", kv_dtype=io["kv_dtype"]))
+            g.add_node(variant, indexer_topk_node(iq, w, cache, io["query_start_loc"], io["seq_lens"],
+                                                  io["block_tables"], written, topk, f"layers.{i}.indexer_topk",
+                                                  topk=sp.index_topk, kv_dtype=io["kv_dtype"]))
+    io["topk_indices"] = topk
+    return topk
 
 
 def dense_mlp(g: GraphBuilder, rd: CheckpointReader, prefix: str, x: str, hidden: int, inter: int, bias: bool) -> str:

@@ -54,8 +54,9 @@ def build_onnx(cfg: MLAModelConfig, reader: CheckpointReader, out_dir: Path, *, 
     onnx_ops.register_schemas()
     paths = {}
     for variant in variants:
+        index = (cfg.sparse.indexer_types.count("full"), cfg.sparse.index_head_dim) if cfg.sparse else None
         inputs, outputs = graph_io(cfg.num_layers, block_size, cfg.row_width, kv_dtype,
-                                   "portable" if variant == "portable" else "custom", cfg.kv_lora_rank)
+                                   "portable" if variant == "portable" else "custom", cfg.kv_lora_rank, index)
         graph = helper.make_graph(g.variants[variant], f"{cfg.model_type}_mla_{variant}",
                                   [_value_info(s, cfg.vocab_size) for s in inputs],
                                   [_value_info(s, cfg.vocab_size) for s in outputs],

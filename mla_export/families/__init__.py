@@ -7,14 +7,14 @@ unsupported type raises `ValueError` naming what blocks it. To add a family: a f
 
 from __future__ import annotations
 
-from . import axk1, deepseek, longcat_flash, minicpm3, mistral4, youtu
-from .base import Block, Family
+from . import axk1, deepseek, dsa, longcat_flash, minicpm3, mistral4, youtu
+from .base import Block, Family, SparseAttention
 from .unsupported import UNSUPPORTED
 
-__all__ = ["Block", "Family", "FAMILIES", "UNSUPPORTED", "family", "supported_model_types"]
+__all__ = ["Block", "Family", "SparseAttention", "FAMILIES", "UNSUPPORTED", "family", "supported_model_types"]
 
 FAMILIES: dict[str, Family] = {}
-for _module in (deepseek, youtu, axk1, minicpm3, mistral4, longcat_flash):
+for _module in (deepseek, youtu, axk1, minicpm3, mistral4, longcat_flash, dsa):
     for _fam in _module.FAMILIES:
         for _t in _fam.model_types:
             FAMILIES[_t] = _fam

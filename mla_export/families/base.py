@@ -11,8 +11,28 @@ tested outside this package. Errors are `ConfigError` naming the key.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
-__all__ = ["Family", "Block"]
+__all__ = ["Family", "Block", "SparseAttention"]
+
+
+@dataclass(frozen=True)
+class SparseAttention:
+    """DeepSeek Sparse Attention's indexer (families/dsa.py); `MLAModelConfig.sparse`."""
+
+    index_n_heads: int
+    index_head_dim: int
+    index_topk: int
+    rope_form: str  # the indexer's own RoPE: "half" (V3.2) or "interleave" (GLM-5)
+    indexer_types: tuple[str, ...]  # per layer: "full" (its own indexer and key cache) or "shared"
+
+    def index_layer(self, layer: int) -> int:
+        """The indexer-cache number of a full layer (index_cache.<j>), or of the full layer a shared one follows."""
+        return sum(t == "full" for t in self.indexer_types[:layer + 1]) - 1
+
+    def facts(self) -> dict:
+        return dict(index_n_heads=self.index_n_heads, index_head_dim=self.index_head_dim,
+                    index_topk=self.index_topk, indexer_types=list(self.indexer_types), rope_form=self.rope_form)
 
 
 class Block(dict):
@@ -86,6 +106,10 @@ class Family:
 
     def mlp_bias(self, d: dict) -> bool:
         return False
+
+    def sparse_attention(self, d: dict, ints: dict, error) -> SparseAttention | None:
+        """DeepSeek Sparse Attention's indexer, or None for dense causal attention."""
+        return None
 
 
 def _layer_types(types, n: int, error) -> tuple[str, ...]:

@@ -4,9 +4,6 @@ refusal names it, docs/MODELS.md repeats it)."""
 from __future__ import annotations
 
 UNSUPPORTED = {
-    "deepseek_v32": "DeepSeek Sparse Attention (the lightning indexer picks index_topk cached positions per query); "
-                    "exporting it as deepseek_v3 would be exact only up to index_topk tokens",
-    "glm_moe_dsa": "GLM-5 uses DeepSeek Sparse Attention (a lightning indexer and top-k attention), not yet run here",
     "glm5_next_text": "GLM-5-Next's text tower uses DeepSeek Sparse Attention, not yet run here",
     "glm5_next": "GLM-5's multimodal model; its text tower uses DeepSeek Sparse Attention, not yet run here",
     "kimi_linear": "Kimi Linear interleaves MLA with Kimi Delta Attention (linear attention with a recurrent state), "

@@ -1,4 +1,5 @@
-"""The latent cache's memory layout: what one layer's array looks like and how many blocks fit.
+"""The latent cache's memory layout: what one layer's array looks like and how many blocks fit
+(with the indexer-key caches of a DeepSeek Sparse Attention model beside it).
 
 One C-contiguous array per layer in the contract's cache format (mla_export/kv_formats.py):
 [num_blocks, block_size, W] of f32, bf16 or f16, or u8 [num_blocks, block_size, row bytes] for
@@ -40,12 +41,24 @@ class CacheLayout:
     row_width: int  # W = kv_lora_rank + qk_rope_head_dim values
     dtype: str  # kv_formats.KV_DTYPES
     kv_lora_rank: int | None = None  # r: needed for int8/fp8 rows (codes | scale | k_pe)
+    # DeepSeek Sparse Attention: one indexer-key cache per layer with its own indexer, rows of
+    # index_width values in the same dtype (int8/fp8: every value quantised, no k_pe part), on the
+    # same block ids as the latent caches, so every block operation covers them too.
+    index_layers: int = 0
+    index_width: int = 0
 
     @classmethod
     def of(cls, contract) -> "CacheLayout":
         """The layout an export's graph contract (`mla_graph.json`) declares."""
         model, cache = contract.model, contract.cache
-        return cls(model["num_layers"], cache["block_size"], cache["row_width"], cache["dtype"], model["kv_lora_rank"])
+        index = cache.get("index") or {}
+        return cls(model["num_layers"], cache["block_size"], cache["row_width"], cache["dtype"], model["kv_lora_rank"],
+                   index.get("num_layers", 0), index.get("row_width", 0))
+
+    def names(self) -> list[str]:
+        """The graph inputs the arrays of `allocate()` bind to, in its order."""
+        return ([f"kv_cache.{i}" for i in range(self.num_layers)] +
+                [f"index_cache.{j}" for j in range(self.index_layers)])
 
     def __post_init__(self):
         cache_dtype(self.dtype)  # names the unsupported dtype
@@ -62,9 +75,17 @@ class CacheLayout:
         return self.row_width * cache_dtype(self.dtype).itemsize
 
     @property
+    def index_row_bytes(self) -> int:
+        if not self.index_layers:
+            return 0
+        if self.dtype in kv_formats.QUANTISED:
+            return kv_formats.row_bytes(self.dtype, self.index_width, 0)
+        return self.index_width * cache_dtype(self.dtype).itemsize
+
+    @property
     def block_bytes(self) -> int:
-        """Bytes of one block across every layer."""
-        return self.num_layers * self.block_size * self.row_bytes
+        """Bytes of one block across every layer (latent and indexer-key caches)."""
+        return self.block_size * (self.num_layers * self.row_bytes + self.index_layers * self.index_row_bytes)
 
     def blocks_for_memory(self, budget_bytes: int) -> int:
         return int(budget_bytes) // self.block_bytes
@@ -75,6 +96,12 @@ class CacheLayout:
         return get_kv_cache_shape(num_blocks, self.block_size, 1, width)
 
     def allocate(self, num_blocks: int) -> list[np.ndarray]:
-        """One zeroed array per layer."""
+        """One zeroed array per layer, then one per indexer layer (names() gives their inputs)."""
         shape = self.shape(num_blocks)
-        return [np.zeros(shape, dtype=cache_dtype(self.dtype)) for _ in range(self.num_layers)]
+        arrays = [np.zeros(shape, dtype=cache_dtype(self.dtype)) for _ in range(self.num_layers)]
+        if self.index_layers:
+            quantised = self.dtype in kv_formats.QUANTISED
+            width = self.index_row_bytes if quantised else self.index_width
+            index_shape = get_kv_cache_shape(num_blocks, self.block_size, 1, width)
+            arrays += [np.zeros(index_shape, dtype=cache_dtype(self.dtype)) for _ in range(self.index_layers)]
+        return arrays

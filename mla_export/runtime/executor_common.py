@@ -15,6 +15,7 @@ import numpy as np
 
 from ..contract import Contract
 from ..kv_formats import BF16
+from .cache_layout import CacheLayout
 from .metadata import MLAMetadata, MLAMetadataBuilder
 
 __all__ = ["PRECISIONS", "MLAExecutor", "CacheNotInPlaceError", "check_options", "check_cache_bindings",
@@ -44,12 +45,11 @@ def check_cache_bindings(contract: Contract, bound_caches: Sequence[np.ndarray],
     that variant (element type, rank, static dims), C-contiguous and writable: any mismatch would
     make the runtime convert a private copy (writes lost) or write memory numpy thinks read-only.
     The graph itself is checked against the same contract when it is loaded."""
-    num_layers = contract.model["num_layers"]
-    if len(bound_caches) != num_layers:
-        raise ValueError(f"got {len(bound_caches)} cache arrays for {num_layers} layers")
+    names = CacheLayout.of(contract).names()
+    if len(bound_caches) != len(names):
+        raise ValueError(f"got {len(bound_caches)} cache arrays for {len(names)} cache inputs ({names[0]} .. {names[-1]})")
     specs = {s.name: s for s in contract.inputs(variant)}
-    for i, arr in enumerate(bound_caches):
-        name = f"kv_cache.{i}"
+    for name, arr in zip(names, bound_caches):
         if not isinstance(arr, np.ndarray) or not arr.flags.c_contiguous:
             raise ValueError(f"the cache bound to {name} must be a C-contiguous numpy array")
         if not arr.flags.writeable:
@@ -62,7 +62,7 @@ def check_cache_bindings(contract: Contract, bound_caches: Sequence[np.ndarray],
 
 
 def check_cache_written_in_place(execute: Callable[[MLAMetadata], np.ndarray], kv_caches: Sequence[np.ndarray],
-                                 who: str, binding_of: Callable[[int], str]) -> None:
+                                 who: str, binding_of: Callable[[int], str], names: Sequence[str] | None = None) -> None:
     """Sentinel step: fill block 0 with a sentinel, run one token at slot 0, read the row back
     from every layer's numpy array. The block is zeroed again afterwards (it must be free).
     `who` names the runtime; `binding_of(i)` describes how layer i's cache is bound."""
@@ -76,8 +76,9 @@ def check_cache_written_in_place(execute: Callable[[MLAMetadata], np.ndarray], k
     for cache in kv_caches:
         cache[0] = 0
     if stale:
+        names = names or [f"kv_cache.{i}" for i in range(len(kv_caches))]
         raise CacheNotInPlaceError(
-            f"{who} did not write kv_cache.{stale[0]} (and {len(stale) - 1} other layers) in place: it made a "
+            f"{who} did not write {names[stale[0]]} (and {len(stale) - 1} other caches) in place: it made a "
             f"private copy of the cache, so generation would read a stale cache ({binding_of(stale[0])}).")
     if not np.isfinite(logits).all():
         raise RuntimeError("the start-up step produced non-finite logits: the exported graph is broken")
@@ -95,6 +96,7 @@ class MLAExecutor(ABC):
         check_options(precision, num_threads)
         self.precision, self.num_threads = precision, num_threads
         self._kv_caches = list(kv_caches)
+        self.cache_names = CacheLayout.of(contract).names()  # the graph input of each array
         self._bound: list[np.ndarray] = []  # the arrays the graph sees (set by the subclass)
 
     @abstractmethod
@@ -110,4 +112,4 @@ class MLAExecutor(ABC):
 
     def check_cache_written_in_place(self) -> None:
         """The start-up sentinel step (check_cache_written_in_place above)."""
-        check_cache_written_in_place(self.execute, self._kv_caches, self.who, self.binding_note)
+        check_cache_written_in_place(self.execute, self._kv_caches, self.who, self.binding_note, self.cache_names)

@@ -109,8 +109,8 @@ class OnnxRuntimeMLAExecutor(MLAExecutor):
                                    [(o.name, o.shape, o.type) for o in self.session.get_outputs()], io_variant)
         self._cache_values = [ort_tensors.ortvalue(a) for a in self._bound]  # over the arrays' memory
         self._io = self.session.io_binding()
-        for i, v in enumerate(self._cache_values):
-            self._io.bind_ortvalue_input(f"kv_cache.{i}", v)
+        for name, v in zip(self.cache_names, self._cache_values):
+            self._io.bind_ortvalue_input(name, v)
         self._outputs = ["logits"]
         if self.variant == "portable":
             self._outputs += [f"kv_cache_out.{i}" for i in range(len(self._kv_caches))]

@@ -66,8 +66,8 @@ class OpenVINOMLAExecutor(MLAExecutor):
             config["INFERENCE_NUM_THREADS"] = num_threads
         self.compiled = core.compile_model(model, device, config)
         self.request = self.compiled.create_infer_request()
-        for i, arr in enumerate(self._bound):
-            self.request.set_tensor(f"kv_cache.{i}", shared_tensor(arr))
+        for name, arr in zip(self.cache_names, self._bound):
+            self.request.set_tensor(name, shared_tensor(arr))
         self._meta_tensors = {}
         self._meta_views: dict[str, np.ndarray] = {}  # numpy views of the tensors at their current shape
         for name in METADATA_INPUTS:
@@ -82,7 +82,7 @@ class OpenVINOMLAExecutor(MLAExecutor):
         if int(self.compiled.get_property("INFERENCE_NUM_THREADS") or 0) == 1:
             arr = self._kv_caches[0]
             self._precheck = dict(num_blocks=arr.shape[0], block_size=arr.shape[1], row_width=arr.shape[2],
-                                  num_layers=len(self._kv_caches), vocab_size=contract.model["vocab_size"],
+                                  num_layers=contract.model["num_layers"], vocab_size=contract.model["vocab_size"],
                                   max_positions=contract.model["max_position_embeddings"])
         self.check_cache_written_in_place()
 

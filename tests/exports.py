@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-SEEDS = {"deepseek_v3": 11, "deepseek_v2": 12}  # checkpoint weights per model type
+SEEDS = {"deepseek_v3": 11, "deepseek_v2": 12, "deepseek_v32": 13, "glm_moe_dsa": 14}  # checkpoint weights per model type
 
 
 class Exports:

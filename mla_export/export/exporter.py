@@ -148,6 +148,10 @@ def export_model(model_dir, out_dir, *, fmt: str = "openvino", portable: bool = 
         raise ExportError(f"{model_dir}: no such checkpoint directory")
     _check_out_dir(out_dir, overwrite)
     cfg = MLAModelConfig.from_dir(model_dir)
+    if portable and cfg.sparse:
+        raise ExportError(f"--portable cannot hold {cfg.model_type}'s DeepSeek Sparse Attention (the indexer's top-k "
+                          "over a paged key cache has no standard-ONNX form here); export it without --portable: "
+                          "model.onnx runs in onnxruntime with the mla-export ops")
     wformat = _weight_format(weight_dtype if weight_dtype is not None else weight_format, group_size, ratio, cfg,
                              all_layers)
     moe_form = _moe_form(moe_form, cfg, wformat)

@@ -33,14 +33,15 @@ SUPPORTED = {
     "kimi-k2-instruct.json": ("deepseek_v3", "DeepseekV3"),
     "glm-4.7-flash.json": ("glm4_moe_lite", "Glm4MoeLite"),
     "minicpm3-4b.json": ("minicpm3", "MiniCPM3"),
+    # DeepSeek Sparse Attention
+    "deepseek-v3.2.json": ("deepseek_v32", "DeepseekV32"),
+    "glm-5.json": ("glm_moe_dsa", "GlmMoeDsa"),
 }
-# DeepSeek Sparse Attention: refused, never read as their dense relatives
-REFUSED = ["deepseek-v3.2.json", "glm-5.json"]
 
 
 def test_every_file_is_covered():
     on_disk = {p.name for p in HERE.glob("*.json")}
-    assert on_disk == set(SUPPORTED) | set(REFUSED)
+    assert on_disk == set(SUPPORTED)
 
 
 def _raw(name: str) -> dict:
@@ -60,10 +61,23 @@ def _modeling(name: str):
     return importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}"), prefix
 
 
-@pytest.mark.parametrize("name", REFUSED)
-def test_sparse_attention_models_are_refused(name):
-    with pytest.raises(ConfigError, match="Sparse Attention"):
-        MLAModelConfig.from_dict(_raw(name))
+@pytest.mark.parametrize("name", ["deepseek-v3.2.json", "glm-5.json"])
+def test_sparse_attention_as_transformers_builds_it(name):
+    """The indexer's dims, top-k and per-layer kind (GLM-5: full or shared) as transformers' config
+    class derives them, and its RoPE form as its indexer module applies it."""
+    cfg = MLAModelConfig.from_dict(_raw(name))
+    hf = _hf_config(name)
+    sp = cfg.sparse
+    assert (sp.index_n_heads, sp.index_head_dim, sp.index_topk) == (hf.index_n_heads, hf.index_head_dim,
+                                                                     hf.index_topk)
+    assert sp.indexer_types == tuple(getattr(hf, "indexer_types", None) or ["full"] * hf.num_hidden_layers)
+    modeling, prefix = _modeling(name)
+    forward = inspect.getsource(getattr(modeling, f"{prefix}Indexer").forward)
+    assert sp.rope_form == ("interleave" if "apply_rotary_pos_emb_interleave(q_rot" in forward else "half")
+
+
+def test_a_dense_model_has_no_sparse_attention():
+    assert MLAModelConfig.from_dict(_raw("deepseek-v3.json")).sparse is None
 
 
 @pytest.mark.parametrize("name", sorted(SUPPORTED))
@@ -119,6 +133,8 @@ def test_rope_form_as_transformers_applies_it(name):
         expected = "complex"  # apply_rotary_emb on complex pairs
     elif model_type == "minicpm3":
         expected = "half"
+    elif model_type in ("deepseek_v32", "glm_moe_dsa"):
+        expected = "interleave"  # their attention modules always call apply_rotary_pos_emb_interleave
     else:
         expected = "interleave" if hf.rope_interleave else "half"
     assert cfg.rope_form == expected

@@ -39,13 +39,23 @@ class DeepseekV32(Family):
     def indexer_types(self, d: dict, n: int, error) -> tuple[str, ...]:
         return ("full",) * n
 
+    def index_rope_form(self, d: dict, error) -> str:
+        """The indexer's RoPE layout: the family's (transformers hard-codes it per class), or what a
+        released config.json says in `indexer_rope_interleave` (GLM-5's says true)."""
+        flag = d.get("indexer_rope_interleave")
+        if flag is None:
+            return self.index_rope
+        if not isinstance(flag, bool):
+            raise error(f"config.json: indexer_rope_interleave must be true or false, got {flag!r}")
+        return "interleave" if flag else "half"
+
     def sparse_attention(self, d, ints, error):
         if d.get("q_lora_rank") is None:
             raise error("config.json: q_lora_rank must be set for DeepSeek Sparse Attention (the indexer's query "
                         "is read from the q_lora projection)")
         s = SparseAttention(index_n_heads=_int(d, "index_n_heads", error),
                             index_head_dim=_int(d, "index_head_dim", error),
-                            index_topk=_int(d, "index_topk", error), rope_form=self.index_rope,
+                            index_topk=_int(d, "index_topk", error), rope_form=self.index_rope_form(d, error),
                             indexer_types=self.indexer_types(d, ints["num_hidden_layers"], error))
         if s.index_head_dim < ints["qk_rope_head_dim"]:
             raise error(f"config.json: index_head_dim ({s.index_head_dim}) must be at least qk_rope_head_dim "

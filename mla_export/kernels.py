@@ -77,12 +77,17 @@ def paged_attention(q_nope, q_pe, kv_cache, w_uk, w_uv, query_start_loc, seq_len
 
 
 def indexer_topk(q, weights, index_cache, query_start_loc, seq_lens, block_tables, topk: int,
-                 kv_dtype: str | None = None, *, runtime: str = "openvino", num_threads: int | None = None) -> np.ndarray:
+                 kv_dtype: str | None = None, *, runtime: str = "openvino", num_threads: int | None = None,
+                 compute: str = "f32") -> np.ndarray:
     """DeepSeek Sparse Attention's lightning indexer over a paged key cache: q [T, Hi, D] (RoPE
     applied), weights [T, Hi] (every positive factor folded in), index_cache [NB, BS, D] (u8 rows
     for int8/fp8) -> [T, topk] int32: per new token the topk positions it sees of largest
-    sum_h weights[t, h] * relu(q[t, h] . key[s]), ascending, -1 padded when it sees fewer."""
+    sum_h weights[t, h] * relu(q[t, h] . key[s]), ascending, -1 padded when it sees fewer.
+    compute: "f32" (exact) or "bf16" (the runtime's bf16 hint: bf16 products with f32 sums on AMX
+    tiles where the CPU has them)."""
     if isinstance(topk, bool) or not isinstance(topk, (int, np.integer)) or topk < 1:
         raise ValueError(f"topk must be a positive integer, got {topk!r}")
+    if compute not in ("f32", "bf16"):
+        raise ValueError(f"compute must be 'f32' or 'bf16', got {compute!r}")
     return _runner(runtime).indexer_topk(q, weights, index_cache, query_start_loc, seq_lens, block_tables, int(topk),
-                                         kv_dtype, num_threads=num_threads)
+                                         kv_dtype, num_threads=num_threads, compute=compute)

@@ -174,14 +174,14 @@ def paged_attention(q_nope, q_pe, kv_cache, w_uk, w_uv, query_start_loc, seq_len
 
 
 def indexer_topk(q, weights, index_cache, query_start_loc, seq_lens, block_tables, topk: int,
-                 kv_dtype: str | None = None, num_threads: int | None = None) -> np.ndarray:
+                 kv_dtype: str | None = None, num_threads: int | None = None, compute: str = "f32") -> np.ndarray:
     """MlaIndexerTopK -> [T, topk] int32 positions (ascending, -1 padded)."""
     cache = _contiguous(index_cache)
     kv = _kv_attrs(cache, kv_dtype)
     arrays = [("q", _contiguous(q)), ("weights", _contiguous(weights)), ("index_cache", _bind_cache(cache, kv)),
               ("query_start_loc", _contiguous(query_start_loc)), ("seq_lens", _contiguous(seq_lens)),
               ("block_tables", _contiguous(block_tables))]
-    return _run("MlaIndexerTopK", arrays, {"topk": int(topk), **kv}, np.int32, 2, num_threads)
+    return _run("MlaIndexerTopK", arrays, {"topk": int(topk), "compute": compute, **kv}, np.int32, 2, num_threads)
 
 
 def cache_write_then_attention(kv_c, k_pe, slot_mapping, q_nope, q_pe, kv_cache: np.ndarray, w_uk, w_uv,

@@ -177,12 +177,13 @@ def paged_attention(q_nope, q_pe, kv_cache, w_uk, w_uv, query_start_loc, seq_len
 
 
 def indexer_topk(q, weights, index_cache, query_start_loc, seq_lens, block_tables, topk: int,
-                 kv_dtype: str | None = None, num_threads: int | None = None) -> np.ndarray:
+                 kv_dtype: str | None = None, num_threads: int | None = None, compute: str = "f32") -> np.ndarray:
     """MlaIndexerTopK: DeepSeek Sparse Attention's indexer over the paged key cache -> [T, topk]
     int32 positions (ascending; -1 pads a token that sees fewer than topk positions)."""
     cache, fmt = _cache(index_cache, kv_dtype)
     arrays = [("q", _float("q", q)), ("weights", _float("weights", weights)), ("index_cache", cache_binding(cache)),
               ("query_start_loc", _index("query_start_loc", query_start_loc)),
               ("seq_lens", _index("seq_lens", seq_lens)), ("block_tables", _index("block_tables", block_tables))]
-    out = _run("MlaIndexerTopK", arrays, {"topk": int(topk), "kv_dtype": fmt}, ov.Type.i32, 2, num_threads)
+    out = _run("MlaIndexerTopK", arrays, {"topk": int(topk), "kv_dtype": fmt, "compute": compute}, ov.Type.i32, 2,
+               num_threads)
     return to_numpy(out)

@@ -190,3 +190,18 @@ def test_indexer_rejects_bad_inputs(rng, runtime, case, message):
     runner = __import__(f"mla_export.kernels_{runtime}", fromlist=["indexer_topk"])  # the op itself checks topk
     with pytest.raises(Exception, match=message):
         runner.indexer_topk(**args)
+
+
+@pytest.mark.parametrize("cache_dtype", ["f32", "bf16", "f16", "fp8"])
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_indexer_bf16_products_select_within_bf16_rounding(rng, runtime, cache_dtype):
+    """compute "bf16" (the runtime's bf16 hint): on AMX CPUs the scores multiply in bf16 with f32
+    sums (indexer_amx.hpp; elsewhere the f32 path runs), so a selection may differ from the
+    reference's only where two scores are within bf16 rounding of the k-th."""
+    p, q, w = _indexer_problem(rng, cache_dtype, shapes=[(700, 40), (900, 1), (20, 20)])
+    kv = None if cache_dtype == "f32" else cache_dtype
+    got = kernels.indexer_topk(q, w, p.kv_cache, p.query_start_loc, p.seq_lens, p.block_tables, TOPK, kv,
+                               runtime=runtime, num_threads=2, compute="bf16")
+    scores = R.indexer_scores(q, w, p.kv_cache, p.query_start_loc, p.seq_lens, p.block_tables, kv)
+    spread = max(float(np.abs(s).max()) for s in scores)
+    _check_selection(got, [s / spread for s in scores], TOPK, 3e-2)

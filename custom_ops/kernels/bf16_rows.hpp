@@ -1,5 +1,5 @@
-// What the two bf16 decode-row engines share (attention_amx.cpp, attention_bf16.cpp): a cache
-// row's 32 values as bf16 in one zmm, 16 lanes rounded to bf16, and exp on a zmm.
+// What the bf16 row engines share (attention_amx.cpp, attention_bf16.cpp, indexer_amx.cpp): a cache
+// row's 32 values as bf16 in one zmm, 16 lanes rounded to bf16, a 16 x 16 transpose, exp on a zmm.
 // Included only by translation units compiled with AVX-512 F/BW and AVX512-BF16.
 #pragma once
 
@@ -42,6 +42,33 @@ inline __m512i load32_bf16(const void* row, DecodeRowKind kind, int64_t c) {
     __m512i out;
     std::memcpy(&out, &v, sizeof out);
     return out;
+}
+
+// r[i] (row i of a 16 x 16 block) becomes column i.
+inline void transpose16(__m512 r[16]) {
+    __m512 t[16], u[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        const __m512d a = _mm512_castps_pd(t[i]), b = _mm512_castps_pd(t[i + 1]);
+        const __m512d c = _mm512_castps_pd(t[i + 2]), d = _mm512_castps_pd(t[i + 3]);
+        u[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+        u[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+        u[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+        u[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+    }
+    // u[4q + k] holds, in each 128-bit lane L, column 4L + k of rows 4q..4q+3.
+    for (int k = 0; k < 4; ++k) {
+        const __m512 a0 = _mm512_shuffle_f32x4(u[k], u[4 + k], 0x88), a1 = _mm512_shuffle_f32x4(u[k], u[4 + k], 0xdd);
+        const __m512 b0 = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0x88);
+        const __m512 b1 = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0xdd);
+        r[k] = _mm512_shuffle_f32x4(a0, b0, 0x88);
+        r[8 + k] = _mm512_shuffle_f32x4(a0, b0, 0xdd);
+        r[4 + k] = _mm512_shuffle_f32x4(a1, b1, 0x88);
+        r[12 + k] = _mm512_shuffle_f32x4(a1, b1, 0xdd);
+    }
 }
 
 // exp(x) for x <= 0, the f32 kernels' (vec_exp.hpp) on one zmm.

@@ -111,6 +111,9 @@ struct IndexerPlan {
     int64_t tokens, heads, dim, topk;
     CacheRows cache;
     const TensorView *q, *weights, *query_start_loc, *seq_lens, *block_tables;
+    // Under compute "bf16" the scores may multiply in bf16 with f32 sums on AMX tiles
+    // (indexer_amx.hpp) where the CPU has them; false keeps every product f32.
+    bool bf16_products = false;
 };
 IndexerPlan plan_indexer(const TensorView& q, const TensorView& weights, const TensorView& index_cache,
                          const TensorView& query_start_loc, const TensorView& seq_lens,
@@ -129,7 +132,11 @@ void step_check(const StepInputs& in, const std::vector<TensorView>& caches, int
 // (exposed so tests can make sure both forms are exercised).
 Form choose_form(int64_t qlen, int64_t seq_len, int64_t heads, int64_t r, int64_t dr, int64_t dn,
                  int64_t dv);
-// The same choice for `pairs` (query, key) products in all (sparse attention: the selected ones).
+// Under sparse attention (`pairs` = the selected (query, key) pairs): absorbed unless expanded
+// needs more than 4x fewer products (its per-token gathers run one query row at a time).
+Form sparse_form(int64_t qlen, int64_t seq_len, double pairs, int64_t heads, int64_t r, int64_t dr, int64_t dn,
+                 int64_t dv);
+// The dense choice for `pairs` (query, key) products in all.
 Form form_by_cost(int64_t qlen, int64_t seq_len, double pairs, int64_t heads, int64_t r, int64_t dr, int64_t dn,
                   int64_t dv);
 

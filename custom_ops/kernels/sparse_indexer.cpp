@@ -20,6 +20,10 @@
 
 #include "isa.hpp"
 #include "mla_kernels.hpp"
+#if defined(MLA_HAVE_AMX)
+#include "amx.hpp"
+#include "indexer_amx.hpp"
+#endif
 #include "numeric.hpp"
 #include "validate.hpp"
 
@@ -46,10 +50,63 @@ struct Scratch {
     }
 };
 thread_local Scratch tls;
+#if defined(MLA_HAVE_AMX)
+thread_local AmxIndexerScores tls_amx;
+#endif
+
+// Whether this call's scores take AMX bf16 tiles (compute "bf16" on a CPU with AMX-BF16).
+bool amx_scores(const IndexerPlan& p) {
+#if defined(MLA_HAVE_AMX)
+    return p.bf16_products && AmxIndexerScores::fits(p.heads, p.dim) && amx_bf16_usable();
+#else
+    (void)p;
+    return false;
+#endif
+}
+
+// score_tile's chunks on AMX tiles: the same scores with bf16 products and f32 sums.
+void score_tile_amx(const IsaKernels& K, const IndexerPlan& p, const Tile& tile, const float* q, const float* w,
+                    int64_t c_begin, int64_t c_end, float* scores, int64_t ld) {
+#if defined(MLA_HAVE_AMX)
+    const int64_t hi = p.heads, d = p.dim, bs = p.cache.logical.dim(1), m_bt = p.block_tables->dim(1);
+    const KvDtype kind = p.cache.kind;
+    const bool direct = kind == KvDtype::f32 || kind == KvDtype::bf16 || kind == KvDtype::f16;
+    const DecodeRowKind rows_kind = kind == KvDtype::bf16 ? DecodeRowKind::bf16
+                                    : kind == KvDtype::f16 ? DecodeRowKind::f16 : DecodeRowKind::f32;
+    float* kr = direct ? nullptr : Scratch::get(tls.keys, kChunk * d);
+    float* out = Scratch::get(tls.acc, tile.n * kChunk);
+    const void* src[kChunk];
+    const void* rows[kChunk];
+    AmxIndexerScores& eng = tls_amx;
+    eng.begin(q + tile.t0 * hi * d, w + tile.t0 * hi, tile.n, hi, d);
+    for (int64_t c0 = c_begin; c0 < c_end; c0 += kChunk) {
+        const int64_t n = std::min(kChunk, c_end - c0);
+        for (int64_t j = 0; j < n; ++j) {
+            const int64_t pos = c0 + j;
+            src[j] = p.cache.row(index_at(*p.block_tables, tile.b * m_bt + pos / bs), pos % bs);
+        }
+        if (direct) {
+            std::copy_n(src, n, rows);
+        } else {
+            K.load_rows(p.cache.format, src, n, kr, d);
+            for (int64_t j = 0; j < n; ++j) rows[j] = kr + j * d;
+        }
+        eng.chunk(rows, rows_kind, n, out, kChunk);
+        for (int64_t i = 0; i < tile.n; ++i) {
+            const int64_t vis = std::min(n, tile.limit(i) - c0);
+            if (vis > 0) std::copy_n(out + i * kChunk, vis, scores + i * ld + c0);
+        }
+    }
+    eng.end();
+#else
+    (void)K, (void)p, (void)tile, (void)q, (void)w, (void)c_begin, (void)c_end, (void)scores, (void)ld;
+#endif
+}
 
 // Scores of the tile's tokens at positions [c_begin, c_end) into scores[i * ld + position].
 void score_tile(const IsaKernels& K, const IndexerPlan& p, const Tile& tile, const float* q, const float* w,
                 int64_t c_begin, int64_t c_end, float* scores, int64_t ld) {
+    if (amx_scores(p)) return score_tile_amx(K, p, tile, q, w, c_begin, c_end, scores, ld);
     const int64_t hi = p.heads, d = p.dim, m = tile.n * hi, bs = p.cache.logical.dim(1);
     const int64_t m_bt = p.block_tables->dim(1);
     const float* qt = q + tile.t0 * hi * d;

@@ -395,6 +395,8 @@ struct IndexerKernel {
     IndexerKernel(const OrtApi& api, const OrtKernelInfo* info, int num_threads)
         : topk_(int_attr(api, info, "topk", 0)),
           kv_dtype_(kv_dtype_attr(api, info, "MlaIndexerTopK")),
+          bf16_products_(mla::moe_compute_from_name("MlaIndexerTopK", string_attr(api, info, "MlaIndexerTopK", "compute")) ==
+                         mla::MoeCompute::bf16),
           num_threads_(num_threads) {
         if (topk_ < 1) throw mla::Error("MlaIndexerTopK attribute 'topk' must be >= 1, got " + std::to_string(topk_));
     }
@@ -405,7 +407,8 @@ struct IndexerKernel {
             const auto cache = input_view(ctx, 2, "index_cache");
             const auto qsl = input_view(ctx, 3, "query_start_loc"), lens = input_view(ctx, 4, "seq_lens");
             const auto bt = input_view(ctx, 5, "block_tables");
-            const mla::IndexerPlan plan = mla::plan_indexer(q, w, cache, qsl, lens, bt, topk_, kv_dtype_);
+            mla::IndexerPlan plan = mla::plan_indexer(q, w, cache, qsl, lens, bt, topk_, kv_dtype_);
+            plan.bf16_products = bf16_products_;
             const int64_t shape[2] = {plan.tokens, plan.topk};
             auto out = ctx.GetOutput(0, shape, 2);
             const auto out_view = output_view(out, "output");
@@ -414,6 +417,7 @@ struct IndexerKernel {
     }
     int64_t topk_;
     mla::KvDtype kv_dtype_;
+    bool bf16_products_;
     int num_threads_;
     mla::OpWorkspace ws_;
 };

@@ -41,7 +41,8 @@ ov::OutputVector convert_attention(const ov::frontend::NodeContext& ctx) {
 
 ov::OutputVector convert_indexer(const ov::frontend::NodeContext& ctx) {
     const int64_t topk = ctx.get_attribute<int64_t>("topk");  // required: the model's index_topk
-    return std::make_shared<mla_ov::MlaIndexerTopK>(inputs_of(ctx), topk, kv_dtype_of(ctx))->outputs();
+    const std::string compute = ctx.get_attribute<std::string>("compute", "f32");
+    return std::make_shared<mla_ov::MlaIndexerTopK>(inputs_of(ctx), topk, kv_dtype_of(ctx), compute)->outputs();
 }
 
 ov::OutputVector convert_step_check(const ov::frontend::NodeContext& ctx) {

@@ -283,8 +283,8 @@ bool MlaPagedAttention::evaluate(ov::TensorVector& outputs, const ov::TensorVect
 
 // ---------------------------------------------------------------- MlaIndexerTopK
 
-MlaIndexerTopK::MlaIndexerTopK(const ov::OutputVector& args, int64_t topk, std::string kv_dtype)
-    : Op(args), m_topk(topk), m_kv_dtype(std::move(kv_dtype)) {
+MlaIndexerTopK::MlaIndexerTopK(const ov::OutputVector& args, int64_t topk, std::string kv_dtype, std::string compute)
+    : Op(args), m_topk(topk), m_kv_dtype(std::move(kv_dtype)), m_compute(std::move(compute)) {
     constructor_validate_and_infer_types();
 }
 
@@ -292,6 +292,8 @@ void MlaIndexerTopK::validate_and_infer_types() {
     check_inputs(this, 6);
     check_kv_dtype(this, m_kv_dtype);
     NODE_VALIDATION_CHECK(this, m_topk >= 1, "MlaIndexerTopK attribute 'topk' must be >= 1, got ", m_topk);
+    NODE_VALIDATION_CHECK(this, m_compute == "f32" || m_compute == "bf16",
+                          "MlaIndexerTopK attribute 'compute' must be f32 or bf16, got '", m_compute, "'");
     const auto& q = get_input_partial_shape(0);
     ov::Dimension tokens = ov::Dimension::dynamic();
     if (q.rank().is_static() && q.rank().get_length() == 3) tokens = q[0];
@@ -299,12 +301,13 @@ void MlaIndexerTopK::validate_and_infer_types() {
 }
 
 std::shared_ptr<ov::Node> MlaIndexerTopK::clone_with_new_inputs(const ov::OutputVector& args) const {
-    return std::make_shared<MlaIndexerTopK>(args, m_topk, m_kv_dtype);
+    return std::make_shared<MlaIndexerTopK>(args, m_topk, m_kv_dtype, m_compute);
 }
 
 bool MlaIndexerTopK::visit_attributes(ov::AttributeVisitor& visitor) {
     visitor.on_attribute("topk", m_topk);
     visitor.on_attribute("kv_dtype", m_kv_dtype);
+    visitor.on_attribute("compute", m_compute);
     return true;
 }
 
@@ -314,7 +317,8 @@ bool MlaIndexerTopK::evaluate(ov::TensorVector& outputs, const ov::TensorVector&
         const auto qsl = view(inputs[3], "query_start_loc"), lens = view(inputs[4], "seq_lens");
         const auto bt = view(inputs[5], "block_tables");
         const auto kv = mla::kv_dtype_from_name("MlaIndexerTopK", m_kv_dtype);
-        const mla::IndexerPlan plan = mla::plan_indexer(q, w, cache, qsl, lens, bt, m_topk, kv);
+        mla::IndexerPlan plan = mla::plan_indexer(q, w, cache, qsl, lens, bt, m_topk, kv);
+        plan.bf16_products = m_compute == "bf16";
         outputs[0].set_shape(ov::Shape{size_t(plan.tokens), size_t(plan.topk)});
         m_ws.use([&](mla::Workspace& ws) { mla::run_indexer(plan, view(outputs[0], "output"), ov_threading(), ws); });
     });

@@ -77,12 +77,15 @@ public:
     OPENVINO_OP("MlaIndexerTopK", "mla_export");
     MlaIndexerTopK() = default;
     // q, weights, index_cache, query_start_loc, seq_lens, block_tables [, after] -> [T, topk] i32
-    MlaIndexerTopK(const ov::OutputVector& args, int64_t topk, std::string kv_dtype = "");
+    // compute: "f32" (as exported) or "bf16" (set by the runtime under a bf16 hint: the scores may
+    // multiply in bf16 on AMX tiles, indexer_amx.hpp).
+    MlaIndexerTopK(const ov::OutputVector& args, int64_t topk, std::string kv_dtype = "", std::string compute = "f32");
     MLA_OV_OP_OVERRIDES
 
 private:
     int64_t m_topk = 0;  // set by the constructor or the IR's attribute (checked >= 1)
     std::string m_kv_dtype;
+    std::string m_compute = "f32";
     mutable mla::OpWorkspace m_ws;
 };
 

@@ -132,5 +132,5 @@ def match_moe_compute(model: ov.Model, precision: str) -> None:
     the CPU has them (as the plugin's own attention does there); f32 under an f32 hint, which keeps
     f32 runs exact. The ops cannot see the hint, so they are told here."""
     for op in model.get_ops():
-        if op.get_type_name() in ("MlaMoeExperts", "MlaQLinear", "MlaPagedAttention"):
+        if op.get_type_name() in ("MlaMoeExperts", "MlaQLinear", "MlaPagedAttention", "MlaIndexerTopK"):
             op.set_attribute("compute", "bf16" if precision == "bf16" else "f32")

@@ -1,0 +1,123 @@
+// The lightning indexer's scores on AMX bf16 tiles (indexer_amx.hpp). Compiled with -mamx-tile
+// -mamx-bf16 -mavx512f/bw/vl/dq -mavx512bf16; entered only when amx_bf16_usable() (amx.hpp).
+#include "indexer_amx.hpp"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "amx.hpp"
+#include "bf16_rows.hpp"
+
+namespace mla {
+namespace {
+const TileConfig kConfig;
+}  // namespace
+
+bool AmxIndexerScores::fits(int64_t heads, int64_t d) { return heads % 16 == 0 && d % 32 == 0 && d >= 32 && d <= 512; }
+
+void AmxIndexerScores::begin(const float* q, const float* w, int64_t tokens, int64_t heads, int64_t d) {
+    tokens_ = tokens, heads_ = heads, d_ = d, groups_ = tokens * heads / 16;
+    const int64_t ks = d / 32;
+    // Q^T as B tiles: tile (g, s) row p holds, for query row 16g + j, the bf16 pair of inputs
+    // 32s + 2p, 32s + 2p + 1 in its dword j (a 16 x 16 dword transpose of the rows' pairs).
+    qt_.resize(groups_ * ks * 512);
+    for (int64_t g = 0; g < groups_; ++g)
+        for (int64_t s = 0; s < ks; ++s) {
+            __m512 pairs[16];
+            for (int64_t j = 0; j < 16; ++j) {
+                const float* src = q + (16 * g + j) * d + 32 * s;
+                const __m512bh h = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + 16), _mm512_loadu_ps(src));
+                std::memcpy(&pairs[j], &h, sizeof h);
+            }
+            transpose16(pairs);
+            uint16_t* tile = qt_.data() + (g * ks + s) * 512;
+            for (int p = 0; p < 16; ++p) _mm512_storeu_ps(tile + 32 * p, pairs[p]);
+        }
+    w_.assign(w, w + tokens * heads);
+    kb_.resize(kRows * d);
+    st_.resize(4 * 256);
+    _tile_loadconfig(&kConfig);
+}
+
+void AmxIndexerScores::chunk(const void* const* rows, DecodeRowKind kind, int64_t n, float* out, int64_t ldo) {
+    const int64_t d = d_, ks = d / 32, ng = (n + 15) / 16;
+    const int64_t row_bytes = d * (kind == DecodeRowKind::f32 ? 4 : 2);
+    // Where each 16-key group's A tiles read: 16 bf16 rows in a row of one block in place, any
+    // other group converted into kb_ (rows past n zero: their scores are computed and dropped).
+    const uint16_t* base[4];
+    int stride[4] = {0, 0, 0, 0};
+    for (int64_t g = 0; g < ng; ++g) {
+        const int64_t j0 = 16 * g, valid = std::min<int64_t>(16, n - j0);
+        bool direct = kind == DecodeRowKind::bf16 && valid == 16;
+        for (int64_t j = 1; direct && j < 16; ++j)
+            direct = static_cast<const char*>(rows[j0 + j]) == static_cast<const char*>(rows[j0]) + j * row_bytes;
+        if (direct) {
+            base[g] = static_cast<const uint16_t*>(rows[j0]);
+            stride[g] = static_cast<int>(row_bytes);
+            continue;
+        }
+        uint16_t* kb = kb_.data() + j0 * d;
+        for (int64_t j = 0; j < valid; ++j)
+            for (int64_t c = 0; c < d; c += 32) _mm512_storeu_si512(kb + j * d + c, load32_bf16(rows[j0 + j], kind, c));
+        std::memset(kb + valid * d, 0, (16 - valid) * d * sizeof(uint16_t));
+        base[g] = kb;
+        stride[g] = static_cast<int>(d * 2);
+    }
+    float* st = st_.data();
+    const int64_t per_token = heads_ / 16;
+    __m512 acc[4];
+    for (int64_t g = 0; g < groups_; ++g) {
+        const int64_t t = g / per_token;
+        if (g % per_token == 0)
+            for (auto& a : acc) a = _mm512_setzero_ps();
+        // S^T [16 keys x 16 query rows] per key group, in tiles 0..ng-1.
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        for (int64_t s = 0; s < ks; ++s) {
+            _tile_loadd(5, qt_.data() + (g * ks + s) * 512, 64);
+            _tile_loadd(4, base[0] + 32 * s, stride[0]);
+            _tile_dpbf16ps(0, 4, 5);
+            if (ng > 1) {
+                _tile_loadd(6, base[1] + 32 * s, stride[1]);
+                _tile_dpbf16ps(1, 6, 5);
+            }
+            if (ng > 2) {
+                _tile_loadd(7, base[2] + 32 * s, stride[2]);
+                _tile_dpbf16ps(2, 7, 5);
+            }
+            if (ng > 3) {
+                _tile_loadd(4, base[3] + 32 * s, stride[3]);
+                _tile_dpbf16ps(3, 4, 5);
+            }
+        }
+        _tile_stored(0, st + 0 * 256, 64);
+        if (ng > 1) _tile_stored(1, st + 1 * 256, 64);
+        if (ng > 2) _tile_stored(2, st + 2 * 256, 64);
+        if (ng > 3) _tile_stored(3, st + 3 * 256, 64);
+        // Transposed back to [16 heads x 16 keys]: acc(keys) += w[h] * relu(row h).
+        const __m512 zero = _mm512_setzero_ps();
+        const float* wg = w_.data() + 16 * g;
+        for (int64_t b = 0; b < ng; ++b) {
+            __m512 blk[16];
+            for (int j = 0; j < 16; ++j) blk[j] = _mm512_loadu_ps(st + 256 * b + 16 * j);
+            transpose16(blk);
+            for (int h = 0; h < 16; ++h)
+                acc[b] = _mm512_fmadd_ps(_mm512_set1_ps(wg[h]), _mm512_max_ps(blk[h], zero), acc[b]);
+        }
+        if (g % per_token == per_token - 1) {
+            float* o = out + t * ldo;
+            for (int64_t b = 0; b < ng; ++b) {
+                const int64_t valid = std::min<int64_t>(16, n - 16 * b);
+                _mm512_mask_storeu_ps(o + 16 * b, static_cast<__mmask16>((1u << valid) - 1), acc[b]);
+            }
+        }
+    }
+}
+
+void AmxIndexerScores::end() { _tile_release(); }
+
+}  // namespace mla

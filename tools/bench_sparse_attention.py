@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import math
 import platform
 import statistics
 import time
@@ -142,6 +143,53 @@ def prefill(tokens: int, threads: int, rounds: int, block_size: int, kv_dtype: s
     return row
 
 
+def svg_plot(facts: dict) -> str:
+    """The decode rows as an SVG line plot (no plotting library): time per layer over context."""
+    rows = [r for r in facts["rows"] if "context" in r]
+    series = [("dense_ms", "dense attention", "#c0392b"), ("sparse_ms", "sparse: indexer + attention", "#2471a3"),
+              ("indexer_ms", "indexer alone", "#7fb3d5")]
+    w, h, left, bottom, top, right = 640, 380, 60, 50, 40, 190
+    xs = [math.log2(r["context"]) for r in rows]
+    ymax = max(r[k] for r in rows for k, _, _ in series) * 1.1
+    x0, x1 = min(xs), max(xs)
+
+    def px(x):
+        return left + (x - x0) / max(x1 - x0, 1e-9) * (w - left - right)
+
+    def py(y):
+        return h - bottom - y / ymax * (h - top - bottom)
+
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">',
+           f'<rect width="{w}" height="{h}" fill="white"/>',
+           f'<text x="{left}" y="20" font-size="13">Decode, one token, one layer at DeepSeek-V3.2 attention dims '
+           f'(ms, median)</text>',
+           f'<line x1="{left}" y1="{h - bottom}" x2="{w - right}" y2="{h - bottom}" stroke="black"/>',
+           f'<line x1="{left}" y1="{top}" x2="{left}" y2="{h - bottom}" stroke="black"/>']
+    for r, x in zip(rows, xs):
+        label = f'{r["context"] // 1024}k'
+        out.append(f'<text x="{px(x):.1f}" y="{h - bottom + 16}" text-anchor="middle">{label}</text>')
+    step = 10 ** math.floor(math.log10(ymax / 4)) if ymax > 0 else 1
+    step *= 2 if ymax / step > 10 else 1
+    y = 0.0
+    while y <= ymax:
+        out.append(f'<text x="{left - 6}" y="{py(y) + 4:.1f}" text-anchor="end">{y:g}</text>')
+        out.append(f'<line x1="{left}" y1="{py(y):.1f}" x2="{w - right}" y2="{py(y):.1f}" stroke="#ddd"/>')
+        y += step
+    out.append(f'<text x="{(left + w - right) / 2}" y="{h - 12}" text-anchor="middle">context (tokens in the '
+               f'cache)</text>')
+    for i, (key, label, color) in enumerate(series):
+        pts = " ".join(f"{px(x):.1f},{py(r[key]):.1f}" for r, x in zip(rows, xs))
+        out.append(f'<polyline points="{pts}" fill="none" stroke="{color}" stroke-width="2"/>')
+        out += [f'<circle cx="{px(x):.1f}" cy="{py(r[key]):.1f}" r="3" fill="{color}"/>' for r, x in zip(rows, xs)]
+        out.append(f'<line x1="{w - right + 10}" y1="{top + 10 + 18 * i}" x2="{w - right + 30}" '
+                   f'y2="{top + 10 + 18 * i}" stroke="{color}" stroke-width="2"/>')
+        out.append(f'<text x="{w - right + 34}" y="{top + 14 + 18 * i}">{label}</text>')
+    note = f'{facts["cpu"]}, {facts["threads"]} threads, {facts["kv_dtype"]} caches, compute {facts["compute"]}'
+    out.append(f'<text x="{left}" y="{top - 6}" font-size="10" fill="#555">{note}</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--contexts", type=int, nargs="*", default=[4096, 16384, 65536, 131072])
@@ -155,6 +203,7 @@ def main(argv=None) -> int:
     ap.add_argument("--prefill-forms", nargs="+", default=["auto", "absorbed", "expanded"],
                     choices=["auto", "absorbed", "expanded"], help="attention forms over the selection to time")
     ap.add_argument("--json", help="write the rows and the machine here")
+    ap.add_argument("--svg", help="plot the decode rows here")
     args = ap.parse_args(argv)
     rows = run(args.contexts, args.threads, args.rounds, args.block_size, args.kv_dtype, args.compute)
     rows += [prefill(n, args.threads, args.prefill_rounds, args.block_size, args.kv_dtype, args.compute,
@@ -170,6 +219,11 @@ def main(argv=None) -> int:
                                topk=TOPK), rows=rows)
         with open(args.json, "w") as f:
             json.dump(facts, f, indent=1)
+    if args.svg:
+        if not args.json:
+            ap.error("--svg needs --json (the plot names the machine)")
+        with open(args.svg, "w") as f:
+            f.write(svg_plot(facts))
     return 0
 
 

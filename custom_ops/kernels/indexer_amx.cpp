@@ -41,7 +41,8 @@ void AmxIndexerScores::begin(const float* q, const float* w, int64_t tokens, int
     _tile_loadconfig(&kConfig);
 }
 
-void AmxIndexerScores::chunk(const void* const* rows, DecodeRowKind kind, int64_t n, float* out, int64_t ldo) {
+void AmxIndexerScores::chunk(const void* const* rows, DecodeRowKind kind, int64_t n, float* out, int64_t ldo,
+                             const void* const* next, int64_t next_n, int64_t next_bytes) {
     const int64_t d = d_, ks = d / 32, ng = (n + 15) / 16;
     const int64_t row_bytes = d * (kind == DecodeRowKind::f32 ? 4 : 2);
     // Where each 16-key group's A tiles read: 16 bf16 rows in a row of one block in place, any
@@ -67,6 +68,10 @@ void AmxIndexerScores::chunk(const void* const* rows, DecodeRowKind kind, int64_
     }
     float* st = st_.data();
     const int64_t per_token = heads_ / 16;
+    // The next chunk's lines, spread over this chunk's head groups.
+    const int64_t row_lines = (next_bytes + 63) / 64, lines = next_n * row_lines;
+    const int64_t per_group = (lines + groups_ - 1) / groups_;
+    int64_t pr = 0, pl = 0;
     __m512 acc[4];
     for (int64_t g = 0; g < groups_; ++g) {
         const int64_t t = g / per_token;
@@ -98,6 +103,10 @@ void AmxIndexerScores::chunk(const void* const* rows, DecodeRowKind kind, int64_
         if (ng > 1) _tile_stored(1, st + 1 * 256, 64);
         if (ng > 2) _tile_stored(2, st + 2 * 256, 64);
         if (ng > 3) _tile_stored(3, st + 3 * 256, 64);
+        for (int64_t k = per_group; k > 0 && pr < next_n; --k) {
+            _mm_prefetch(static_cast<const char*>(next[pr]) + 64 * pl, _MM_HINT_T0);
+            if (++pl == row_lines) pl = 0, ++pr;
+        }
         // Transposed back to [16 heads x 16 keys]: acc(keys) += w[h] * relu(row h).
         const __m512 zero = _mm512_setzero_ps();
         const float* wg = w_.data() + 16 * g;

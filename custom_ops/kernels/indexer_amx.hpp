@@ -21,8 +21,11 @@ public:
     static bool fits(int64_t heads, int64_t d);
     // q [tokens * heads, d] f32 rows (RoPE applied), w [tokens * heads] (every positive factor in).
     void begin(const float* q, const float* w, int64_t tokens, int64_t heads, int64_t d);
-    // out[t * ldo + j] = sum_h w[t, h] * relu(q[t, h] . row_j) for the n (1..64) rows of the chunk.
-    void chunk(const void* const* rows, DecodeRowKind kind, int64_t n, float* out, int64_t ldo);
+    // out[t * ldo + j] = sum_h w[t, h] * relu(q[t, h] . row_j) for the n (1..64) rows of the chunk;
+    // the next chunk's next_n rows of next_bytes each are fetched toward the core meanwhile (the
+    // blocks lie anywhere in the cache, where the hardware prefetcher cannot follow).
+    void chunk(const void* const* rows, DecodeRowKind kind, int64_t n, float* out, int64_t ldo,
+               const void* const* next = nullptr, int64_t next_n = 0, int64_t next_bytes = 0);
     void end();  // releases the tiles
 
 private:

@@ -15,6 +15,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstring>
+#include <functional>
 #include <limits>
 #include <vector>
 
@@ -42,7 +44,7 @@ struct Tile {
 
 struct Scratch {
     std::vector<float> keys, s, acc, scores;
-    std::vector<int32_t> order;
+    std::vector<uint64_t> order;
     template <typename T>
     static T* get(std::vector<T>& v, int64_t n) {
         if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
@@ -75,23 +77,30 @@ void score_tile_amx(const IsaKernels& K, const IndexerPlan& p, const Tile& tile,
                                     : kind == KvDtype::f16 ? DecodeRowKind::f16 : DecodeRowKind::f32;
     float* kr = direct ? nullptr : Scratch::get(tls.keys, kChunk * d);
     float* out = Scratch::get(tls.acc, tile.n * kChunk);
-    const void* src[kChunk];
+    const void* at[2][kChunk];  // this chunk's rows and the next one's
     const void* rows[kChunk];
-    AmxIndexerScores& eng = tls_amx;
-    eng.begin(q + tile.t0 * hi * d, w + tile.t0 * hi, tile.n, hi, d);
-    for (int64_t c0 = c_begin; c0 < c_end; c0 += kChunk) {
+    const auto gather = [&](int64_t c0, const void** dst) {
         const int64_t n = std::min(kChunk, c_end - c0);
         for (int64_t j = 0; j < n; ++j) {
             const int64_t pos = c0 + j;
-            src[j] = p.cache.row(index_at(*p.block_tables, tile.b * m_bt + pos / bs), pos % bs);
+            dst[j] = p.cache.row(index_at(*p.block_tables, tile.b * m_bt + pos / bs), pos % bs);
         }
+        return n;
+    };
+    AmxIndexerScores& eng = tls_amx;
+    eng.begin(q + tile.t0 * hi * d, w + tile.t0 * hi, tile.n, hi, d);
+    if (c_begin < c_end) gather(c_begin, at[0]);
+    for (int64_t c0 = c_begin, cur = 0; c0 < c_end; c0 += kChunk, cur ^= 1) {
+        const int64_t n = std::min(kChunk, c_end - c0);
+        const void** src = at[cur];
+        const int64_t next_n = c0 + kChunk < c_end ? gather(c0 + kChunk, at[cur ^ 1]) : 0;
         if (direct) {
             std::copy_n(src, n, rows);
         } else {
             K.load_rows(p.cache.format, src, n, kr, d);
             for (int64_t j = 0; j < n; ++j) rows[j] = kr + j * d;
         }
-        eng.chunk(rows, rows_kind, n, out, kChunk);
+        eng.chunk(rows, rows_kind, n, out, kChunk, at[cur ^ 1], next_n, p.cache.row_bytes);
         for (int64_t i = 0; i < tile.n; ++i) {
             const int64_t vis = std::min(n, tile.limit(i) - c0);
             if (vis > 0) std::copy_n(out + i * kChunk, vis, scores + i * ld + c0);
@@ -149,17 +158,23 @@ void score_tile(const IsaKernels& K, const IndexerPlan& p, const Tile& tile, con
 
 // The topk largest of scores[0 .. limit) (limit > topk) as ascending positions into out. Ties go to
 // the earlier position; a NaN score counts as the largest, so a poisoned key is selected and its
-// NaN reaches the attention's output (loud) instead of being dropped silently.
-void select_topk(float* scores, int64_t limit, int64_t topk, int32_t* out) {
-    int32_t* order = Scratch::get(tls.order, limit);
+// NaN reaches the attention's output (loud) instead of being dropped silently. Each candidate is
+// one 64-bit key, (the score's bits in an order-preserving form) << 32 | ~position, so the
+// selection compares plain integers in one array (an index array compared through the scores,
+// as before, made every comparison two dependent loads: 64k positions 2-3x slower).
+void select_topk(const float* scores, int64_t limit, int64_t topk, int32_t* out) {
+    uint64_t* keys = Scratch::get(tls.order, limit);
     for (int64_t j = 0; j < limit; ++j) {
-        order[j] = static_cast<int32_t>(j);
-        if (std::isnan(scores[j])) scores[j] = std::numeric_limits<float>::infinity();
+        uint32_t bits;
+        std::memcpy(&bits, &scores[j], 4);
+        // Flip negatives wholly and set the sign of positives: unsigned order = float order.
+        uint32_t ord = (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+        if (std::isnan(scores[j])) ord = 0xffffffffu;
+        keys[j] = (uint64_t(ord) << 32) | (0xffffffffu - static_cast<uint32_t>(j));
     }
-    auto before = [scores](int32_t a, int32_t b) { return scores[a] > scores[b] || (scores[a] == scores[b] && a < b); };
-    std::nth_element(order, order + topk - 1, order + limit, before);
-    std::sort(order, order + topk);
-    std::copy_n(order, topk, out);
+    std::nth_element(keys, keys + topk - 1, keys + limit, std::greater<uint64_t>());
+    for (int64_t j = 0; j < topk; ++j) out[j] = static_cast<int32_t>(0xffffffffu - static_cast<uint32_t>(keys[j]));
+    std::sort(out, out + topk);
 }
 
 }  // namespace

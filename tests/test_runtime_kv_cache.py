@@ -136,3 +136,18 @@ def test_budget_to_blocks():
         CacheLayout(2, 4, 6, "fp8")
     with pytest.raises(ValueError, match="unsupported cache dtype"):
         CacheLayout(2, 4, 6, "int4")
+
+
+@pytest.mark.parametrize("dtype, latent_row, index_row", [("f32", 24, 32), ("bf16", 12, 16), ("int8", 4 + 16 + 4, 8 + 16),
+                                                           ("fp8", 4 + 4 + 4, 8 + 4)])
+def test_indexer_key_caches_share_the_blocks_and_count_in_the_memory(dtype, latent_row, index_row):
+    """A sparse-attention model's indexer-key caches (8 values a row here: all of them codes for
+    int8/fp8, no k_pe part) come after the latent ones, one array per indexer layer on the same
+    block ids, and each block's bytes count both."""
+    layout = CacheLayout(3, 4, 6, dtype, kv_lora_rank=4, index_layers=2, index_width=8)
+    assert layout.names() == ["kv_cache.0", "kv_cache.1", "kv_cache.2", "index_cache.0", "index_cache.1"]
+    arrays = layout.allocate(5)
+    assert [a.shape[:2] for a in arrays] == [(5, 4)] * 5
+    assert [a.nbytes // 20 for a in arrays] == [latent_row] * 3 + [index_row] * 2
+    assert layout.block_bytes == 4 * (3 * latent_row + 2 * index_row)
+    assert layout.blocks_for_memory(10 * layout.block_bytes) == 10

@@ -23,14 +23,18 @@ def summary_lines(result: ExportResult, wall_seconds: float | None = None) -> li
     m, cache = c["model"], c["cache"]
     elem = KV_DTYPES[cache["dtype"]]
     latent = m["num_layers"] * row_bytes(cache["dtype"], m["kv_lora_rank"], m["qk_rope_head_dim"])
+    index = cache.get("index")  # DeepSeek Sparse Attention's indexer keys: counted with the latent rows
+    index_bytes = index["num_layers"] * row_bytes(cache["dtype"], index["row_width"], 0) if index else 0
+    latent += index_bytes
     expanded = m["num_layers"] * m["num_heads"] * (m["qk_nope_head_dim"] + m["qk_rope_head_dim"] + m["v_head_dim"]) * elem
     lines = [
         f"exported {m['model_type']} ({m['num_layers']} layers, {m['num_heads']} heads, vocab {m['vocab_size']}) "
         f"to {result.out_dir} in {result.seconds if wall_seconds is None else wall_seconds:.1f} s (peak RSS {result.peak_rss_mb:.0f} MiB)",
         _weights_line(c["export"]) + f"; cache {cache['dtype']}, block size {cache['block_size']}, "
         f"row width {cache['row_width']}",
-        f"KV cache per token: {_size(latent)} latent vs {_size(expanded)} per-head expanded "
-        f"({expanded / latent:.1f}x smaller)",
+        f"KV cache per token: {_size(latent)} latent"
+        + (f" (of which {_size(index_bytes)} indexer keys)" if index else "")
+        + f" vs {_size(expanded)} per-head expanded ({expanded / latent:.1f}x smaller)",
     ]
     lines += _resident_lines(c["export"], result)
     lines += [f"  {name:<24} {_size(size):>10}" for name, size in result.files.items()]

@@ -50,27 +50,8 @@ struct EvenOddOrder {
 void AmxDecodeRows::begin(const float* q, int64_t m, int64_t w, int64_t r) {
     m_ = m, w_ = w, r_ = r, groups_ = (m + 15) / 16;
     const int64_t ks = w / 32;
-    // Q^T as B tiles: tile (g, s) row p holds, for query row 16g + j, the bf16 pair of inputs
-    // 32s + 2p and 32s + 2p + 1 in its dword j (rows past m zero: they score 0 and are dropped).
-    // Built as a 16 x 16 dword transpose of the rows' bf16 pairs (a tile row per pair).
     qt_.resize(groups_ * ks * 512);
-    for (int64_t g = 0; g < groups_; ++g)
-        for (int64_t s = 0; s < ks; ++s) {
-            __m512 pairs[16];
-            for (int64_t j = 0; j < 16; ++j) {
-                const int64_t i = 16 * g + j;
-                if (i >= m) {
-                    pairs[j] = _mm512_setzero_ps();
-                    continue;
-                }
-                const float* src = q + i * w + 32 * s;
-                const __m512bh h = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + 16), _mm512_loadu_ps(src));
-                std::memcpy(&pairs[j], &h, sizeof h);
-            }
-            transpose16(pairs);
-            uint16_t* tile = qt_.data() + (g * ks + s) * 512;
-            for (int p = 0; p < 16; ++p) _mm512_storeu_ps(tile + 32 * p, pairs[p]);
-        }
+    pack_qt_tiles(q, m, w, qt_.data());  // Q^T's B tiles (bf16_rows.hpp)
     kb_.resize(kRows * w);
     pe_.resize(kGroups * 256);
     po_.resize(kGroups * 256);
@@ -79,36 +60,6 @@ void AmxDecodeRows::begin(const float* q, int64_t m, int64_t w, int64_t r) {
     mx_.assign(groups_ * 16, -std::numeric_limits<float>::infinity());
     l_.assign(groups_ * 16, 0.f);
     _tile_loadconfig(&kConfig);
-}
-
-// Where the tiles of each 16-row group of the chunk read their rows: bf16 rows that lie 16 in a
-// row in one cache block are read where they live (no copy: the paged cache's blocks are
-// row-major, so a block of 16 rows is a tile's rows at the row stride); any other group (f32 or
-// f16 rows, rows split across blocks, the chunk's partial last group) is converted into kb_ as
-// bf16 rows, rows past n zero (the zero probabilities of the last group would otherwise meet
-// whatever the cache holds there, and 0 x NaN is NaN).
-int64_t AmxDecodeRows::place_groups(const void* const* rows, Rows kind, int64_t n, const uint16_t* base[kGroups],
-                                    int64_t stride[kGroups]) {
-    const int64_t w = w_, ng = (n + 15) / 16;
-    const int64_t row_bytes = w * (kind == Rows::f32 ? 4 : 2);
-    for (int64_t g = 0; g < ng; ++g) {
-        const int64_t j0 = 16 * g, valid = std::min<int64_t>(16, n - j0);
-        bool direct = kind == Rows::bf16 && valid == 16;
-        for (int64_t j = 1; direct && j < 16; ++j)
-            direct = static_cast<const char*>(rows[j0 + j]) == static_cast<const char*>(rows[j0]) + j * row_bytes;
-        if (direct) {
-            base[g] = static_cast<const uint16_t*>(rows[j0]);
-            stride[g] = row_bytes;
-            continue;
-        }
-        uint16_t* kb = kb_.data() + j0 * w;
-        for (int64_t j = 0; j < valid; ++j)
-            for (int64_t c = 0; c < w; c += 32) _mm512_storeu_si512(kb + j * w + c, load32_bf16(rows[j0 + j], kind, c));
-        std::memset(kb + valid * w, 0, (16 - valid) * w * sizeof(uint16_t));
-        base[g] = kb;
-        stride[g] = w * 2;
-    }
-    return ng;
 }
 
 // One chunk: S^T = K . Q^T (cache rows as A tiles, Q^T pairs as B), the online softmax with the
@@ -124,7 +75,7 @@ void AmxDecodeRows::chunk(const void* const* rows, Rows kind, int64_t n, float s
     const int64_t w = w_, r = r_, ks = w / 32;
     const uint16_t* base[kGroups];
     int64_t stride[kGroups];
-    const int64_t ng = place_groups(rows, kind, n, base, stride);
+    const int64_t ng = place_row_groups(rows, kind, n, w, kb_.data(), base, stride);  // bf16_rows.hpp
     float* st = st_.data();
     // The next chunk's rows are fetched into L2 across the score products (the rows sit in blocks
     // anywhere in the cache, which the hardware prefetcher cannot follow across).

@@ -44,8 +44,6 @@ public:
 
 private:
     int64_t m_ = 0, w_ = 0, r_ = 0, groups_ = 0;
-    int64_t place_groups(const void* const* rows, Rows kind, int64_t n, const uint16_t* base[kGroups],
-                         int64_t stride[kGroups]);
     LineVector<uint16_t> qt_, kb_;  // tile operands and results: rows on whole cache lines
     LineVector<uint32_t> pe_, po_;
     LineVector<float> st_, ot_;

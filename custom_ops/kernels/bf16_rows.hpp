@@ -71,6 +71,61 @@ inline void transpose16(__m512 r[16]) {
     }
 }
 
+// Q^T as AMX B tiles (attention_amx.hpp explains the layout): tile (g, s) row p holds, for query
+// row 16g + j, the bf16 pair of inputs 32s + 2p and 32s + 2p + 1 in its dword j (rows past m zero:
+// they score 0 and are dropped). A 16 x 16 dword transpose of the rows' bf16 pairs per tile.
+// q [m, w] f32 rows, w % 32 == 0; out holds ceil(m / 16) * (w / 32) tiles of 512 words.
+inline void pack_qt_tiles(const float* q, int64_t m, int64_t w, uint16_t* out) {
+    const int64_t groups = (m + 15) / 16, ks = w / 32;
+    for (int64_t g = 0; g < groups; ++g)
+        for (int64_t s = 0; s < ks; ++s) {
+            __m512 pairs[16];
+            for (int64_t j = 0; j < 16; ++j) {
+                const int64_t i = 16 * g + j;
+                if (i >= m) {
+                    pairs[j] = _mm512_setzero_ps();
+                    continue;
+                }
+                const float* src = q + i * w + 32 * s;
+                const __m512bh h = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + 16), _mm512_loadu_ps(src));
+                std::memcpy(&pairs[j], &h, sizeof h);
+            }
+            transpose16(pairs);
+            uint16_t* tile = out + (g * ks + s) * 512;
+            for (int p = 0; p < 16; ++p) _mm512_storeu_ps(tile + 32 * p, pairs[p]);
+        }
+}
+
+// Where the A tiles of each 16-row group of a chunk of n (<= 64) cache rows of w values read their
+// rows: bf16 rows that lie 16 in a row in one cache block are read where they live (no copy: a
+// paged cache's blocks are row-major, so a block of 16 rows is a tile's rows at the row stride);
+// any other group (f32 or f16 rows, rows split across blocks, the chunk's partial last group) is
+// converted into kb [64, w] as bf16 rows, rows past n zero (a zero weight meeting whatever the
+// cache holds there would still give 0 x NaN = NaN). Returns the number of groups.
+inline int64_t place_row_groups(const void* const* rows, DecodeRowKind kind, int64_t n, int64_t w, uint16_t* kb_all,
+                                const uint16_t* base[4], int64_t stride[4]) {
+    const int64_t ng = (n + 15) / 16;
+    const int64_t row_bytes = w * (kind == DecodeRowKind::f32 ? 4 : 2);
+    for (int64_t g = 0; g < ng; ++g) {
+        const int64_t j0 = 16 * g, valid = n - j0 < 16 ? n - j0 : 16;
+        bool direct = kind == DecodeRowKind::bf16 && valid == 16;
+        for (int64_t j = 1; direct && j < 16; ++j)
+            direct = static_cast<const char*>(rows[j0 + j]) == static_cast<const char*>(rows[j0]) + j * row_bytes;
+        if (direct) {
+            base[g] = static_cast<const uint16_t*>(rows[j0]);
+            stride[g] = row_bytes;
+            continue;
+        }
+        uint16_t* kb = kb_all + j0 * w;
+        for (int64_t j = 0; j < valid; ++j)
+            for (int64_t c = 0; c < w; c += 32) _mm512_storeu_si512(kb + j * w + c, load32_bf16(rows[j0 + j], kind, c));
+        std::memset(kb + valid * w, 0, (16 - valid) * w * sizeof(uint16_t));
+        base[g] = kb;
+        stride[g] = w * 2;
+    }
+    return ng;
+}
+
 // exp(x) for x <= 0, the f32 kernels' (vec_exp.hpp) on one zmm.
 typedef float bf16_rows_vf16 __attribute__((vector_size(64)));
 typedef int32_t bf16_rows_vi16 __attribute__((vector_size(64)));

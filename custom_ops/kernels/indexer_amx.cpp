@@ -20,21 +20,8 @@ bool AmxIndexerScores::fits(int64_t heads, int64_t d) { return heads % 16 == 0 &
 void AmxIndexerScores::begin(const float* q, const float* w, int64_t tokens, int64_t heads, int64_t d) {
     tokens_ = tokens, heads_ = heads, d_ = d, groups_ = tokens * heads / 16;
     const int64_t ks = d / 32;
-    // Q^T as B tiles: tile (g, s) row p holds, for query row 16g + j, the bf16 pair of inputs
-    // 32s + 2p, 32s + 2p + 1 in its dword j (a 16 x 16 dword transpose of the rows' pairs).
     qt_.resize(groups_ * ks * 512);
-    for (int64_t g = 0; g < groups_; ++g)
-        for (int64_t s = 0; s < ks; ++s) {
-            __m512 pairs[16];
-            for (int64_t j = 0; j < 16; ++j) {
-                const float* src = q + (16 * g + j) * d + 32 * s;
-                const __m512bh h = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + 16), _mm512_loadu_ps(src));
-                std::memcpy(&pairs[j], &h, sizeof h);
-            }
-            transpose16(pairs);
-            uint16_t* tile = qt_.data() + (g * ks + s) * 512;
-            for (int p = 0; p < 16; ++p) _mm512_storeu_ps(tile + 32 * p, pairs[p]);
-        }
+    pack_qt_tiles(q, tokens * heads, d, qt_.data());  // Q^T's B tiles (bf16_rows.hpp)
     w_.assign(w, w + tokens * heads);
     kb_.resize(kRows * d);
     st_.resize(4 * 256);
@@ -44,28 +31,9 @@ void AmxIndexerScores::begin(const float* q, const float* w, int64_t tokens, int
 void AmxIndexerScores::chunk(const void* const* rows, DecodeRowKind kind, int64_t n, float* out, int64_t ldo,
                              const void* const* next, int64_t next_n, int64_t next_bytes) {
     const int64_t d = d_, ks = d / 32, ng = (n + 15) / 16;
-    const int64_t row_bytes = d * (kind == DecodeRowKind::f32 ? 4 : 2);
-    // Where each 16-key group's A tiles read: 16 bf16 rows in a row of one block in place, any
-    // other group converted into kb_ (rows past n zero: their scores are computed and dropped).
     const uint16_t* base[4];
-    int stride[4] = {0, 0, 0, 0};
-    for (int64_t g = 0; g < ng; ++g) {
-        const int64_t j0 = 16 * g, valid = std::min<int64_t>(16, n - j0);
-        bool direct = kind == DecodeRowKind::bf16 && valid == 16;
-        for (int64_t j = 1; direct && j < 16; ++j)
-            direct = static_cast<const char*>(rows[j0 + j]) == static_cast<const char*>(rows[j0]) + j * row_bytes;
-        if (direct) {
-            base[g] = static_cast<const uint16_t*>(rows[j0]);
-            stride[g] = static_cast<int>(row_bytes);
-            continue;
-        }
-        uint16_t* kb = kb_.data() + j0 * d;
-        for (int64_t j = 0; j < valid; ++j)
-            for (int64_t c = 0; c < d; c += 32) _mm512_storeu_si512(kb + j * d + c, load32_bf16(rows[j0 + j], kind, c));
-        std::memset(kb + valid * d, 0, (16 - valid) * d * sizeof(uint16_t));
-        base[g] = kb;
-        stride[g] = static_cast<int>(d * 2);
-    }
+    int64_t stride[4] = {0, 0, 0, 0};
+    place_row_groups(rows, kind, n, d, kb_.data(), base, stride);  // bf16_rows.hpp
     float* st = st_.data();
     const int64_t per_token = heads_ / 16;
     // The next chunk's lines, spread over this chunk's head groups.

@@ -193,6 +193,15 @@ def layout_ovms_repo(out_dir, repo, *, name: str | None = None, version: int = 1
             "extension": str(ext_dst), "config": str(config_path), "command": cmd}
 
 
+def _index_note(cache: dict) -> str:
+    """A sparse-attention model's indexer-key caches, for the README's list of inputs."""
+    index = cache.get("index")
+    if not index:
+        return ""
+    return (f", then one indexer-key cache per indexer layer (`index_cache.0` .. `index_cache.{index['num_layers'] - 1}`, "
+            f"`[num_blocks, {cache.get('block_size')}, {index['graph_row_width']}]` {index['graph_dtype']})")
+
+
 def _readme(repo: Path, models: list[str], raw: dict) -> str:
     import openvino  # noqa: F401  (the version the extension was built against)
 
@@ -235,7 +244,7 @@ Docker (the repository mounted at /models):
 OVMS runs the graph one request at a time over its KServe v2 / TFS APIs (REST port, gRPC
 port). The graph's inputs are the step's metadata (`input_ids`, `positions`, `slot_mapping`,
 `query_start_loc`, `seq_lens`, `block_tables`, `logits_indices`) and one KV cache per layer
-(`kv_cache.0` .. `kv_cache.{int(model.get("num_layers", 1)) - 1}`, `[num_blocks, {cache.get("block_size")}, row]`, dtype as in the contract);
+(`kv_cache.0` .. `kv_cache.{int(model.get("num_layers", 1)) - 1}`, `[num_blocks, {cache.get("block_size")}, row]`, dtype as in the contract{_index_note(cache)});
 the output is `logits [B, vocab]`. The ops write the cache *in place* into the request's input
 tensor, which OVMS discards after the call: OVMS keeps no KV cache between requests. A client
 can score a whole prompt in one call (prefill with a zeroed cache gives the next-token logits),

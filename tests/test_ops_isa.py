@@ -57,6 +57,11 @@ def test_forced_table_runs_and_matches_reference(isa):
         "dec(rng, [300, 1], 4, 64, 16, 16);"
         "[t.test_decode(rng, t.ov_ops, kv, [300, 17], 64, 16, 4, 16) for kv in t.NEW];"
         "[t.test_attention_mixed_batch(rng, t.ov_ops, kv, f) for kv in t.NEW for f in ('absorbed', 'expanded')];"
+        # sparse attention: the indexer's f32 scores and attention over each token's selection
+        "import test_ops_sparse as sp;"
+        "[sp.test_indexer_topk_matches_reference(rng, 'openvino', kv, 2) for kv in ('f32', 'int8')];"
+        "[sp.test_sparse_attention_matches_reference(rng, 'openvino', kv, f) for kv in ('f32', 'fp8')"
+        " for f in ('absorbed', 'expanded')];"
         + REPORT
     )
     res = run_child(code, isa)

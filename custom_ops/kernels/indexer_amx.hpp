@@ -31,7 +31,7 @@ public:
 private:
     int64_t tokens_ = 0, heads_ = 0, d_ = 0, groups_ = 0;
     LineVector<uint16_t> qt_, kb_;
-    LineVector<float> st_;
+    LineVector<float> st_, acc_;
     std::vector<float> w_;
 };
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from .families import Block, SparseAttention, family as _family, supported_model_types
+from .families.wrappers import unwrap
 from .json_file import read_json
 
 __all__ = ["ConfigError", "MLAModelConfig", "MoEConfig", "RopeConfig", "SUPPORTED_MODEL_TYPES"]
@@ -146,6 +147,8 @@ class MLAModelConfig:
     mlp_layer_types: tuple[str, ...] = ()  # "dense" or "moe" per layer
     block: dict = field(compare=False, default_factory=Block)  # per-family block facts (families/base.py)
     sparse: SparseAttention | None = None  # DeepSeek Sparse Attention's indexer (families/dsa.py); None: dense
+    # A multimodal checkpoint's text tower: where its weights sit (families/wrappers.py; CheckpointReader)
+    weight_prefixes: tuple | None = field(default=None, compare=False)
 
     @property
     def qk_head_dim(self) -> int:
@@ -204,6 +207,8 @@ class MLAModelConfig:
 
     @classmethod
     def from_dict(cls, raw: dict) -> "MLAModelConfig":
+        outer = raw
+        raw, prefixes = unwrap(raw, ConfigError)  # a multimodal checkpoint's text tower (families/wrappers.py)
         model_type = raw.get("model_type")
         try:
             fam = _family(model_type)
@@ -254,7 +259,7 @@ class MLAModelConfig:
         if len(bos_ids) > 1:
             raise ConfigError(f"config.json: bos_token_id must be one integer, got {d['bos_token_id']!r}")
         return cls(
-            model_type=model_type, num_layers=ints["num_hidden_layers"], hidden_size=ints["hidden_size"],
+            model_type=outer["model_type"], num_layers=ints["num_hidden_layers"], hidden_size=ints["hidden_size"],
             num_heads=ints["num_attention_heads"], vocab_size=ints["vocab_size"], q_lora_rank=q_lora_rank,
             kv_lora_rank=ints["kv_lora_rank"], qk_nope_head_dim=ints["qk_nope_head_dim"],
             qk_rope_head_dim=ints["qk_rope_head_dim"], v_head_dim=ints["v_head_dim"],
@@ -263,7 +268,8 @@ class MLAModelConfig:
             mlp_bias=fam.mlp_bias(d), tie_word_embeddings=bool(d.get("tie_word_embeddings", False)), rope=rope,
             rope_form=fam.rope_form(d), moe=moe, bos_token_id=d.get("bos_token_id"), eos_token_ids=eos_ids,
             raw=raw, family=fam.name, mlp_layer_types=layer_types, block=fam.block(d, ints, ConfigError),
-            sparse=fam.sparse_attention(d, ints, ConfigError))
+            sparse=fam.sparse_attention(d, ints, ConfigError),
+            weight_prefixes=prefixes)
 
 
 def fp8_block_size(quant: dict, error=ValueError) -> tuple[int, int] | None:

@@ -52,6 +52,11 @@ User: Tell me a story. Assistant: Once there was a fox who lived near a river.
 
 def tiny_config(model_type: str = "deepseek_v3", **overrides) -> dict:
     """The tiny preset's config keys (transformers constructor arguments)."""
+    if model_type in MULTIMODAL:  # a text tower (one of ours) beside a tiny vision tower
+        text_type, vision, extra = MULTIMODAL[model_type]
+        text = dict(tiny_config(text_type), model_type=text_type)
+        text.update(overrides.pop("text_config", {}))
+        return dict(text_config=text, vision_config=dict(vision), **extra, **overrides)
     common = dict(
         vocab_size=384, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
         num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32,
@@ -110,6 +115,12 @@ _NOT_KEYS = {"youtu": _MOE_KEYS, "minicpm3": _MOE_KEYS, "glm4_moe_lite": ("first
              "axk1": ("first_k_dense_replace",),
              "longcat_flash": ("n_shared_experts", "num_experts_per_tok", "first_k_dense_replace", "moe_intermediate_size",
                                "num_hidden_layers", "intermediate_size")}
+# multimodal model types: (their text tower's model type, a tiny vision config, other keys)
+MULTIMODAL = {
+    "mistral3": ("mistral4", dict(model_type="pixtral", hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                  num_attention_heads=2, image_size=32, patch_size=16, head_dim=16),
+                 dict(image_token_index=10, spatial_merge_size=1, tie_word_embeddings=False)),
+}
 # model types transformers has no class for: (the class's model_type, what config.json then says)
 SAVED_AS = {"kimi_k2": "deepseek_v3"}
 
@@ -172,7 +183,7 @@ def make_checkpoint(out_dir, model_type: str = "deepseek_v3", seed: int = 0, *, 
         path = out / "config.json"
         path.write_text(json.dumps(dict(json.loads(path.read_text()), model_type=model_type), indent=2) + "\n")
     if tokenizer:
-        _write_tokenizer(out, cfg_dict["vocab_size"])
+        _write_tokenizer(out, cfg_dict.get("vocab_size") or cfg_dict["text_config"]["vocab_size"])
     return out
 
 
@@ -188,6 +199,8 @@ def causal_lm_class(config):
         return MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
     module = importlib.import_module(type(config).__module__.replace(".configuration_", ".modeling_"))
     names = [n for n in dir(module) if n.endswith("ForCausalLM")]
+    if not names:  # a multimodal model (Mistral 3): its generation class takes text-only input too
+        names = [n for n in dir(module) if n.endswith("ForConditionalGeneration")]
     if len(names) != 1:
         raise ValueError(f"no single causal-LM class for {type(config).__name__} (AutoModelForCausalLM: "
                          f"{AutoModelForCausalLM.__name__}; found {names})")
@@ -203,7 +216,7 @@ def make_numpy_checkpoint(out_dir, model_type: str = "deepseek_v3", seed: int = 
     cfg_dict = tiny_config(model_type, **overrides)
     out = write_random_checkpoint(out_dir, model_type, seed, cfg_dict, dtype=dtype)
     if tokenizer:
-        _write_tokenizer(out, cfg_dict["vocab_size"])
+        _write_tokenizer(out, cfg_dict.get("vocab_size") or cfg_dict["text_config"]["vocab_size"])
     return out
 
 

@@ -98,7 +98,7 @@ def drive_and_compare(run, hf, session: PagedSession, prompts: dict, steps: list
         plan = [(s, 1 if n is None else n) for s, n in plan]
         feeds = session.step_feeds(plan)
         logits = run(feeds)
-        assert logits.shape == (len(plan), hf.config.vocab_size) and logits.dtype == np.float32
+        assert logits.shape == (len(plan), hf.config.get_text_config().vocab_size) and logits.dtype == np.float32
         for b, (seq, _) in enumerate(plan):
             done = session.cached[seq]
             expected = hf_last_logits(hf, session.tokens[seq][:done])

@@ -20,7 +20,8 @@ from mla_export.presets import make_checkpoint
 from test_export_models import BLOCK, NUM_BLOCKS, SCHEDULE, _prompts, openvino_runner, portable_runner
 
 TOL = 1e-5
-FAMILIES = ["kimi_k2", "glm4_moe_lite", "sarvam_mla", "youtu", "axk1", "minicpm3", "mistral4", "longcat_flash"]
+FAMILIES = ["kimi_k2", "glm4_moe_lite", "sarvam_mla", "youtu", "axk1", "minicpm3", "mistral4", "longcat_flash",
+            "mistral3"]  # mistral3: Mistral Small 4 as released, a mistral4 text tower beside a vision tower
 BACKENDS = {"openvino-ir": (openvino_runner, "openvino_model.xml"),
             "onnx-in-openvino": (openvino_runner, "model.onnx"),
             "portable-onnxruntime": (portable_runner, "model_portable.onnx")}
@@ -36,7 +37,7 @@ def exported(request, tmp_path_factory):
 
 
 def _runner(backend, out, hf):
-    cfg = hf.config
+    cfg = hf.config.get_text_config()  # a multimodal model's text tower
     maker, file = BACKENDS[backend]
     return maker(out / file, cfg.num_hidden_layers, cfg.kv_lora_rank + cfg.qk_rope_head_dim)[0]
 
@@ -45,7 +46,7 @@ def _runner(backend, out, hf):
 def test_paged_schedule_matches_transformers(exported, backend, rng):
     ckpt, out, hf = exported
     session = PagedSession(BLOCK, NUM_BLOCKS, rng)
-    stats = drive_and_compare(_runner(backend, out, hf), hf, session, _prompts(7, hf.config.vocab_size), SCHEDULE, TOL)
+    stats = drive_and_compare(_runner(backend, out, hf), hf, session, _prompts(7, hf.config.get_text_config().vocab_size), SCHEDULE, TOL)
     assert stats["agree"] == stats["total"], f"greedy tokens differ: {stats}"
 
 
@@ -53,7 +54,7 @@ def test_paged_schedule_matches_transformers(exported, backend, rng):
 def test_32_greedy_tokens(exported, backend, rng):
     ckpt, out, hf = exported
     session = PagedSession(BLOCK, NUM_BLOCKS, rng)
-    prompt = {"a": np.random.default_rng(5).integers(2, hf.config.vocab_size, 9)}
+    prompt = {"a": np.random.default_rng(5).integers(2, hf.config.get_text_config().vocab_size, 9)}
     steps = [[("a", 9)]] + [[("a", None)] for _ in range(32)]
     stats = drive_and_compare(_runner(backend, out, hf), hf, session, prompt, steps, TOL)
     assert stats["agree"] == stats["total"] == 33, f"greedy tokens differ: {stats}"

@@ -155,7 +155,7 @@ def export_model(model_dir, out_dir, *, fmt: str = "openvino", portable: bool = 
     wformat = _weight_format(weight_dtype if weight_dtype is not None else weight_format, group_size, ratio, cfg,
                              all_layers)
     moe_form = _moe_form(moe_form, cfg, wformat)
-    reader = CheckpointReader(model_dir, fp8_block=cfg.fp8_block)
+    reader = CheckpointReader(model_dir, fp8_block=cfg.fp8_block, prefixes=cfg.weight_prefixes)
     # Phase weights in checkpoint bytes (see progress.py): layers, then head + save, then the IR.
     layer_bytes = [reader.nbytes(f"model.layers.{i}.") for i in range(cfg.num_layers)]
     rest_bytes = max(reader.nbytes() - sum(layer_bytes), 0)  # embedding, final norm, lm_head

@@ -131,12 +131,17 @@ def dequantize_fp8_blocks(codes: np.ndarray, scale_inv: np.ndarray, block: tuple
 
 
 class CheckpointReader:
-    def __init__(self, model_dir: str | Path, fp8_block: tuple[int, int] | None = None):
+    def __init__(self, model_dir: str | Path, fp8_block: tuple[int, int] | None = None,
+                 prefixes: tuple | None = None):
         """fp8_block: (rows, cols) of the FP8 weights' scale blocks (config.json's
-        quantization_config.weight_block_size); None refuses FP8 tensors."""
+        quantization_config.weight_block_size); None refuses FP8 tensors. prefixes: a multimodal
+        checkpoint's text tower (MLAModelConfig.weight_prefixes): ((our prefix, (its candidate
+        prefixes, ...)), ...); its tensors are then read under our names and every other tensor
+        (vision tower, projector) is left out."""
         self.model_dir = Path(model_dir)
         self.fp8_block = fp8_block
         self._where: dict[str, Path] = {}
+        self._stored: dict[str, str] = {}  # our name -> the name in the file, where they differ
         self._open: dict[Path, SafetensorsFile] = {}
         index = self.model_dir / "model.safetensors.index.json"
         if index.is_file():
@@ -158,6 +163,28 @@ class CheckpointReader:
             for shard in shards:
                 for name in self._handle(shard).entries:
                     self._where[name] = shard
+        if prefixes:
+            self._rename(prefixes)
+
+    def _rename(self, prefixes) -> None:
+        """Our names for a text tower's tensors (the first candidate prefix the file uses, per
+        prefix); the others are dropped."""
+        where, stored = {}, {}
+        for ours, candidates in prefixes:
+            found = next((c for c in candidates if any(n.startswith(c) for n in self._where)), None)
+            if found is None:
+                continue
+            for name, path in self._where.items():
+                if name.startswith(found):
+                    canonical = ours + name[len(found):]
+                    where[canonical], stored[canonical] = path, name
+        if not any(n.startswith("model.layers.") for n in where):
+            raise WeightError(f"{self.model_dir}: no text-tower layers under any of "
+                              f"{[c for _, cs in prefixes for c in cs]}")
+        self._where, self._stored = where, stored
+
+    def _real(self, name: str) -> str:
+        return self._stored.get(name, name)
 
     def _handle(self, path: Path) -> SafetensorsFile:
         if path not in self._open:
@@ -177,14 +204,14 @@ class CheckpointReader:
         if name not in self._where:
             raise WeightError(f"tensor {name!r} is missing from the checkpoint in {self.model_dir}")
         f = self._handle(self._where[name])
-        if name not in f.entries:
+        if self._real(name) not in f.entries:
             raise WeightError(f"tensor {name!r} is listed in the index but missing from {f.path.name}")
         return f
 
     def get(self, name: str, shape: tuple[int, ...] | None = None) -> np.ndarray:
         """The tensor as a float32 numpy array, checked against `shape` when given."""
         f = self._file(name)
-        dtype, got = f.dtype(name), f.shape(name)
+        dtype, got = f.dtype(self._real(name)), f.shape(self._real(name))
         if dtype not in _FLOAT_DTYPES and not (dtype in _FP8_DTYPES and self.fp8_block):
             if dtype in _FP8_DTYPES:
                 raise WeightError(f"tensor {name!r} holds FP8 codes but config.json has no quantization_config "
@@ -196,7 +223,7 @@ class CheckpointReader:
         if dtype in _FP8_DTYPES:
             arr = dequantize_fp8_blocks(*self._fp8_parts(name, f, got), self.fp8_block, name)
         else:
-            arr = f.array(name).astype(np.float32, copy=False)
+            arr = f.array(self._real(name)).astype(np.float32, copy=False)
         if not np.isfinite(arr).all():
             raise WeightError(f"tensor {name!r} holds NaN or Inf values")
         return arr
@@ -207,9 +234,9 @@ class CheckpointReader:
         if len(got) != 2 or not self.has(scale_name):
             raise WeightError(f"FP8 tensor {name!r} needs a 2-D shape and its {scale_name!r} (got shape {list(got)})")
         sf = self._file(scale_name)
-        if sf.dtype(scale_name) not in _FLOAT_DTYPES:
-            raise WeightError(f"tensor {scale_name!r} must be float, got {sf.dtype(scale_name)}")
-        return f.array(name), _fp8_scales(sf.array(scale_name), got, self.fp8_block, name)
+        if sf.dtype(self._real(scale_name)) not in _FLOAT_DTYPES:
+            raise WeightError(f"tensor {scale_name!r} must be float, got {sf.dtype(self._real(scale_name))}")
+        return f.array(self._real(name)), _fp8_scales(sf.array(self._real(scale_name)), got, self.fp8_block, name)
 
     def fp8_rows(self, name: str, shape: tuple[int, int], rows: np.ndarray | None = None
                  ) -> tuple[np.ndarray, np.ndarray] | None:
@@ -217,15 +244,16 @@ class CheckpointReader:
         [R, C], f32 scales [R, C / block_cols], each row given its block row's scales), rows
         reordered by `rows` when given; None when `name` is not an FP8 tensor or its block width is
         not a multiple of 32 dividing C (then the caller quantizes the dequantised values)."""
-        if not self.fp8_block or not self.has(name) or self._file(name).dtype(name) not in _FP8_DTYPES:
+        if not self.fp8_block or not self.has(name) or self._file(name).dtype(self._real(name)) not in _FP8_DTYPES:
             return None
         br, bc = self.fp8_block
         if shape[1] % bc or bc % 32:
             return None
         f = self._file(name)
-        if f.shape(name) != tuple(shape):
-            raise WeightError(f"tensor {name!r} has shape {list(f.shape(name))}, expected {list(shape)} from config.json")
-        codes, scale = self._fp8_parts(name, f, f.shape(name))
+        got = f.shape(self._real(name))
+        if got != tuple(shape):
+            raise WeightError(f"tensor {name!r} has shape {list(got)}, expected {list(shape)} from config.json")
+        codes, scale = self._fp8_parts(name, f, got)
         if ((codes.view(np.uint8) & 0x7F) == 0x7F).any():  # e4m3fn's NaN codes, what get's finite check refuses
             raise WeightError(f"tensor {name!r} holds NaN or Inf values")
         scales = np.repeat(scale, br, axis=0)[:shape[0]]
@@ -247,5 +275,5 @@ class CheckpointReader:
         """(name, shape, stored bytes) of every tensor whose name starts with `prefix`."""
         for name in self._where:
             if name.startswith(prefix):
-                _, shape, begin, end = self._file(name).entries[name]
+                _, shape, begin, end = self._file(name).entries[self._real(name)]
                 yield name, shape, end - begin

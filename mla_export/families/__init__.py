@@ -21,7 +21,9 @@ for _module in (deepseek, youtu, axk1, minicpm3, mistral4, longcat_flash, dsa):
 
 
 def supported_model_types() -> tuple[str, ...]:
-    return tuple(FAMILIES)
+    from .wrappers import WRAPPERS  # multimodal checkpoints whose text tower is read
+
+    return tuple(FAMILIES) + tuple(WRAPPERS)
 
 
 def family(model_type) -> Family:

@@ -17,8 +17,6 @@ UNSUPPORTED = {
     "mistral_large4": "a multimodal model (Pixtral vision + Mistral Large 4 text); only text-only checkpoints "
                       "are exported",
     "mistral_large4_text": "Mistral Large 4's text tower uses DeepSeek Sparse Attention, not yet run here",
-    "mistral3": "a multimodal checkpoint (Mistral Small 4 ships so, with a mistral4 text_config); its text tower "
-                "is not read out of it yet",
     "dots3_note": "a multimodal model (vision and audio encoders); only text-only checkpoints are exported",
     "dots3_note_text": "dots3's text tower is not built yet",
 }

@@ -57,7 +57,6 @@ def test_rows_use_their_own_params_and_generators():
         (dict(temperature=float("nan")), "temperature"),
         (dict(top_p=0.0), "top_p"),
         (dict(top_p=1.5), "top_p"),
-        (dict(top_k=0), "top_k"),
         (dict(top_k=-2), "top_k"),
         (dict(seed="x"), "seed"),
         (dict(stop_token_ids=[-1]), "stop_token_ids"),

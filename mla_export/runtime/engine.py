@@ -9,6 +9,7 @@ tokens are all in the cache now (a prefill chunk that does not finish its prompt
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +23,7 @@ from .detokenizer import IncrementalDetokenizer
 from .kv_cache import KVCacheManager
 from .model_dir import ModelFacts, load_model_dir
 from .request import Request
-from .sampling import Sampler, SamplingParams
+from .sampling import Sampler, SamplingParams, token_logprobs
 from .scheduler import Scheduler
 
 __all__ = ["LLMEngine", "SamplingParams", "RequestOutput", "RequestMetrics", "RUNTIMES"]
@@ -57,6 +58,10 @@ class RequestOutput:
     metrics: RequestMetrics = field(repr=False)
     new_text: str | None = None  # text added by this step (held back inside a UTF-8 character)
     error: str | None = None  # why the request failed (finish_reason "error"); the engine goes on
+    # With SamplingParams.logprobs: per token of `token_ids`, {token id: Logprob} of the sampled
+    # token and the top ones (vLLM's SampleLogprobs), and the sum of the sampled ones so far.
+    logprobs: list | None = None
+    cumulative_logprob: float | None = None
 
 
 class LLMEngine:
@@ -199,11 +204,14 @@ class LLMEngine:
         # Every row (decode's usual case): the logits as they are, no copy of [B, vocab] floats.
         picked = logits if len(rows) == logits.shape[0] else logits[rows]
         sampled = self.sampler.sample(
-            picked, [reqs[i].params for i in rows], [reqs[i].generator for i in rows]
+            picked, [reqs[i].params for i in rows], [reqs[i].generator for i in rows],
+            [(reqs[i].prompt_token_ids, reqs[i].output_token_ids) for i in rows], self.facts.eos_token_ids,
         )
         now = time.time()
-        for i, token in zip(rows, sampled.tolist()):
+        for j, (i, token) in enumerate(zip(rows, sampled.tolist())):
             req = reqs[i]
+            if req.params.logprobs is not None:
+                self._record_logprobs(req, picked[j], token)
             req.append_output(token)
             self._generated_tokens += 1
             if req.first_token_time is None:
@@ -221,6 +229,16 @@ class LLMEngine:
                 continue
             outputs.append(self._output(req, [token], new_text))
         return outputs
+
+    def _record_logprobs(self, req: Request, row: np.ndarray, token: int) -> None:
+        own, entries = token_logprobs(row, token, req.params.logprobs)
+        if self.tokenizer is not None:
+            entries = {t: dataclasses.replace(lp, decoded_token=self.tokenizer.decode([t], skip_special_tokens=False))
+                       for t, lp in entries.items()}
+        if req.logprobs is None:
+            req.logprobs = []
+        req.logprobs.append(entries)
+        req.cumulative_logprob += own
 
     def _run_graph(self, reqs, starts, counts) -> np.ndarray:
         return self.backend.execute(
@@ -272,6 +290,10 @@ class LLMEngine:
     def _output(self, req: Request, new_token_ids: list[int], new_text: str | None) -> RequestOutput:
         # No step re-decodes the whole output: the text grows by the detokenizer's deltas and
         # is decoded in full once, when the request finishes (`final_text`).
+        logprobs = None
+        if req.logprobs is not None:
+            logprobs = req.logprobs[len(req.logprobs) - len(new_token_ids):] if req.params.output_kind == "delta" \
+                else list(req.logprobs)
         if req.params.output_kind == "delta":
             prompt, token_ids, text = req.prompt_token_ids, list(new_token_ids), new_text
         else:
@@ -292,6 +314,8 @@ class LLMEngine:
                 req.num_computed_prompt_tokens, req.num_cached_prompt_tokens,
             ),
             new_text=new_text,
+            logprobs=logprobs,
+            cumulative_logprob=req.cumulative_logprob if req.params.logprobs is not None else None,
         )
 
     def _encode(self, prompt) -> list[int]:

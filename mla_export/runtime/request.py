@@ -41,6 +41,8 @@ class Request:
     num_preemptions: int = 0
     detokenizer: Any = None  # IncrementalDetokenizer when the model has a tokenizer
     final_text: str | None = None  # the full decode, set when the request finishes
+    logprobs: list | None = None  # per output token {token id: Logprob} (params.logprobs set)
+    cumulative_logprob: float = 0.0  # sum of the sampled tokens' log-probabilities
 
     def __post_init__(self):
         self.all_token_ids = list(self.prompt_token_ids)

@@ -1,10 +1,15 @@
-"""Sampling parameters and the sampler: greedy, temperature, top-k, top-p, per-request seeds (numpy only).
+"""Sampling parameters and the sampler (numpy only): vLLM's SamplingParams fields and order.
 
-Order of the transforms (as vLLM and transformers apply them): logits / temperature, then
-top-k, then top-p on the resulting distribution, then one draw from the request's own
-`numpy.random.Generator`. A seeded request therefore draws the same tokens whatever else is
-in the batch, and after a preemption (its generator is not rewound: tokens already drawn are
-kept, not redrawn).
+The logits of a row are first processed (vLLM's logits processors, in its order): `logit_bias`
+added, `allowed_token_ids` kept, eos / stop tokens masked until `min_tokens`, then the penalties:
+repetition (tokens of the prompt and the output: positive logits divided by it, negative ones
+multiplied), frequency (times each token's count in the output) and presence (once per token in
+the output) subtracted. Greedy takes the first maximum of the processed row; sampling divides by
+the temperature, drops tokens under `min_p` times the most likely one's probability, keeps top-k,
+then top-p, and draws once from the request's own `numpy.random.Generator`. A seeded request
+therefore draws the same tokens whatever else is in the batch, and after a preemption (its
+generator is not rewound: tokens already drawn are kept, not redrawn). `logprobs` are vLLM's
+default "raw" ones: the log-softmax of the model's logits before any processing.
 """
 
 from __future__ import annotations
@@ -16,9 +21,10 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["SamplingParams", "Sampler", "OUTPUT_KINDS"]
+__all__ = ["SamplingParams", "Sampler", "OUTPUT_KINDS", "Logprob", "token_logprobs"]
 
 OUTPUT_KINDS = ("cumulative", "delta", "final_only")
+MAX_LOGPROBS = 20  # top log-probabilities per token (OpenAI's limit)
 
 
 @dataclass(frozen=True)
@@ -32,11 +38,19 @@ class SamplingParams:
     max_tokens: int = 16
     temperature: float = 1.0
     top_p: float = 1.0
-    top_k: int = -1
+    top_k: int = -1  # -1 or 0 (vLLM's newer spelling): off
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     output_kind: str = "cumulative"
+    presence_penalty: float = 0.0  # [-2, 2]
+    frequency_penalty: float = 0.0  # [-2, 2]
+    repetition_penalty: float = 1.0  # > 0; 1 = off
+    min_p: float = 0.0  # [0, 1]
+    min_tokens: int = 0  # eos and stop_token_ids masked until this many tokens are out
+    logit_bias: dict | None = None  # token id -> added to its logit ([-100, 100])
+    allowed_token_ids: tuple[int, ...] | None = None  # only these may be generated
+    logprobs: int | None = None  # log-probabilities of the sampled token and of this many top ones
 
     def __post_init__(self):
         def is_int(v):
@@ -51,8 +65,8 @@ class SamplingParams:
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
         if not is_real(self.top_p) or not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if not is_int(self.top_k) or not (self.top_k == -1 or self.top_k >= 1):
-            raise ValueError(f"top_k must be -1 (disabled) or an integer >= 1, got {self.top_k!r}")
+        if not is_int(self.top_k) or not (self.top_k in (-1, 0) or self.top_k >= 1):
+            raise ValueError(f"top_k must be -1 or 0 (disabled) or an integer >= 1, got {self.top_k!r}")
         if self.seed is not None and not is_int(self.seed):
             raise ValueError(f"seed must be an integer or None, got {self.seed!r}")
         if isinstance(self.stop_token_ids, (str, bytes)) or not all(
@@ -64,6 +78,46 @@ class SamplingParams:
         if self.output_kind not in OUTPUT_KINDS:
             raise ValueError(f"output_kind must be one of {', '.join(OUTPUT_KINDS)}, got {self.output_kind!r}")
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if not is_real(v) or not -2 <= v <= 2:
+                raise ValueError(f"{name} must be in [-2, 2], got {v!r}")
+        if not is_real(self.repetition_penalty) or self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be a number > 0, got {self.repetition_penalty!r}")
+        if not is_real(self.min_p) or not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}")
+        if not is_int(self.min_tokens) or self.min_tokens < 0:
+            raise ValueError(f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
+        if self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict):
+                raise ValueError(f"logit_bias must be a dict of token id -> bias, got {type(self.logit_bias).__name__}")
+            bias = {}
+            for k, v in self.logit_bias.items():
+                key = int(k) if isinstance(k, str) and k.lstrip("-").isdigit() else k  # JSON object keys are strings
+                if not is_int(key) or key < 0:
+                    raise ValueError(f"logit_bias keys must be token ids (integers >= 0), got {k!r}")
+                if not is_real(v) or not -100 <= v <= 100:
+                    raise ValueError(f"logit_bias values must be numbers in [-100, 100], got {v!r} for token {k}")
+                bias[int(key)] = float(v)
+            object.__setattr__(self, "logit_bias", bias or None)
+        if self.allowed_token_ids is not None:
+            ids = self.allowed_token_ids
+            if isinstance(ids, (str, bytes)) or not ids or not all(is_int(t) and t >= 0 for t in ids):
+                raise ValueError(f"allowed_token_ids must be a non-empty list of token ids, got {ids!r}")
+            object.__setattr__(self, "allowed_token_ids", tuple(int(t) for t in ids))
+        if self.logprobs is not None and (not is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
+            raise ValueError(f"logprobs must be an integer in [0, {MAX_LOGPROBS}] (top tokens besides the "
+                             f"sampled one), got {self.logprobs!r}")
+        if self.top_k == 0:  # vLLM's newer default spelling of "off"
+            object.__setattr__(self, "top_k", -1)
+
+    @property
+    def processes_logits(self) -> bool:
+        """Whether the row is changed before greedy / sampling (penalties, bias, masks)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1
+                    or self.logit_bias or self.allowed_token_ids is not None or self.min_tokens)
 
     @property
     def greedy(self) -> bool:
@@ -74,11 +128,39 @@ class SamplingParams:
         return np.random.default_rng(self.seed)
 
 
+@dataclass(frozen=True)
+class Logprob:
+    """vLLM's Logprob: a token's log-probability, its rank (1 = most likely) and its text."""
+
+    logprob: float
+    rank: int
+    decoded_token: str | None = None
+
+
+def token_logprobs(row: np.ndarray, token: int, k: int) -> tuple[float, dict[int, Logprob]]:
+    """(the sampled token's log-probability, {token id: Logprob} of it and the k most likely) from
+    one row of raw logits (log-softmax in float64)."""
+    x = row.astype(np.float64)
+    m = x.max()
+    lse = m + np.log(np.exp(x - m).sum())
+    own = float(x[token] - lse)
+    out = {int(token): Logprob(own, int((x > x[token]).sum()) + 1)}
+    if k:
+        top = np.argpartition(-x, k - 1)[:k] if k < x.shape[0] else np.arange(x.shape[0])
+        top = top[np.argsort(-x[top], kind="stable")]
+        for rank, t in enumerate(top.tolist(), 1):
+            out.setdefault(int(t), Logprob(float(x[t] - lse), rank))
+    return own, out
+
+
 class Sampler:
     def sample(
-        self, logits: np.ndarray, params: Sequence[SamplingParams], generators: Sequence[np.random.Generator]
+        self, logits: np.ndarray, params: Sequence[SamplingParams], generators: Sequence[np.random.Generator],
+        histories: Sequence[tuple[Sequence[int], Sequence[int]]] | None = None, eos_token_ids: Sequence[int] = (),
     ) -> np.ndarray:
-        """One token id per row of logits [B, vocab]; row b uses params[b] and generators[b]."""
+        """One token id per row of logits [B, vocab]; row b uses params[b] and generators[b].
+        histories[b]: (prompt token ids, output token ids) of row b's request, needed by the
+        penalties and min_tokens (processes_logits); eos_token_ids: what min_tokens holds back."""
         if logits.ndim != 2 or logits.shape[0] != len(params) or len(params) != len(generators):
             raise ValueError(f"logits {logits.shape} must have one row per request ({len(params)})")
         # First maximum on ties, as torch.argmax and transformers' greedy search pick. Every row's
@@ -86,15 +168,53 @@ class Sampler:
         # the other rows then draw their token.
         tokens = np.argmax(logits, axis=-1).astype(np.int64, copy=False)
         for b, p in enumerate(params):
+            row = logits[b]
+            if p.processes_logits:
+                if histories is None:
+                    raise ValueError("penalties, logit_bias, allowed_token_ids and min_tokens need the requests' "
+                                     "token histories")
+                row = self.process(row, p, *histories[b], eos_token_ids)
+                if p.greedy:
+                    tokens[b] = int(np.argmax(row))
             if not p.greedy:
-                tokens[b] = self._sample_row(logits[b], p, generators[b])
+                tokens[b] = self._sample_row(row, p, generators[b])
         return tokens
+
+    @staticmethod
+    def process(row: np.ndarray, p: SamplingParams, prompt: Sequence[int], output: Sequence[int],
+                eos_token_ids: Sequence[int] = ()) -> np.ndarray:
+        """The row after vLLM's logits processors (a float32 copy; the module docstring has the order)."""
+        x = row.astype(np.float32, copy=True)
+        vocab = x.shape[0]
+        if p.logit_bias:
+            ids = np.fromiter(p.logit_bias, np.int64)
+            keep = ids < vocab
+            x[ids[keep]] += np.fromiter(p.logit_bias.values(), np.float32)[keep]
+        if p.allowed_token_ids is not None:
+            mask = np.full(vocab, -np.inf, np.float32)
+            ids = np.asarray([t for t in p.allowed_token_ids if t < vocab], np.int64)
+            mask[ids] = 0.0
+            x += mask
+        if len(output) < p.min_tokens:
+            held = [t for t in (*eos_token_ids, *p.stop_token_ids) if t < vocab]
+            x[held] = -np.inf
+        if p.repetition_penalty != 1:
+            seen = np.unique(np.concatenate([np.asarray(prompt, np.int64), np.asarray(output, np.int64)]))
+            v = x[seen]
+            x[seen] = np.where(v > 0, v / p.repetition_penalty, v * p.repetition_penalty)
+        if (p.frequency_penalty or p.presence_penalty) and len(output):
+            counts = np.bincount(np.asarray(output, np.int64), minlength=vocab)[:vocab].astype(np.float32)
+            x -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0)
+        return x
 
     @staticmethod
     def probabilities(row: np.ndarray, p: SamplingParams) -> np.ndarray:
         """The distribution a non-greedy request draws from: temperature, top-k, top-p, renormalised."""
         x = row.astype(np.float64) / p.temperature
         vocab = x.shape[0]
+        if p.min_p > 0:  # vLLM V1: after the temperature, before top-k / top-p
+            probs = np.exp(x - x.max())
+            x = np.where(probs < p.min_p * probs.max(), -np.inf, x)
         if 0 < p.top_k < vocab:
             kth = np.partition(x, vocab - p.top_k)[vocab - p.top_k]
             x = np.where(x < kth, -np.inf, x)  # ties with the k-th value stay, as in vLLM

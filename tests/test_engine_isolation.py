@@ -79,8 +79,8 @@ def llm(out_dir):
     lambda: [np.array([5, 6, 7]), [5, 6, 7]],
 ])
 def test_numpy_prompts(llm, make):
-    outs = llm.generate(make(), max_tokens=2)
-    ref = llm.generate([5, 6, 7], max_tokens=2)[0]
+    outs = llm.generate(make(), max_tokens=2, temperature=0.0)
+    ref = llm.generate([5, 6, 7], max_tokens=2, temperature=0.0)[0]
     assert all(o.token_ids == ref.token_ids and o.prompt_token_ids == [5, 6, 7] for o in outs)
 
 
@@ -89,4 +89,4 @@ def test_numpy_prompts(llm, make):
 ])
 def test_bad_numpy_prompts_are_clear(llm, bad, match):
     with pytest.raises(ValueError, match=match):
-        llm.generate(bad, max_tokens=2)
+        llm.generate(bad, max_tokens=2, temperature=0.0)

@@ -36,7 +36,7 @@ def test_given_max_model_len_is_checked(out_dir):
 
 def test_llm_honours_max_model_len(out_dir):
     llm = LLM(out_dir, precision="f32", max_model_len=8)
-    out = llm.generate([1, 2, 3], max_tokens=100, ignore_eos=True)[0]
+    out = llm.generate([1, 2, 3], max_tokens=100, ignore_eos=True, temperature=0.0)[0]
     assert out.finish_reason == "length" and len(out.token_ids) == 5
 
 

@@ -165,8 +165,8 @@ def test_llm_runtime_onnxruntime_equals_openvino(exports):
 
     _, out = exports.model("deepseek_v3", "bf16", BLOCK_SIZE, "both", portable=True)
     prompts = _prompts(load_model_dir(out)[1].vocab_size, lengths=(4, 11, 6), seed=5)
-    ov = LLM(out, runtime="openvino", precision="f32", num_blocks=32).generate(prompts, max_tokens=MAX_TOKENS)
+    ov = LLM(out, runtime="openvino", precision="f32", num_blocks=32).generate(prompts, max_tokens=MAX_TOKENS, temperature=0.0)
     ort_llm = LLM(out, runtime="onnxruntime", num_blocks=32)
-    ort = ort_llm.generate(prompts, max_tokens=MAX_TOKENS)
+    ort = ort_llm.generate(prompts, max_tokens=MAX_TOKENS, temperature=0.0)
     assert [o.token_ids for o in ort] == [o.token_ids for o in ov]
     assert "custom-op library" in ort_llm.engine.executor.describe()

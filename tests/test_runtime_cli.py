@@ -20,7 +20,7 @@ def out_dir(exports):
 def test_generate_json_matches_llm_generate(out_dir, capsys):
     from mla_export import LLM
 
-    expected = LLM(out_dir, precision="f32").generate([[5, 6, 7, 8]], max_tokens=5)[0]
+    expected = LLM(out_dir, precision="f32").generate([[5, 6, 7, 8]], max_tokens=5, temperature=0.0)[0]
     assert main(["generate", str(out_dir), "--prompt-ids", "5,6,7,8", "--max-tokens", "5", "--json",
                  "--precision", "f32", "--threads", "1"]) == 0
     report = json.loads(capsys.readouterr().out)
@@ -35,7 +35,7 @@ def test_generate_json_matches_llm_generate(out_dir, capsys):
 def test_generate_text_prompt_prints_the_continuation(out_dir, capsys):
     from mla_export import LLM
 
-    expected = LLM(out_dir, precision="f32").generate("The quick brown fox", max_tokens=6)[0]
+    expected = LLM(out_dir, precision="f32").generate("The quick brown fox", max_tokens=6, temperature=0.0)[0]
     assert expected.prompt_token_ids[0] == 0  # the tokenizer adds BOS
     assert main(["generate", str(out_dir), "--prompt", "The quick brown fox", "--max-tokens", "6",
                  "--precision", "f32"]) == 0
@@ -57,7 +57,7 @@ def test_bf16_cache_is_written_in_place_and_generates(exports):
 
     _, bf16_dir = exports.model("deepseek_v3", "bf16", 4)
     llm = LLM(bf16_dir, precision="bf16", num_blocks=16)
-    outs = llm.generate([[5, 6, 7, 8, 9, 10], [11, 12]], max_tokens=6, ignore_eos=True)
+    outs = llm.generate([[5, 6, 7, 8, 9, 10], [11, 12]], max_tokens=6, ignore_eos=True, temperature=0.0)
     assert [len(o.token_ids) for o in outs] == [6, 6]
     assert llm.engine.backend.kv_caches[0].dtype.name == "bfloat16"
     assert llm.engine.stats()["kv_blocks_used"] == 0
@@ -68,7 +68,7 @@ def test_runtime_path_never_imports_torch(out_dir):
         import sys
         from mla_export import LLM
         from mla_export.cli import main
-        outs = LLM({str(out_dir)!r}, precision="f32").generate([[5, 6, 7]], max_tokens=3, ignore_eos=True)
+        outs = LLM({str(out_dir)!r}, precision="f32").generate([[5, 6, 7]], max_tokens=3, ignore_eos=True, temperature=0.0)
         assert len(outs[0].token_ids) == 3
         assert main(["generate", {str(out_dir)!r}, "--prompt-ids", "5,6,7", "--max-tokens", "2"]) == 0
         leaked = sorted(m for m in ("torch", "transformers", "onnx") if m in sys.modules)

@@ -94,7 +94,7 @@ def test_bad_prompts_and_params(engine, out_dir):
     with pytest.raises(ValueError, match="temperature"):
         llm.generate([[1, 2]], temperature=-1.0)
     with pytest.raises(ValueError, match="top_k"):
-        llm.generate([[1, 2]], top_k=0)
+        llm.generate([[1, 2]], top_k=-2)
     with pytest.raises(ValueError, match="2 sampling params for 1 prompts"):
         llm.generate([[1, 2]], sampling_params=[SamplingParams(), SamplingParams()])
     assert engine.stats()["kv_blocks_used"] == 0 and not engine.has_unfinished_requests()

@@ -14,7 +14,7 @@ Imports only openvino, numpy, ml_dtypes and tokenizers (never torch). The pieces
 
 from .backend import MLABackend
 from .engine import LLMEngine, RequestMetrics, RequestOutput
-from .llm import LLM, CompletionOutput
+from .llm import LLM, CompletionOutput, RequestOutput as GenerateOutput
 from .metadata import MLAMetadata, MLAMetadataBuilder
 from .sampling import SamplingParams
 
@@ -28,4 +28,5 @@ __all__ = [
     "SamplingParams",
     "LLM",
     "CompletionOutput",
+    "GenerateOutput",
 ]

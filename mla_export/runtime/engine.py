@@ -62,6 +62,7 @@ class RequestOutput:
     # token and the top ones (vLLM's SampleLogprobs), and the sum of the sampled ones so far.
     logprobs: list | None = None
     cumulative_logprob: float | None = None
+    stop_reason: int | str | None = None  # the stop token id or stop string that ended it (None: eos, length)
 
 
 class LLMEngine:
@@ -146,6 +147,11 @@ class LLMEngine:
             raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in use")
+        if params.n != 1:
+            raise ValueError(f"n={params.n}: the engine runs one completion per request; submit n requests "
+                             "(LLM.generate and the server do)")
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer; this model directory has none (use stop_token_ids)")
         token_ids = self._encode(prompt)
         if len(token_ids) > self.max_model_len:
             raise ValueError(f"the prompt has {len(token_ids)} tokens, more than the model's context ({self.max_model_len})")
@@ -218,12 +224,23 @@ class LLMEngine:
                 req.first_token_time = now
             new_text = req.detokenizer.step(token) if req.detokenizer is not None else None
             reason = self._stop_reason(req, token)
+            if req.params.stop and new_text is not None:
+                new_text, hit = self._match_stop_strings(req, new_text, final=reason is not None)
+                if hit is not None:
+                    reason, req.stop_reason = "stop", hit
             if reason is not None:
                 self.scheduler.finish(req, reason)
                 req.finished_time = now
                 del self._requests[req.request_id]
                 if req.detokenizer is not None:
                     rest, req.final_text = req.detokenizer.finish(req.output_token_ids)
+                    if req.params.stop:  # the text is what was emitted, cut at a stop string
+                        if req.stop_reason is None or isinstance(req.stop_reason, int):
+                            rest = req.pending_text + rest
+                            req.emitted_text.append(rest)
+                        else:
+                            rest = ""
+                        req.final_text = "".join(req.emitted_text)
                     new_text += rest
             if req.params.output_kind == "final_only" and reason is None:
                 continue
@@ -279,9 +296,41 @@ class LLMEngine:
         return [self._fail(req, f"the request cannot be scheduled: it needs more cache blocks than the "
                                 f"{kv.num_free_blocks} of {kv.num_blocks} free")]
 
+    @staticmethod
+    def _match_stop_strings(req: Request, new_text: str, final: bool) -> tuple[str, str | None]:
+        """(the text to emit now, the stop string that ends the output or None). Text that may
+        still grow into a stop string is held back (emitted text is never taken back); only the
+        held text and this step's are searched, so a step costs O(its text + the longest stop)."""
+        p = req.params
+        buf = req.pending_text + new_text
+        hit = None
+        for s in p.stop:
+            i = buf.find(s)
+            if i >= 0 and (hit is None or i < hit[0]):
+                hit = (i, s)
+        if hit is not None:
+            i, s = hit
+            emit = buf[:i + (len(s) if p.include_stop_str_in_output else 0)]
+            req.pending_text = ""
+            req.emitted_text.append(emit)
+            return emit, s
+        hold = 0
+        if not final:
+            for s in p.stop:
+                for k in range(min(len(s) - 1, len(buf)), hold, -1):
+                    if buf.endswith(s[:k]):
+                        hold = k
+                        break
+        emit, req.pending_text = buf[:len(buf) - hold], buf[len(buf) - hold:]
+        req.emitted_text.append(emit)
+        return emit, None
+
     def _stop_reason(self, req: Request, token: int) -> str | None:
         p = req.params
-        if (not p.ignore_eos and token in self.facts.eos_token_ids) or token in p.stop_token_ids:
+        if not p.ignore_eos and token in self.facts.eos_token_ids:
+            return "stop"
+        if token in p.stop_token_ids:
+            req.stop_reason = token
             return "stop"
         if len(req.output_token_ids) >= p.max_tokens or req.num_tokens >= self.max_model_len:
             return "length"
@@ -300,7 +349,12 @@ class LLMEngine:
             prompt, token_ids = list(req.prompt_token_ids), list(req.output_token_ids)
             text = None
             if req.detokenizer is not None:
-                text = req.final_text if req.final_text is not None else req.detokenizer.text
+                if req.final_text is not None:
+                    text = req.final_text
+                elif req.params.stop:
+                    text = "".join(req.emitted_text)
+                else:
+                    text = req.detokenizer.text
         return RequestOutput(
             request_id=req.request_id,
             prompt_token_ids=prompt,
@@ -316,6 +370,7 @@ class LLMEngine:
             new_text=new_text,
             logprobs=logprobs,
             cumulative_logprob=req.cumulative_logprob if req.params.logprobs is not None else None,
+            stop_reason=req.stop_reason,
         )
 
     def _encode(self, prompt) -> list[int]:

@@ -1,10 +1,22 @@
-"""`LLM`: offline batch generation over an `LLMEngine` (vLLM's `LLM.generate` shape)."""
+"""`LLM`: offline batch generation over an `LLMEngine`, in vLLM's shape.
+
+    from mla_export import LLM, SamplingParams          # vLLM: from vllm import LLM, SamplingParams
+    llm = LLM(model="out/tiny")                         # an `mla-export export` directory
+    outputs = llm.generate(["Hello, my name is"], SamplingParams(temperature=0.8, top_p=0.95))
+    outputs[0].prompt, outputs[0].outputs[0].text
+
+`generate` returns one `RequestOutput` per prompt with `n` `CompletionOutput`s (vLLM's
+vllm.outputs classes and fields). Without sampling params it uses the model's defaults: vLLM's
+`generation_config="auto"` rule (temperature, top_p, top_k, min_p, repetition_penalty and
+max_new_tokens of the export's generation_config.json over SamplingParams()'s defaults).
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
@@ -13,31 +25,111 @@ import numpy as np
 from .engine import LLMEngine
 from .sampling import SamplingParams
 
-__all__ = ["LLM", "CompletionOutput"]
+__all__ = ["LLM", "CompletionOutput", "RequestOutput"]
+
+# LLM(...) arguments of vLLM's and the engine option each one is (None: accepted, nothing to set).
+_VLLM_ARGS = {"model": None, "tokenizer": None, "dtype": None, "max_model_len": "max_model_len",
+              "max_num_seqs": "max_num_seqs", "max_num_batched_tokens": "max_num_batched_tokens",
+              "enable_prefix_caching": "enable_prefix_caching", "trust_remote_code": None, "seed": None,
+              "tensor_parallel_size": None, "generation_config": None}
+_DTYPES = {"auto": "bf16", "bfloat16": "bf16", "bf16": "bf16", "float32": "f32", "float": "f32", "f32": "f32"}
+# generation_config.json keys applied as sampling defaults (vLLM's list) and their SamplingParams names
+_GENERATION_DEFAULTS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
+                        "repetition_penalty": "repetition_penalty", "max_new_tokens": "max_tokens"}
 
 
 @dataclass
 class CompletionOutput:
-    prompt_token_ids: list[int]
-    token_ids: list[int]
+    """One completion of a prompt (vLLM's vllm.outputs.CompletionOutput)."""
+
+    index: int
     text: str | None
-    finish_reason: str | None
+    token_ids: list[int]
+    cumulative_logprob: float | None
+    logprobs: list | None  # per token {token id: Logprob}, with SamplingParams.logprobs
+    finish_reason: str | None  # "stop" | "length" | "abort"
+    stop_reason: int | str | None = None  # the stop token id or stop string (None: eos or length)
+
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestOutput:
+    """All completions of one prompt (vLLM's vllm.outputs.RequestOutput)."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool = True
+    prompt_logprobs: None = None
+    metrics: object = field(default=None, repr=False)
+
+    # The first completion's fields, for code written against this package's earlier flat outputs.
+    @property
+    def token_ids(self) -> list[int]:
+        return self.outputs[0].token_ids
+
+    @property
+    def text(self) -> str | None:
+        return self.outputs[0].text
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.outputs[0].finish_reason
 
 
 class LLM:
-    def __init__(self, out_dir: str | Path | None = None, *, engine: LLMEngine | None = None, **engine_kwargs):
-        """`LLM(out_dir, **engine_kwargs)` builds its engine; `LLM(engine=engine)` generates over an
-        engine that already exists (one compiled model serving several front ends, or tests)."""
+    def __init__(self, out_dir: str | Path | None = None, *, engine: LLMEngine | None = None, **kwargs):
+        """`LLM(model=dir)` or `LLM(dir)` builds its engine (vLLM's argument names where they mean
+        something here: dtype -> precision ("auto" = bf16, "float32"), max_model_len,
+        max_num_seqs, max_num_batched_tokens, enable_prefix_caching, seed (the default seed of
+        unseeded requests), generation_config ("auto" | "vllm"); the engine's own options too);
+        `LLM(engine=engine)` generates over an engine that already exists. vLLM arguments that
+        cannot apply on a CPU with one export raise naming them."""
+        model = kwargs.pop("model", None)
+        if model is not None and out_dir is not None:
+            raise ValueError("give the export directory once: LLM(dir) or LLM(model=dir)")
+        out_dir = model if model is not None else out_dir
+        tokenizer = kwargs.pop("tokenizer", None)
+        if tokenizer is not None and Path(tokenizer) != Path(out_dir or ""):
+            raise ValueError("tokenizer: the export carries its own tokenizer (tokenizer.json); a separate one "
+                             "is not supported")
+        kwargs.pop("trust_remote_code", None)  # nothing here runs a model's remote code
+        if kwargs.pop("tensor_parallel_size", 1) != 1:
+            raise ValueError("tensor_parallel_size: one process runs the model here (serve --replicas for more)")
+        dtype = kwargs.pop("dtype", None)
+        if dtype is not None:
+            if str(dtype) not in _DTYPES:
+                raise ValueError(f"dtype must be one of {sorted(_DTYPES)} (the inference precision), got {dtype!r}")
+            if "precision" in kwargs:
+                raise ValueError("give dtype or precision, not both")
+            kwargs["precision"] = _DTYPES[str(dtype)]
+        self._seed = kwargs.pop("seed", None)
+        if self._seed is not None and (isinstance(self._seed, bool) or not isinstance(self._seed, int)):
+            raise ValueError(f"seed must be an integer, got {self._seed!r}")
+        self._generation_config = kwargs.pop("generation_config", "auto")
+        if self._generation_config not in ("auto", "vllm"):
+            raise ValueError("generation_config must be 'auto' (the export's generation_config.json) or 'vllm' "
+                             f"(SamplingParams' own defaults), got {self._generation_config!r}")
         if engine is not None:
-            if out_dir is not None or engine_kwargs:
+            if out_dir is not None or kwargs:
                 raise ValueError("give either an existing engine or out_dir and engine options, not both")
             if not isinstance(engine, LLMEngine):
                 raise TypeError(f"engine must be an LLMEngine, got {type(engine).__name__}")
             self.engine = engine
         elif out_dir is None:
-            raise ValueError("LLM needs out_dir (an `mla-export export` output directory) or engine=")
+            raise ValueError("LLM needs model= (an `mla-export export` output directory) or engine=")
         else:
-            self.engine = LLMEngine(out_dir, **engine_kwargs)
+            import inspect
+
+            known = set(inspect.signature(LLMEngine.__init__).parameters) - {"self", "out_dir"}
+            unknown = sorted(set(kwargs) - known)
+            if unknown:
+                raise TypeError(f"LLM got argument(s) it does not take: {', '.join(unknown)} (vLLM's that apply "
+                                f"here: {', '.join(sorted(_VLLM_ARGS))}; the engine's: {', '.join(sorted(known))})")
+            self.engine = LLMEngine(out_dir, **kwargs)
         self._ids = itertools.count()
         self._prompter = None  # the chat template, loaded on the first chat()
 
@@ -45,49 +137,79 @@ class LLM:
     def tokenizer(self):
         return self.engine.tokenizer
 
-    def generate(
-        self,
-        prompts,
-        max_tokens: int = 16,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        top_k: int = -1,
-        seed: int | None = None,
-        stop_token_ids: Sequence[int] = (),
-        ignore_eos: bool = False,
-        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-    ) -> list[CompletionOutput]:
-        """`prompts`: one prompt or a list of them, each a string or a list of token ids.
-        `sampling_params` (one for all, or one per prompt) overrides the keyword arguments."""
-        prompts = _prompt_list(prompts)
+    def get_tokenizer(self):
+        return self.engine.tokenizer
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """SamplingParams() with the export's generation_config.json sampling keys over it (vLLM's
+        generation_config="auto"), or SamplingParams() alone (generation_config="vllm")."""
+        if self._generation_config == "vllm":
+            return SamplingParams(seed=self._seed)
+        path = Path(self.engine.contract.out_dir) / "generation_config.json"
+        given = {}
+        if path.is_file():
+            try:
+                raw = json.loads(path.read_text())
+            except ValueError as e:
+                raise ValueError(f"{path}: not valid JSON ({e})") from None
+            given = {ours: raw[theirs] for theirs, ours in _GENERATION_DEFAULTS.items() if raw.get(theirs) is not None}
+        return SamplingParams(seed=self._seed, **given)
+
+    def generate(self, prompts, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
+                 use_tqdm: bool = False, **sampling) -> list[RequestOutput]:
+        """vLLM's `LLM.generate`: `prompts` is one prompt or a list (strings, token-id lists, or
+        vLLM's {"prompt": ...} / {"prompt_token_ids": ...} dicts); `sampling_params` one for all or one
+        per prompt. Keyword arguments are SamplingParams fields over the defaults (this package's
+        earlier `generate(prompts, max_tokens=..., temperature=...)`). use_tqdm: accepted, no bar."""
+        if not isinstance(use_tqdm, bool):
+            raise ValueError(f"use_tqdm must be a bool, got {use_tqdm!r}")
+        prompts = [_prompt_of(p) for p in ([prompts] if isinstance(prompts, dict) else _prompt_list(prompts))]
         if sampling_params is None:
-            sampling_params = SamplingParams(max_tokens, temperature, top_p, top_k, seed, tuple(stop_token_ids), ignore_eos)
+            base = self.get_default_sampling_params()
+            sampling_params = dataclasses.replace(base, **sampling) if sampling else base
+        elif sampling:
+            raise ValueError(f"give sampling_params or SamplingParams fields ({', '.join(sorted(sampling))}), not both")
         if isinstance(sampling_params, SamplingParams):
             sampling_params = [sampling_params] * len(prompts)
+        sampling_params = list(sampling_params)
+        if not all(isinstance(p, SamplingParams) for p in sampling_params):
+            raise TypeError("sampling_params must be a SamplingParams or a list of them")
         if len(sampling_params) != len(prompts):
             raise ValueError(f"{len(sampling_params)} sampling params for {len(prompts)} prompts")
 
-        # Only the final outputs are read: no per-step copies of growing outputs.
-        sampling_params = [dataclasses.replace(sp, output_kind="final_only") for sp in sampling_params]
-        ids = [f"llm-{next(self._ids)}" for _ in prompts]
+        # Each prompt's n completions are n requests (the prefix cache shares the prompt's blocks);
+        # a seeded request's i-th completion draws with seed + i. Only final outputs are read.
+        jobs = []  # (prompt index, completion index, request id, params)
+        for k, params in enumerate(sampling_params):
+            for i in range(params.n):
+                seed = None if params.seed is None else params.seed + i
+                one = dataclasses.replace(params, n=1, seed=seed, output_kind="final_only")
+                jobs.append((k, i, f"llm-{next(self._ids)}", one))
         try:
-            for rid, prompt, params in zip(ids, prompts, sampling_params):
-                self.engine.add_request(rid, prompt, params)
+            for k, _, rid, params in jobs:
+                self.engine.add_request(rid, prompts[k], params)
             final = {}
             while self.engine.has_unfinished_requests():
                 for out in self.engine.step():
                     if out.finished:
                         final[out.request_id] = out
         finally:  # an error (or Ctrl-C) must not leave requests holding blocks
-            for rid in ids:
+            for _, _, rid, _ in jobs:
                 self.engine.abort_request(rid)
-        for i, r in enumerate(ids):
-            if final[r].finish_reason == "error":
-                raise RuntimeError(f"prompt {i} failed: {final[r].error}")
-        return [
-            CompletionOutput(final[r].prompt_token_ids, final[r].token_ids, final[r].text, final[r].finish_reason)
-            for r in ids
-        ]
+        for k, _, rid, _ in jobs:
+            if final[rid].finish_reason == "error":
+                raise RuntimeError(f"prompt {k} failed: {final[rid].error}")
+        results = []
+        for k, prompt in enumerate(prompts):
+            mine = [(i, final[rid]) for kk, i, rid, _ in jobs if kk == k]
+            first = mine[0][1]
+            results.append(RequestOutput(
+                request_id=str(k), prompt=prompt if isinstance(prompt, str) else None,
+                prompt_token_ids=list(first.prompt_token_ids),
+                outputs=[CompletionOutput(i, o.text, list(o.token_ids), o.cumulative_logprob, o.logprobs,
+                                          o.finish_reason, o.stop_reason) for i, o in mine],
+                metrics=first.metrics))
+        return results
 
     def chat(
         self,
@@ -115,6 +237,17 @@ class LLM:
             prompter = self._prompter
         prompts = [prompter.prompt_ids(c, add_generation_prompt) for c in conversations]
         return self.generate(prompts, sampling_params=sampling_params, **generate_kwargs)
+
+def _prompt_of(p):
+    """A prompt as the engine takes it: vLLM's TextPrompt / TokensPrompt dicts unwrapped."""
+    if isinstance(p, dict):
+        extra = set(p) - {"prompt", "prompt_token_ids"}
+        if extra or len(p) != 1:
+            raise ValueError(f"a prompt dict holds exactly one of 'prompt' or 'prompt_token_ids' (multimodal data "
+                             f"and the others are not supported), got keys {sorted(p)}")
+        return p.get("prompt", p.get("prompt_token_ids"))
+    return p
+
 
 def _is_token_id(x) -> bool:
     return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))

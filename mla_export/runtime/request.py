@@ -43,6 +43,11 @@ class Request:
     final_text: str | None = None  # the full decode, set when the request finishes
     logprobs: list | None = None  # per output token {token id: Logprob} (params.logprobs set)
     cumulative_logprob: float = 0.0  # sum of the sampled tokens' log-probabilities
+    stop_reason: int | str | None = None  # the stop token id or stop string that ended it (vLLM's)
+    # Stop strings (params.stop): text held back because it may still grow into one, and the text
+    # emitted so far (the output's text, cut at a stop string).
+    pending_text: str = ""
+    emitted_text: list[str] = field(default_factory=list)
 
     def __post_init__(self):
         self.all_token_ids = list(self.prompt_token_ids)

@@ -51,6 +51,9 @@ class SamplingParams:
     logit_bias: dict | None = None  # token id -> added to its logit ([-100, 100])
     allowed_token_ids: tuple[int, ...] | None = None  # only these may be generated
     logprobs: int | None = None  # log-probabilities of the sampled token and of this many top ones
+    stop: tuple[str, ...] = ()  # strings that end the output (cut there; needs a tokenizer)
+    include_stop_str_in_output: bool = False
+    n: int = 1  # completions per prompt (LLM.generate and the server fan a prompt out into n requests)
 
     def __post_init__(self):
         def is_int(v):
@@ -110,6 +113,16 @@ class SamplingParams:
         if self.logprobs is not None and (not is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
             raise ValueError(f"logprobs must be an integer in [0, {MAX_LOGPROBS}] (top tokens besides the "
                              f"sampled one), got {self.logprobs!r}")
+        stop = (self.stop,) if isinstance(self.stop, str) else self.stop
+        if stop is None:
+            stop = ()
+        if isinstance(stop, bytes) or not all(isinstance(x, str) and x for x in stop):
+            raise ValueError(f"stop must be a string or a list of non-empty strings, got {self.stop!r}")
+        object.__setattr__(self, "stop", tuple(stop))
+        if not isinstance(self.include_stop_str_in_output, bool):
+            raise ValueError(f"include_stop_str_in_output must be a bool, got {self.include_stop_str_in_output!r}")
+        if not is_int(self.n) or self.n < 1:
+            raise ValueError(f"n must be an integer >= 1, got {self.n!r}")
         if self.top_k == 0:  # vLLM's newer default spelling of "off"
             object.__setattr__(self, "top_k", -1)
 

@@ -257,6 +257,16 @@ def test_deltas_accumulate_into_the_engines_outputs():
     assert got[-1].num_prompt_tokens == 2 and got[0].num_prompt_tokens == 0
     none = Accumulator().add(delta_of(RequestOutput("s", [1], [5], [5], None, False, None, m)))
     assert none.text is None  # a model without a tokenizer has no text
+    # logprobs (cumulative in the engine's outputs) travel as the new tokens' and add up again
+    from mla_export.runtime.sampling import Logprob
+    from mla_export.server.ray_serve.wire import from_wire, to_wire
+
+    lps = [{7: Logprob(-0.5, 1, "a")}, {8: Logprob(-1.5, 2, "b"), 3: Logprob(-0.2, 1, "c")}]
+    outs = [RequestOutput("q", [1], [7], [7], "a", False, None, m, new_text="a", logprobs=lps[:1]),
+            RequestOutput("q", [1], [7, 8], [8], "ab", True, "length", m, new_text="b", logprobs=lps)]
+    acc = Accumulator()
+    got = [acc.add(from_wire(json.loads(json.dumps(to_wire(delta_of(o)))))) for o in outs]
+    assert got[0].logprobs == lps[:1] and got[1].logprobs == lps
 
 
 # ---- the output channel (channel.py), on this machine's loopback ---------------------------------
@@ -367,7 +377,8 @@ def test_wire_items_round_trip_and_malformed_ones_are_named():
     assert from_wire(json.loads(json.dumps(to_wire(d)))) == d
     ab = Aborted("r", "error", "x")
     assert from_wire(to_wire(ab)) == ab
-    for bad in (["z", 1], ["d", "r"], "d", ["d", "r", ["x"], None, False, None, None, None, 0]):
+    for bad in (["z", 1], ["d", "r"], "d", ["d", "r", ["x"], None, False, None, None, None, 0, None],
+                ["d", "r", [1], None, False, None, None, None, 0, [[["x", 0.1, 1, "a"]]]]):
         with pytest.raises(ValueError, match="output channel"):
             from_wire(bad)
 

@@ -396,8 +396,10 @@ BAD = [
     (json.dumps({"max_tokens": 3}), "prompt"),
     (json.dumps({"prompt": list(range(5, 105)) * 6}), "prompt"),  # 600 tokens > the 512 context
     (json.dumps({"prompt": list(range(5, 105)) * 5, "max_tokens": 100}), "max_tokens"),  # 500 + 100 > 512
-    (json.dumps({"prompt": "hi", "logprobs": 2}), "logprobs"),
-    (json.dumps({"prompt": "hi", "presence_penalty": 1.0}), "presence_penalty"),
+    (json.dumps({"prompt": "hi", "logprobs": 30}), "logprobs"),
+    (json.dumps({"prompt": "hi", "presence_penalty": 3.0}), "presence_penalty"),
+    (json.dumps({"prompt": "hi", "guided_json": {"type": "object"}}), "guided_json"),
+    (json.dumps({"prompt": "hi", "min_tokens": 20, "max_tokens": 4}), "min_tokens"),
     (json.dumps({"prompt": "hi", "stream_options": {"include_usage": True}}), "stream_options"),
 ]
 
@@ -496,3 +498,51 @@ def test_serve_command_shutdown_timeout_cancels_and_frees(model_dir):
             proc.communicate()
     assert proc.returncode == 0, err
     assert "kv_blocks_used=0" in err and "running=0" in err
+
+
+def test_logprobs_penalties_and_vllm_extras_equal_the_offline_engine(server, offline):
+    """logprobs / top_logprobs (both APIs, streamed and not), penalties, logit_bias and vLLM's extras
+    reach the engine: the same numbers as LLM.generate with the same SamplingParams."""
+    from mla_export import SamplingParams
+
+    c = client(server)
+    prompt = "The quick brown fox"
+    want = offline.generate(prompt, SamplingParams(temperature=0.0, max_tokens=6, logprobs=3, ignore_eos=True,
+                                                   presence_penalty=1.5, frequency_penalty=0.5,
+                                                   repetition_penalty=1.3, logit_bias={7: 3.0}))[0].outputs[0]
+    extra = dict(ignore_eos=True, repetition_penalty=1.3)
+    r = c.completions.create(model="tiny", prompt=prompt, max_tokens=6, temperature=0, logprobs=3,
+                             presence_penalty=1.5, frequency_penalty=0.5, logit_bias={"7": 3.0}, extra_body=extra)
+    lp = r.choices[0].logprobs
+    assert lp.token_logprobs == pytest.approx([e[t].logprob for e, t in zip(want.logprobs, want.token_ids)], abs=1e-6)
+    assert lp.tokens == [e[t].decoded_token for e, t in zip(want.logprobs, want.token_ids)]
+    # the top 3 and the sampled token, keyed by their text (tokens of one text share a key, as in OpenAI's format)
+    for top, e in zip(lp.top_logprobs, want.logprobs):
+        assert set(top) == {x.decoded_token for x in e.values()}
+    assert r.choices[0].text == want.text
+    streamed = c.completions.create(model="tiny", prompt=prompt, max_tokens=6, temperature=0, logprobs=3,
+                                    presence_penalty=1.5, frequency_penalty=0.5, logit_bias={"7": 3.0},
+                                    extra_body=extra, stream=True)
+    got = [x for chunk in streamed for x in (chunk.choices[0].logprobs.token_logprobs if chunk.choices and
+                                              chunk.choices[0].logprobs else [])]
+    assert got == pytest.approx(lp.token_logprobs, abs=1e-6)
+    chat = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": prompt}], max_tokens=5,
+                                     temperature=0, logprobs=True, top_logprobs=2, extra_body=dict(ignore_eos=True))
+    content = chat.choices[0].logprobs.content
+    assert len(content) == 5 and all(len(t.top_logprobs) == 2 for t in content)
+    assert all(t.top_logprobs[0].logprob >= t.top_logprobs[1].logprob for t in content)
+    assert all(t.logprob == pytest.approx(t.top_logprobs[0].logprob) for t in content)  # greedy: the best one
+
+
+def test_min_tokens_and_include_stop_str_in_output(server, offline):
+    from mla_export import SamplingParams
+
+    c = client(server)
+    free = offline.generate("Hello", SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True))[0].outputs[0]
+    stop = free.text[4:7]
+    r = c.completions.create(model="tiny", prompt="Hello", max_tokens=20, temperature=0, stop=[stop],
+                             extra_body=dict(ignore_eos=True, include_stop_str_in_output=True))
+    assert r.choices[0].text == free.text[:free.text.index(stop) + len(stop)]
+    r = c.completions.create(model="tiny", prompt="Hello", max_tokens=8, temperature=0,
+                             extra_body=dict(min_tokens=8, stop_token_ids=[free.token_ids[0]]))
+    assert r.usage.completion_tokens == 8  # the stop token is held back until min_tokens

@@ -34,7 +34,9 @@ class _Choice:
     index: int
     request_id: str
     stop: list[str]
+    include_stop: bool = False  # include_stop_str_in_output
     token_ids: list[int] = field(default_factory=list)
+    logprobs: list | None = None  # per token {token id: Logprob} (the request's logprobs)
     text: str = ""  # text emitted so far
     final_text: str | None = None  # the whole text, once finished
     finished: bool = False
@@ -64,9 +66,10 @@ class _Detok:
         if ch.stop:
             longest = max(len(s) for s in ch.stop)
             start = max(0, len(ch.text) - longest + 1)
-            hits = [i for s in ch.stop if (i := full.find(s, start)) >= 0]
+            hits = [(i, s) for s in ch.stop if (i := full.find(s, start)) >= 0]
             if hits:
-                ch.final_text = full[:min(hits)]
+                i, s = min(hits)
+                ch.final_text = full[:i + (len(s) if ch.include_stop else 0)]
                 return _suffix_after(ch.final_text, ch.text), True
         if out.finished:
             ch.final_text = full
@@ -130,7 +133,10 @@ def engine_params(st, s: P.Sampling, prompt_len: int, choice: int):
     seed = None if s.seed is None else (s.seed + choice) % 2**63
     try:
         return SamplingParams(max_tokens=max_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
-                              seed=seed, stop_token_ids=tuple(s.stop_token_ids), ignore_eos=s.ignore_eos)
+                              seed=seed, stop_token_ids=tuple(s.stop_token_ids), ignore_eos=s.ignore_eos,
+                              presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty,
+                              repetition_penalty=s.repetition_penalty, min_p=s.min_p, min_tokens=s.min_tokens,
+                              logit_bias=s.logit_bias, logprobs=s.logprobs)
     except ValueError as e:
         raise P.bad_request(str(e)) from None
 
@@ -144,7 +150,7 @@ async def start(st, prompt_ids: list[list[int]], s: P.Sampling, prefix: str) -> 
             idx = p * s.n + i
             rid = f"{prefix}-{idx}"
             seqs.append(SeqRequest(rid, ids, engine_params(st, s, len(ids), i)))
-            choices.append(_Choice(index=idx, request_id=rid, stop=list(s.stop)))
+            choices.append(_Choice(index=idx, request_id=rid, stop=list(s.stop), include_stop=s.include_stop_str_in_output))
     try:
         q = await st.client.submit(seqs)
     except QueueFull:
@@ -224,7 +230,9 @@ async def next_events(st, detok: _Detok, q: asyncio.Queue, by_id: dict[str, _Cho
             raise P.APIError(500, f"The engine failed: {item.error}", type="server_error", code="engine_error")
         delta, stopped = detok.advance(ch, item)
         new_ids = list(item.token_ids[ch.last_sent_tokens:])
+        new_logprobs = item.logprobs[ch.last_sent_tokens:] if item.logprobs is not None else None
         ch.token_ids = list(item.token_ids)
+        ch.logprobs = item.logprobs
         ch.last_sent_tokens = len(ch.token_ids)
         ch.text += delta
         if stopped:
@@ -235,20 +243,53 @@ async def next_events(st, detok: _Detok, q: asyncio.Queue, by_id: dict[str, _Cho
         elif item.finished:
             ch.finished = True
             ch.finish_reason = item.finish_reason or "stop"
-        events.append((ch, delta, new_ids))
+        events.append((ch, delta, new_ids, new_logprobs))
     return events
 
 
+def completion_logprobs(token_ids: list[int], entries: list | None, offset: int = 0) -> dict | None:
+    """The legacy completions API's logprobs object of these tokens (None without logprobs):
+    tokens, token_logprobs, top_logprobs (token text -> logprob) and text_offset."""
+    if entries is None:
+        return None
+    out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for t, e in zip(token_ids, entries):
+        own = e[t]
+        out["tokens"].append(own.decoded_token or "")
+        out["token_logprobs"].append(own.logprob)
+        out["top_logprobs"].append({(lp.decoded_token or ""): lp.logprob for lp in e.values()})  # + the sampled
+        out["text_offset"].append(offset)
+        offset += len(own.decoded_token or "")
+    return out
+
+
+def chat_logprobs(token_ids: list[int], entries: list | None, top: int) -> dict | None:
+    """The chat API's logprobs object: {"content": [{token, logprob, bytes, top_logprobs}]}."""
+    if entries is None:
+        return None
+
+    def item(lp):
+        text = lp.decoded_token or ""
+        return {"token": text, "logprob": lp.logprob, "bytes": list(text.encode("utf-8"))}
+
+    content = []
+    for t, e in zip(token_ids, entries):
+        tops = sorted((lp for lp in e.values() if lp.rank <= top), key=lambda lp: lp.rank)[:top]
+        content.append(dict(item(e[t]), top_logprobs=[item(lp) for lp in tops]))
+    return {"content": content}
+
+
 def completion_choice(ch: _Choice, want_ids: bool) -> dict:
-    d = {"index": ch.index, "text": _text(ch), "logprobs": None, "finish_reason": ch.finish_reason}
+    d = {"index": ch.index, "text": _text(ch), "logprobs": completion_logprobs(ch.token_ids, ch.logprobs),
+         "finish_reason": ch.finish_reason}
     if want_ids:
         d["token_ids"] = ch.token_ids
     return d
 
 
-def chat_choice(ch: _Choice, want_ids: bool) -> dict:
-    d = {"index": ch.index, "message": {"role": "assistant", "content": _text(ch)}, "logprobs": None,
-         "finish_reason": ch.finish_reason}
+def chat_choice(ch: _Choice, want_ids: bool, top: int = 0) -> dict:
+    d = {"index": ch.index, "message": {"role": "assistant", "content": _text(ch)},
+         "logprobs": chat_logprobs(ch.token_ids, ch.logprobs, top), "finish_reason": ch.finish_reason}
     if want_ids:
         d["token_ids"] = ch.token_ids
     return d
@@ -274,10 +315,10 @@ async def respond(st, request: Request, endpoint: str, prompt_ids: list[list[int
             try:
                 while not all(c.finished for c in choices):
                     await next_events(st, detok, q, by_id)
-                make = chat_choice if chat else completion_choice
                 ordered = sorted(choices, key=lambda c: c.index)
-                body = (P.chat_body if chat else P.completion_body)(
-                    rid, st.model_name, created, [make(c, s.return_token_ids) for c in ordered], use())
+                made = [chat_choice(c, s.return_token_ids, s.logprobs or 0) if chat
+                        else completion_choice(c, s.return_token_ids) for c in ordered]
+                body = (P.chat_body if chat else P.completion_body)(rid, st.model_name, created, made, use())
             except P.APIError as e:
                 status, body = e.status, e.body()
             resp = JSONResponse(body, status_code=status,
@@ -303,17 +344,21 @@ async def respond(st, request: Request, endpoint: str, prompt_ids: list[list[int
                         {"index": c.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                          "finish_reason": None}]))
             while not all(c.finished for c in choices):
-                for ch, delta, new_ids in await next_events(st, detok, q, by_id):
-                    if not delta and not ch.finished and not (s.return_token_ids and new_ids):
+                for ch, delta, new_ids, new_lps in await next_events(st, detok, q, by_id):
+                    if (not delta and not ch.finished and not (s.return_token_ids and new_ids)
+                            and not (new_lps and s.logprobs is not None)):
                         continue
                     if chat:
                         d: dict[str, Any] = {"index": ch.index, "delta": {"content": delta} if delta else {},
-                                             "logprobs": None, "finish_reason": ch.finish_reason}
+                                             "logprobs": chat_logprobs(new_ids, new_lps, s.logprobs or 0),
+                                             "finish_reason": ch.finish_reason}
                         if s.return_token_ids:
                             d["token_ids"] = new_ids
                         await emit(P.chat_chunk(rid, st.model_name, created, [d]))
                     else:
-                        d = {"index": ch.index, "text": delta, "logprobs": None, "finish_reason": ch.finish_reason}
+                        d = {"index": ch.index, "text": delta,
+                             "logprobs": completion_logprobs(new_ids, new_lps, len(ch.text) - len(delta)),
+                             "finish_reason": ch.finish_reason}
                         if s.return_token_ids:
                             d["token_ids"] = new_ids
                         await emit(P.completion_body(rid, st.model_name, created, [d], None))

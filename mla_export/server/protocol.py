@@ -6,9 +6,12 @@ error body naming the offending parameter:
     {"error": {"message": "...", "type": "invalid_request_error", "param": "max_tokens", "code": null}}
 
 Unknown fields are ignored (as OpenAI-compatible servers commonly do), but a *known* field of
-the wrong type or out of range is an error, and so is a known OpenAI option this server cannot
-honour (logprobs, echo, best_of > n, suffix, penalties, logit_bias, tools): silently ignoring
-it would return something other than what the client asked for.
+the wrong type or out of range is an error, and so is a known OpenAI or vLLM option this server
+cannot honour (echo, best_of > n, suffix, tools, response_format other than text, vLLM's guided
+decoding and prompt_logprobs): silently ignoring it would return something other than what the
+client asked for. Honoured beyond OpenAI's basics: logprobs / top_logprobs, presence and
+frequency penalties, logit_bias, and vLLM's top_k, min_p, repetition_penalty, min_tokens,
+include_stop_str_in_output, stop_token_ids, ignore_eos.
 """
 
 from __future__ import annotations
@@ -181,36 +184,37 @@ class Sampling:
     stream: bool
     include_usage: bool
     return_token_ids: bool
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0
+    min_tokens: int = 0
+    logit_bias: dict | None = None
+    logprobs: int | None = None  # top log-probabilities per token (None: no logprobs)
+    include_stop_str_in_output: bool = False
+
+
+# vLLM request fields whose feature is not built here: refused by name rather than ignored
+_NOT_BUILT = {
+    "guided_json": "structured outputs (guided decoding)", "guided_regex": "structured outputs (guided decoding)",
+    "guided_choice": "structured outputs (guided decoding)", "guided_grammar": "structured outputs (guided decoding)",
+    "guided_decoding_backend": "structured outputs (guided decoding)",
+    "structured_outputs": "structured outputs (guided decoding)", "prompt_logprobs": "prompt logprobs",
+    "bad_words": "bad_words", "allowed_token_ids": "allowed_token_ids over HTTP",
+    "truncate_prompt_tokens": "prompt truncation", "use_beam_search": "beam search",
+}
 
 
 def _reject_unsupported(body: dict, chat: bool) -> None:
-    def nonzero(name):
-        v = body.get(name)
-        if v is None:
-            return
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise bad_request(f"'{name}' must be a number, got {_type_name(v)}", name)
-        if not (-2.0 <= v <= 2.0):
-            raise bad_request(f"'{name}' must be in [-2, 2], got {v}", name)
-        if v != 0:
-            raise bad_request(f"'{name}' is not supported by this server (only 0)", name)
-
-    nonzero("presence_penalty")
-    nonzero("frequency_penalty")
-    if body.get("logit_bias"):
-        raise bad_request("'logit_bias' is not supported by this server", "logit_bias")
+    for name, what in _NOT_BUILT.items():
+        if body.get(name) not in (None, False, [], {}):
+            raise bad_request(f"'{name}': {what} is not supported by this server", name)
     if chat:
-        if body.get("logprobs") not in (None, False):
-            raise bad_request("'logprobs' is not supported by this server", "logprobs")
-        if body.get("top_logprobs") is not None:
-            raise bad_request("'top_logprobs' is not supported by this server", "top_logprobs")
         for name in ("tools", "functions", "response_format"):
             v = body.get(name)
             if v and not (name == "response_format" and isinstance(v, dict) and v.get("type") == "text"):
                 raise bad_request(f"'{name}' is not supported by this server", name)
     else:
-        if body.get("logprobs") is not None:
-            raise bad_request("'logprobs' is not supported by this server", "logprobs")
         if body.get("echo"):
             raise bad_request("'echo' is not supported by this server", "echo")
         if body.get("suffix"):
@@ -230,9 +234,7 @@ def _parse_sampling(body: dict, *, chat: bool) -> Sampling:
     top_p = _get_float(body, "top_p", 1.0, lo=0.0, hi=1.0)
     if top_p == 0.0:
         raise bad_request("'top_p' must be in (0, 1]", "top_p")
-    top_k = _get_int(body, "top_k", -1, lo=-1)
-    if top_k == 0:
-        raise bad_request("'top_k' must be -1 (off) or >= 1", "top_k")
+    top_k = _get_int(body, "top_k", -1, lo=-1)  # -1 or 0 (vLLM's newer spelling): off
     seed = _get_int(body, "seed", None, lo=-(2**63), hi=2**64 - 1)
     if seed is not None:
         seed %= 2**63  # numpy seeds are non-negative; keep the mapping deterministic
@@ -277,11 +279,38 @@ def _parse_sampling(body: dict, *, chat: bool) -> Sampling:
         if not stream:
             raise bad_request("'stream_options' is only allowed when 'stream' is true", "stream_options")
         include_usage = _get_bool(so, "include_usage", False)
+    if chat:  # logprobs: a boolean, top_logprobs how many alternatives (OpenAI's chat API)
+        want = _get_bool(body, "logprobs", False)
+        top = _get_int(body, "top_logprobs", None, lo=0, hi=20)
+        if top is not None and not want:
+            raise bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+        logprobs = (top or 0) if want else None
+    else:  # the legacy completions API: logprobs is the number of alternatives
+        logprobs = _get_int(body, "logprobs", None, lo=0, hi=20)
+    logit_bias = body.get("logit_bias")
+    if logit_bias is not None:
+        if not isinstance(logit_bias, dict):
+            raise bad_request(f"'logit_bias' must be an object of token id -> bias, got {_type_name(logit_bias)}",
+                              "logit_bias")
+        for k, v in logit_bias.items():
+            if not (isinstance(k, str) and k.isdigit()):
+                raise bad_request(f"'logit_bias' keys must be token ids, got {k!r}", "logit_bias")
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not -100 <= v <= 100:
+                raise bad_request(f"'logit_bias' values must be numbers in [-100, 100], got {v!r}", "logit_bias")
+    min_tokens = _get_int(body, "min_tokens", 0, lo=0)
+    if mt is not None and min_tokens > mt:
+        raise bad_request(f"'min_tokens' ({min_tokens}) must not exceed max_tokens ({mt})", "min_tokens")
     return Sampling(
         max_tokens=mt, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, n=n,
         stop=stop_strs, stop_token_ids=sorted(set(stop_ids)),
         ignore_eos=_get_bool(body, "ignore_eos", False), stream=stream,
-        include_usage=include_usage, return_token_ids=_get_bool(body, "return_token_ids", False))
+        include_usage=include_usage, return_token_ids=_get_bool(body, "return_token_ids", False),
+        presence_penalty=_get_float(body, "presence_penalty", 0.0, lo=-2.0, hi=2.0),
+        frequency_penalty=_get_float(body, "frequency_penalty", 0.0, lo=-2.0, hi=2.0),
+        repetition_penalty=_get_float(body, "repetition_penalty", 1.0, lo=1e-6, hi=100.0),
+        min_p=_get_float(body, "min_p", 0.0, lo=0.0, hi=1.0), min_tokens=min_tokens,
+        logit_bias={int(k): float(v) for k, v in logit_bias.items()} if logit_bias else None, logprobs=logprobs,
+        include_stop_str_in_output=_get_bool(body, "include_stop_str_in_output", False))
 
 
 # ---- endpoint requests ------------------------------------------------------------------------

@@ -50,12 +50,17 @@ class Delta:
     error: str | None = None
     text: str | None = None  # the whole text, on the finishing delta only (the engine's final decode)
     num_prompt_tokens: int = 0  # on the finishing delta only
+    new_logprobs: list | None = None  # per new token {token id: Logprob} (requests with logprobs)
 
 
 def delta_of(out) -> Delta:
     fin = bool(out.finished)
-    return Delta(out.request_id, list(out.new_token_ids or ()), out.new_text, fin, out.finish_reason,
-                 out.error, out.text if fin else None, len(out.prompt_token_ids or ()) if fin else 0)
+    new = list(out.new_token_ids or ())
+    lps = getattr(out, "logprobs", None)
+    if lps is not None:
+        lps = list(lps[len(lps) - len(new):]) if new else []
+    return Delta(out.request_id, new, out.new_text, fin, out.finish_reason,
+                 out.error, out.text if fin else None, len(out.prompt_token_ids or ()) if fin else 0, lps)
 
 
 @dataclass
@@ -70,14 +75,16 @@ class Output:
     finish_reason: str | None
     error: str | None
     num_prompt_tokens: int = 0  # known on the finishing output
+    logprobs: list | None = None  # per token so far, with the request's logprobs
 
 
 class Accumulator:
-    """Per call: token ids and text so far, by sequence."""
+    """Per call: token ids, text and logprobs so far, by sequence."""
 
     def __init__(self):
         self._ids: dict[str, list[int]] = {}
         self._text: dict[str, str | None] = {}
+        self._logprobs: dict[str, list] = {}
 
     def add(self, d: Delta) -> Output:
         ids = self._ids.setdefault(d.request_id, [])
@@ -87,8 +94,13 @@ class Accumulator:
         if d.finished and d.text is not None:
             text = d.text
         self._text[d.request_id] = text
+        lps = None
+        if d.new_logprobs is not None:
+            lps = self._logprobs.setdefault(d.request_id, [])
+            lps += d.new_logprobs
+            lps = list(lps)
         return Output(d.request_id, list(ids), list(d.new_token_ids), text, d.finished, d.finish_reason, d.error,
-                      d.num_prompt_tokens)
+                      d.num_prompt_tokens, lps)
 
 
 def to_wire(item) -> list:
@@ -96,8 +108,10 @@ def to_wire(item) -> list:
     if isinstance(item, Aborted):
         return ["a", item.request_id, item.reason, item.error]
     d = item if isinstance(item, Delta) else delta_of(item)
+    lps = None if d.new_logprobs is None else [
+        [[t, lp.logprob, lp.rank, lp.decoded_token] for t, lp in entry.items()] for entry in d.new_logprobs]
     return ["d", d.request_id, d.new_token_ids, d.new_text, d.finished, d.finish_reason, d.error, d.text,
-            d.num_prompt_tokens]
+            d.num_prompt_tokens, lps]
 
 
 def from_wire(w: list):
@@ -108,7 +122,11 @@ def from_wire(w: list):
         if w[0] == "a":
             _, rid, reason, error = w
             return Aborted(str(rid), str(reason), error)
-        _, rid, ids, new_text, fin, reason, error, text, n_prompt = w
-        return Delta(str(rid), [int(t) for t in ids], new_text, bool(fin), reason, error, text, int(n_prompt))
+        _, rid, ids, new_text, fin, reason, error, text, n_prompt, lps = w
+        if lps is not None:
+            from ...runtime.sampling import Logprob
+
+            lps = [{int(t): Logprob(float(lp), int(rank), dec) for t, lp, rank, dec in entry} for entry in lps]
+        return Delta(str(rid), [int(t) for t in ids], new_text, bool(fin), reason, error, text, int(n_prompt), lps)
     except (TypeError, ValueError) as e:
         raise ValueError(f"output channel: malformed item {str(w)[:80]!r}: {e}") from None

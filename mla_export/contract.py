@@ -72,7 +72,9 @@ _METADATA = [
     ("query_start_loc", ("B+1",), "prefix sums of the query lengths: sequence b owns rows [qsl[b], qsl[b+1])"),
     ("seq_lens", ("B",), "tokens of each sequence in the cache after this step (new ones included)"),
     ("block_tables", ("B", "M"), "cache block ids of each sequence, in order; padding past its blocks"),
-    ("logits_indices", ("B",), "row of the packed T axis whose logits are returned, one per output row"),
+    ("logits_indices", ("L",), "rows of the packed T axis whose logits are returned, strictly increasing, "
+     "at least one of each sequence's new tokens (its last: the one it samples from; every new "
+     "token of a sequence whose prompt logprobs are wanted)"),
 ]
 
 
@@ -150,7 +152,7 @@ def graph_io(num_layers: int, block_size: int, row_width: int, kv_dtype: str,
             inputs.append(TensorSpec(f"index_cache.{j}", ("NB", block_size, i_width), i_dtype,
                                      f"indexer keys of indexer layer {j}: rows {i_layout}"
                                      f"{' as raw bytes' if i_dtype == 'u8' else ''}, written in place"))
-    outputs = [TensorSpec("logits", ("B", "vocab"), "f32", "next-token logits of the rows logits_indices picks")]
+    outputs = [TensorSpec("logits", ("L", "vocab"), "f32", "next-token logits of the rows logits_indices picks")]
     if variant == "portable":
         for i in range(num_layers):
             outputs.append(TensorSpec(f"kv_cache_out.{i}", ("NB", block_size, row_width), kv_dtype,

@@ -108,7 +108,7 @@ def _schemas():
         "layer runs; outputs input_ids, positions and slot_mapping unchanged, so everything after depends on it.",
         inputs=[P("input_ids", "I", "[T]"), P("positions", "I", "[T]"), P("slot_mapping", "I", "[T]"),
                 P("query_start_loc", "I", "[B+1]"), P("seq_lens", "I", "[B]"), P("block_tables", "I", "[B, M]"),
-                P("logits_indices", "I", "[B]"),
+                P("logits_indices", "I", "[L]"),
                 P("kv_cache", "C", "one per layer, [NB, BS, W] (u8: [NB, BS, 2W] bf16 bytes)", param_option=var,
                   is_homogeneous=True)],
         outputs=[P("input_ids_checked", "I", "[T]"), P("positions_checked", "I", "[T]"),

@@ -43,12 +43,14 @@ def step_is_valid(f: dict, num_blocks: int, vocab: int, max_pos: int, bs: int = 
     qsl, lens, li = (f[n].tolist() for n in ("query_start_loc", "seq_lens", "logits_indices"))
     bt = f["block_tables"]
     t, b = len(ids), len(lens)
-    if bt.ndim != 2 or b < 1 or len(pos) != t or len(slots) != t or len(qsl) != b + 1 or len(li) != b:
+    if bt.ndim != 2 or b < 1 or len(pos) != t or len(slots) != t or len(qsl) != b + 1 or len(li) < b:
         return False
     if bt.shape[0] != b or qsl[0] != 0 or qsl[-1] != t:
         return False
     if any(not 0 <= i < vocab for i in ids):
         return False
+    if any(not 0 <= x < t for x in li) or any(x <= y for y, x in zip(li, li[1:])):
+        return False  # logits rows: strictly increasing, inside the step's tokens
     writers = {}
     for s in range(b):
         lo, hi = qsl[s], qsl[s + 1]
@@ -57,7 +59,7 @@ def step_is_valid(f: dict, num_blocks: int, vocab: int, max_pos: int, bs: int = 
         used = bt[s, :-(-lens[s] // bs)].tolist()
         if any(not 0 <= x < num_blocks for x in used):
             return False
-        if not lo <= li[s] < hi:
+        if not any(lo <= x < hi for x in li):  # at least one logits row of its own tokens
             return False
         for j, tok in enumerate(range(lo, hi)):
             p = lens[s] - (hi - lo) + j

@@ -13,7 +13,9 @@
 //   position = seq_lens[b] - qlen_b + j            (positions must hold exactly that)
 //   slot     = block_tables[b, pos / BS] * BS + pos % BS   (slot_mapping must hold exactly that)
 // so a token is written into a block of its own sequence at its own position, and
-// logits_indices[b] must pick a row of sequence b's own tokens.
+// logits_indices (L >= B rows, strictly increasing, inside [0, T)) picks at least one row of
+// every sequence's own new tokens: one per sequence (its last token) for sampling, every new
+// token of a sequence whose prompt logprobs are wanted.
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -41,7 +43,9 @@ void step_check(const StepInputs& in, const std::vector<TensorView>& caches, int
     check_dim(kOp, in.slot_mapping, 0, tokens, "the number of tokens T of input_ids");
     if (batch < 1) fail(kOp, in.seq_lens, "must hold at least one sequence, got shape " + shape_str(in.seq_lens.shape));
     check_dim(kOp, in.query_start_loc, 0, batch + 1, "the number of sequences B of seq_lens, plus 1");
-    check_dim(kOp, in.logits_indices, 0, batch, "the number of sequences B of seq_lens");
+    if (in.logits_indices.dim(0) < batch)
+        fail(kOp, in.logits_indices, "must hold at least one row per sequence (B = " + std::to_string(batch) +
+                                         "), got shape " + shape_str(in.logits_indices.shape));
 
     // The caches: one per layer, all of one shape and dtype (a layer with a smaller cache would
     // fail only when its turn came, after the layers before it had written).
@@ -113,10 +117,25 @@ void step_check(const StepInputs& in, const std::vector<TensorView>& caches, int
                                                std::to_string(blk) + ")");
             written[static_cast<size_t>(t)] = slot;
         }
-        const int64_t li = index_at(in.logits_indices, b);
-        if (li < lo || li >= hi)
-            fail(kOp, in.logits_indices, "holds " + std::to_string(li) + " at " + at(b) +
-                                             ", outside sequence " + std::to_string(b) + "'s tokens [" +
+    }
+    // logits_indices: strictly increasing rows of [0, T), at least one inside each sequence's
+    // new tokens (so every sequence gets the logits it samples from, and no row is returned twice).
+    const int64_t rows = in.logits_indices.dim(0);
+    for (int64_t k = 0; k < rows; ++k) {
+        const int64_t li = index_at(in.logits_indices, k);
+        if (li < 0 || li >= tokens)
+            fail(kOp, in.logits_indices, "holds " + std::to_string(li) + " at " + at(k) + ", outside the step's " +
+                                             std::to_string(tokens) + " tokens");
+        if (k > 0 && li <= index_at(in.logits_indices, k - 1))
+            fail(kOp, in.logits_indices, "must be strictly increasing, got " +
+                                             std::to_string(index_at(in.logits_indices, k - 1)) + " then " +
+                                             std::to_string(li) + " at " + at(k));
+    }
+    for (int64_t b = 0, k = 0; b < batch; ++b) {
+        const int64_t lo = index_at(in.query_start_loc, b), hi = index_at(in.query_start_loc, b + 1);
+        while (k < rows && index_at(in.logits_indices, k) < lo) ++k;
+        if (k == rows || index_at(in.logits_indices, k) >= hi)
+            fail(kOp, in.logits_indices, "picks no row of sequence " + std::to_string(b) + "'s tokens [" +
                                              std::to_string(lo) + ", " + std::to_string(hi) + ")");
     }
     // A block written this step belongs to its writer alone: another sequence that reads it (a

@@ -61,12 +61,13 @@ class MLABackend:
         self.executor = impl(contract, self.kv_caches, precision=precision, num_threads=num_threads)
 
     def execute(self, seq_lens: Sequence[int], query_lens: Sequence[int], block_tables: Sequence[Sequence[int]],
-                new_token_ids) -> np.ndarray:
-        """One step: per-sequence facts -> graph inputs -> logits [B, vocab] f32."""
-        return self.executor.execute(self.build(seq_lens, query_lens, block_tables, new_token_ids))
+                new_token_ids, num_logits: Sequence[int] | None = None) -> np.ndarray:
+        """One step: per-sequence facts -> graph inputs -> logits [L, vocab] f32 (L = B: each
+        sequence's last new token; more rows where num_logits asks for them, see metadata.py)."""
+        return self.executor.execute(self.build(seq_lens, query_lens, block_tables, new_token_ids, num_logits))
 
-    def build(self, seq_lens, query_lens, block_tables, new_token_ids) -> MLAMetadata:
-        return self.builder.build(seq_lens, query_lens, block_tables, new_token_ids)
+    def build(self, seq_lens, query_lens, block_tables, new_token_ids, num_logits=None) -> MLAMetadata:
+        return self.builder.build(seq_lens, query_lens, block_tables, new_token_ids, num_logits)
 
     def apply_block_copies(self, src_to_dst) -> None:
         """The scheduler's block copies, in the order the cache manager decided them."""

@@ -10,6 +10,7 @@ tokens are all in the cache now (a prefill chunk that does not finish its prompt
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +24,7 @@ from .detokenizer import IncrementalDetokenizer
 from .kv_cache import KVCacheManager
 from .model_dir import ModelFacts, load_model_dir
 from .request import Request
-from .sampling import Sampler, SamplingParams, token_logprobs
+from .sampling import Sampler, SamplingParams, rows_logprobs, token_logprobs
 from .scheduler import Scheduler
 
 __all__ = ["LLMEngine", "SamplingParams", "RequestOutput", "RequestMetrics", "RUNTIMES"]
@@ -63,6 +64,10 @@ class RequestOutput:
     logprobs: list | None = None
     cumulative_logprob: float | None = None
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it (None: eos, length)
+    # With SamplingParams.prompt_logprobs: per prompt token {token id: Logprob} of it and the top
+    # ones given the tokens before it (None for the first), vLLM's PromptLogprobs. In "delta"
+    # outputs only the request's first output carries it.
+    prompt_logprobs: list | None = None
 
 
 class LLMEngine:
@@ -195,20 +200,30 @@ class LLMEngine:
         reqs = [r for r, _ in sched.scheduled]
         starts = [r.num_computed_tokens for r in reqs]
         counts = [n for _, n in sched.scheduled]
-        logits, failed = self._execute(reqs, starts, counts)
+        num_logits = [self._logit_rows(r, s, n) for r, s, n in zip(reqs, starts, counts)]
+        logits, failed = self._execute(reqs, starts, counts, num_logits)
         outputs = [self._fail(req, err) for req, err in failed]
         if failed:
             bad = {id(r) for r, _ in failed}
-            sched.scheduled = [(r, n) for r, n in sched.scheduled if id(r) not in bad]
-            reqs = [r for r in reqs if id(r) not in bad]
+            keep = [i for i, r in enumerate(reqs) if id(r) not in bad]
+            sched.scheduled = [sched.scheduled[i] for i in keep]
+            reqs, starts, counts, num_logits = ([xs[i] for i in keep] for xs in (reqs, starts, counts, num_logits))
         self.scheduler.update_after_step(sched)
         self._num_steps += 1
 
+        ends = list(itertools.accumulate(num_logits))  # row after each sequence's last logits row
+        if len(ends) != len(reqs) or (ends and ends[-1] != len(reqs)):  # some returned prompt rows
+            for req, start, n, end in zip(reqs, starts, num_logits, ends):
+                if n > 1 or req.needs_prompt_logits:
+                    self._record_prompt_logprobs(req, logits[end - n:end], start)
         rows = [i for i, r in enumerate(reqs) if r.num_computed_tokens == r.num_tokens]
         if not rows:
             return outputs
         # Every row (decode's usual case): the logits as they are, no copy of [B, vocab] floats.
-        picked = logits if len(rows) == logits.shape[0] else logits[rows]
+        if len(rows) == logits.shape[0]:
+            picked = logits
+        else:
+            picked = logits[[ends[i] - 1 for i in rows]]
         sampled = self.sampler.sample(
             picked, [reqs[i].params for i in rows], [reqs[i].generator for i in rows],
             [(reqs[i].prompt_token_ids, reqs[i].output_token_ids) for i in rows], self.facts.eos_token_ids,
@@ -249,36 +264,61 @@ class LLMEngine:
 
     def _record_logprobs(self, req: Request, row: np.ndarray, token: int) -> None:
         own, entries = token_logprobs(row, token, req.params.logprobs)
-        if self.tokenizer is not None:
-            entries = {t: dataclasses.replace(lp, decoded_token=self.tokenizer.decode([t], skip_special_tokens=False))
-                       for t, lp in entries.items()}
+        entries = self._decoded(entries)
         if req.logprobs is None:
             req.logprobs = []
         req.logprobs.append(entries)
         req.cumulative_logprob += own
 
-    def _run_graph(self, reqs, starts, counts) -> np.ndarray:
+    @staticmethod
+    def _logit_rows(req: Request, start: int, count: int) -> int:
+        """Logits rows the request's chunk returns: every new token's while its prompt logprobs
+        are still wanted (a chunk then lies inside the prompt: they are complete once the prompt's
+        last token ran), else the last token's."""
+        return count if req.needs_prompt_logits else 1
+
+    def _record_prompt_logprobs(self, req: Request, rows: np.ndarray, start: int) -> None:
+        """Rows of positions start.. predict the prompt tokens after them (the prompt's last row
+        predicts the first output token: the sampler's business)."""
+        prompt = req.prompt_token_ids
+        if req.prompt_logprobs is None:
+            req.prompt_logprobs = [None] * len(prompt)
+        n = min(rows.shape[0], len(prompt) - 1 - start)
+        if n > 0:
+            entries = rows_logprobs(rows[:n], prompt[start + 1:start + 1 + n], req.params.prompt_logprobs)
+            req.prompt_logprobs[start + 1:start + 1 + n] = [self._decoded(e) for e in entries]
+        if start + rows.shape[0] >= len(prompt):
+            req.prompt_logprobs_done = True
+
+    def _decoded(self, entries: dict) -> dict:
+        if self.tokenizer is None:
+            return entries
+        return {t: dataclasses.replace(lp, decoded_token=self.tokenizer.decode([t], skip_special_tokens=False))
+                for t, lp in entries.items()}
+
+    def _run_graph(self, reqs, starts, counts, num_logits) -> np.ndarray:
         return self.backend.execute(
             seq_lens=[s + n for s, n in zip(starts, counts)],
             query_lens=counts,
             block_tables=[self.kv_cache.block_table(r.request_id) for r in reqs],
             new_token_ids=[r.all_token_ids[s : s + n] for r, s, n in zip(reqs, starts, counts)],
+            num_logits=None if all(k == 1 for k in num_logits) else num_logits,
         )
 
-    def _execute(self, reqs, starts, counts) -> tuple[np.ndarray, list]:
-        """(logits of the requests that ran, [(request, error message)] of those that could not)."""
+    def _execute(self, reqs, starts, counts, num_logits) -> tuple[np.ndarray, list]:
+        """(logits rows of the requests that ran, [(request, error message)] of those that could not)."""
         try:
-            return self._run_graph(reqs, starts, counts), []
+            return self._run_graph(reqs, starts, counts, num_logits), []
         except Exception as e:  # noqa: BLE001 - any failure of a step is reported per request
             if len(reqs) == 1:
                 return np.zeros((0, 0), np.float32), [(reqs[0], f"{type(e).__name__}: {e}")]
         rows, failed = [], []
-        for req, start, count in zip(reqs, starts, counts):
+        for req, start, count, k in zip(reqs, starts, counts, num_logits):
             try:
-                rows.append(np.array(self._run_graph([req], [start], [count])[0]))
+                rows.append(np.array(self._run_graph([req], [start], [count], [k])))
             except Exception as e:  # noqa: BLE001
                 failed.append((req, f"{type(e).__name__}: {e}"))
-        return (np.stack(rows) if rows else np.zeros((0, 0), np.float32)), failed
+        return (np.concatenate(rows) if rows else np.zeros((0, 0), np.float32)), failed
 
     def _fail(self, req: Request, error: str) -> RequestOutput:
         self.scheduler.finish(req, "error")
@@ -343,6 +383,10 @@ class LLMEngine:
         if req.logprobs is not None:
             logprobs = req.logprobs[len(req.logprobs) - len(new_token_ids):] if req.params.output_kind == "delta" \
                 else list(req.logprobs)
+        prompt_logprobs = None
+        if req.prompt_logprobs is not None and req.prompt_logprobs_done and (
+                req.params.output_kind != "delta" or len(req.output_token_ids) <= len(new_token_ids)):
+            prompt_logprobs = list(req.prompt_logprobs)
         if req.params.output_kind == "delta":
             prompt, token_ids, text = req.prompt_token_ids, list(new_token_ids), new_text
         else:
@@ -371,6 +415,7 @@ class LLMEngine:
             logprobs=logprobs,
             cumulative_logprob=req.cumulative_logprob if req.params.logprobs is not None else None,
             stop_reason=req.stop_reason,
+            prompt_logprobs=prompt_logprobs,
         )
 
     def _encode(self, prompt) -> list[int]:

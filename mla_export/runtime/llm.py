@@ -63,7 +63,7 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
     finished: bool = True
-    prompt_logprobs: None = None
+    prompt_logprobs: list | None = None  # per prompt token {token id: Logprob}, None for the first
     metrics: object = field(default=None, repr=False)
 
     # The first completion's fields, for code written against this package's earlier flat outputs.
@@ -183,7 +183,10 @@ class LLM:
         for k, params in enumerate(sampling_params):
             for i in range(params.n):
                 seed = None if params.seed is None else params.seed + i
-                one = dataclasses.replace(params, n=1, seed=seed, output_kind="final_only")
+                # The prompt's logprobs are the same for every completion: the first computes them
+                # (the others may then take the prompt from the prefix cache).
+                prompt_lp = params.prompt_logprobs if i == 0 else None
+                one = dataclasses.replace(params, n=1, seed=seed, output_kind="final_only", prompt_logprobs=prompt_lp)
                 jobs.append((k, i, f"llm-{next(self._ids)}", one))
         try:
             for k, _, rid, params in jobs:
@@ -208,7 +211,7 @@ class LLM:
                 prompt_token_ids=list(first.prompt_token_ids),
                 outputs=[CompletionOutput(i, o.text, list(o.token_ids), o.cumulative_logprob, o.logprobs,
                                           o.finish_reason, o.stop_reason) for i, o in mine],
-                metrics=first.metrics))
+                prompt_logprobs=first.prompt_logprobs, metrics=first.metrics))
         return results
 
     def chat(

@@ -10,7 +10,8 @@ From these it derives every index the graph needs (see docs/MLA.md, "The paged l
   query_start_loc = [0, cumsum(query_lens)]
   positions[t]    = seq_lens[b] - query_lens[b] + j       for new token j of sequence b
   slot_mapping[t] = block_table[b][pos // BS] * BS + pos % BS
-  logits_indices  = query_start_loc[1:] - 1                (the last new token of each sequence)
+  logits_indices  = query_start_loc[1:] - 1                (the last new token of each sequence;
+                    with num_logits[b] > 1 its last num_logits[b] new tokens: prompt logprobs)
   block_tables    = the tables padded with 0 to the batch's widest needed width
 Everything is computed with whole-array numpy operations; the only Python loop runs over the
 B sequences (to pack their ragged tables), never over tokens.
@@ -48,7 +49,7 @@ class MLAMetadata:
     query_start_loc: np.ndarray  # [B + 1]
     seq_lens: np.ndarray  # [B]
     block_tables: np.ndarray  # [B, M]
-    logits_indices: np.ndarray  # [B]
+    logits_indices: np.ndarray  # [L] (L = B unless some sequence returns more rows)
 
     @property
     def num_tokens(self) -> int:
@@ -105,8 +106,11 @@ class MLAMetadataBuilder:
         query_lens: Sequence[int] | np.ndarray,
         block_tables: Sequence[Sequence[int]],
         new_token_ids: Sequence[Sequence[int]] | np.ndarray,
+        num_logits: Sequence[int] | None = None,
     ) -> MLAMetadata:
         """`new_token_ids` is either one sequence of ids per sequence or the packed [T] array.
+        `num_logits[b]` (default 1): how many of sequence b's new tokens, the last ones, return
+        logits rows (in order); more than one for the prompt logprobs of a prefill chunk.
 
         This runs once per step on the hot path. Numpy's per-call cost dominates at decode batch
         sizes, so the per-sequence facts (B values) are checked with Python builtins, and numpy
@@ -169,8 +173,26 @@ class MLAMetadataBuilder:
             query_start_loc=query_start_loc,
             seq_lens=seq_lens_arr,
             block_tables=tables,
-            logits_indices=query_start_loc[1:] - 1,
+            logits_indices=self._logits_indices(query_start_loc, query_lens, num_logits),
         )
+
+    @staticmethod
+    def _logits_indices(query_start_loc: np.ndarray, query_lens: list[int], num_logits) -> np.ndarray:
+        last = query_start_loc[1:] - 1
+        if num_logits is None:
+            return last
+        counts = _int_list(num_logits, "num_logits")
+        if len(counts) != len(query_lens):
+            raise ValueError(f"num_logits must have one count per sequence ({len(query_lens)}), got {len(counts)}")
+        for b, (c, q) in enumerate(zip(counts, query_lens)):
+            if not 1 <= c <= q:
+                raise ValueError(f"num_logits[{b}] must lie in [1, {q}] (the sequence's new tokens), got {c}")
+        if all(c == 1 for c in counts):
+            return last
+        counts_arr = np.array(counts, dtype=np.int32)
+        starts = np.repeat(last + 1 - counts_arr, counts_arr)  # each run's first row, per returned row
+        run_start = np.repeat(np.cumsum(counts_arr) - counts_arr, counts_arr)
+        return (starts + np.arange(int(counts_arr.sum()), dtype=np.int32) - run_start).astype(np.int32)
 
     def _pack_token_ids(self, new_token_ids, query_lens: list[int], num_tokens: int) -> np.ndarray:
         if isinstance(new_token_ids, np.ndarray):

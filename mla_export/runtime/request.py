@@ -44,6 +44,8 @@ class Request:
     logprobs: list | None = None  # per output token {token id: Logprob} (params.logprobs set)
     cumulative_logprob: float = 0.0  # sum of the sampled tokens' log-probabilities
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it (vLLM's)
+    prompt_logprobs: list | None = None  # per prompt token {token id: Logprob} (params.prompt_logprobs set)
+    prompt_logprobs_done: bool = False  # every prompt token's logits have been seen
     # Stop strings (params.stop): text held back because it may still grow into one, and the text
     # emitted so far (the output's text, cut at a stop string).
     pending_text: str = ""
@@ -63,6 +65,12 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status is RequestStatus.FINISHED
+
+    @property
+    def needs_prompt_logits(self) -> bool:
+        """Its prompt logprobs are wanted and not complete: every prompt row's logits are needed,
+        so its prompt is computed (not taken from the prefix cache) with all rows returned."""
+        return self.params.prompt_logprobs is not None and not self.prompt_logprobs_done
 
     def append_output(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)

@@ -21,7 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["SamplingParams", "Sampler", "OUTPUT_KINDS", "Logprob", "token_logprobs"]
+__all__ = ["SamplingParams", "Sampler", "OUTPUT_KINDS", "Logprob", "token_logprobs", "rows_logprobs"]
 
 OUTPUT_KINDS = ("cumulative", "delta", "final_only")
 MAX_LOGPROBS = 20  # top log-probabilities per token (OpenAI's limit)
@@ -51,6 +51,7 @@ class SamplingParams:
     logit_bias: dict | None = None  # token id -> added to its logit ([-100, 100])
     allowed_token_ids: tuple[int, ...] | None = None  # only these may be generated
     logprobs: int | None = None  # log-probabilities of the sampled token and of this many top ones
+    prompt_logprobs: int | None = None  # the same for every prompt token after the first (no prefix cache hit)
     stop: tuple[str, ...] = ()  # strings that end the output (cut there; needs a tokenizer)
     include_stop_str_in_output: bool = False
     n: int = 1  # completions per prompt (LLM.generate and the server fan a prompt out into n requests)
@@ -113,6 +114,10 @@ class SamplingParams:
         if self.logprobs is not None and (not is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
             raise ValueError(f"logprobs must be an integer in [0, {MAX_LOGPROBS}] (top tokens besides the "
                              f"sampled one), got {self.logprobs!r}")
+        if self.prompt_logprobs is not None and (not is_int(self.prompt_logprobs)
+                                                 or not 0 <= self.prompt_logprobs <= MAX_LOGPROBS):
+            raise ValueError(f"prompt_logprobs must be an integer in [0, {MAX_LOGPROBS}] (top tokens besides the "
+                             f"prompt's own), got {self.prompt_logprobs!r}")
         stop = (self.stop,) if isinstance(self.stop, str) else self.stop
         if stop is None:
             stop = ()
@@ -164,6 +169,34 @@ def token_logprobs(row: np.ndarray, token: int, k: int) -> tuple[float, dict[int
         for rank, t in enumerate(top.tolist(), 1):
             out.setdefault(int(t), Logprob(float(x[t] - lse), rank))
     return own, out
+
+
+def rows_logprobs(rows: np.ndarray, tokens: Sequence[int], k: int, chunk: int = 64) -> list[dict[int, Logprob]]:
+    """`token_logprobs` of many rows at once (prompt logprobs: row i's logits against tokens[i]),
+    vectorised over chunks of rows so a long prompt never holds [T, vocab] float64 at once."""
+    out = []
+    tokens = np.asarray(tokens, dtype=np.int64)
+    for lo in range(0, rows.shape[0], chunk):
+        x = rows[lo:lo + chunk].astype(np.float64)
+        tok = tokens[lo:lo + chunk]
+        m = x.max(axis=1, keepdims=True)
+        lse = m[:, 0] + np.log(np.exp(x - m).sum(axis=1))
+        own_logit = x[np.arange(x.shape[0]), tok]
+        ranks = (x > own_logit[:, None]).sum(axis=1) + 1
+        own = own_logit - lse
+        if k:
+            top = np.argpartition(-x, k - 1, axis=1)[:, :k] if k < x.shape[1] else \
+                np.broadcast_to(np.arange(x.shape[1]), x.shape)
+            vals = np.take_along_axis(x, top, axis=1)
+            order = np.argsort(-vals, axis=1, kind="stable")
+            top, vals = np.take_along_axis(top, order, axis=1), np.take_along_axis(vals, order, axis=1)
+        for i in range(x.shape[0]):
+            entry = {int(tok[i]): Logprob(float(own[i]), int(ranks[i]))}
+            if k:
+                for rank, (t, v) in enumerate(zip(top[i].tolist(), (vals[i] - lse[i]).tolist()), 1):
+                    entry.setdefault(int(t), Logprob(float(v), rank))
+            out.append(entry)
+    return out
 
 
 class Sampler:

@@ -77,7 +77,10 @@ class Scheduler:
         # New requests only when nobody had to give blocks back in this step.
         while not out.preempted and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             req = self.waiting[0]
-            blocks, num_cached = self.kv.get_computed_blocks(req.request_id, req.all_token_ids)
+            # A request still wanting its prompt logprobs needs the logits of every prompt row,
+            # which a prefix cache hit would skip (vLLM skips the lookup for it too).
+            lookup = not req.needs_prompt_logits
+            blocks, num_cached = self.kv.get_computed_blocks(req.request_id, req.all_token_ids) if lookup else ([], 0)
             num_new = min(req.num_tokens - num_cached, budget)
             if not self.kv.allocate_slots(req.request_id, num_cached, num_new, blocks):
                 break
@@ -85,8 +88,9 @@ class Scheduler:
             req.status = RequestStatus.RUNNING
             req.num_computed_tokens = num_cached
             req.num_cached_prompt_tokens += min(num_cached, req.num_prompt_tokens)
-            self.prefix_cache_queries += req.num_tokens
-            self.prefix_cache_hits += num_cached
+            if lookup:
+                self.prefix_cache_queries += req.num_tokens
+                self.prefix_cache_hits += num_cached
             self.running.append(req)
             out.scheduled.append((req, num_new))
             budget -= num_new

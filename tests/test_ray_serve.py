@@ -267,6 +267,15 @@ def test_deltas_accumulate_into_the_engines_outputs():
     acc = Accumulator()
     got = [acc.add(from_wire(json.loads(json.dumps(to_wire(delta_of(o)))))) for o in outs]
     assert got[0].logprobs == lps[:1] and got[1].logprobs == lps
+    # prompt logprobs (on every cumulative output) travel once, with the first tokens
+    plp = [None, {4: Logprob(-2.0, 3, "x"), 9: Logprob(-0.1, 1, "y")}]
+    outs = [RequestOutput("p", [1, 4], [7], [7], "a", False, None, m, new_text="a", prompt_logprobs=plp),
+            RequestOutput("p", [1, 4], [7, 8], [8], "ab", True, "length", m, new_text="b", prompt_logprobs=plp)]
+    deltas = [delta_of(o) for o in outs]
+    assert deltas[0].prompt_logprobs == plp and deltas[1].prompt_logprobs is None
+    acc = Accumulator()
+    got = [acc.add(from_wire(json.loads(json.dumps(to_wire(d))))) for d in deltas]
+    assert got[0].prompt_logprobs == plp and got[1].prompt_logprobs == plp
 
 
 # ---- the output channel (channel.py), on this machine's loopback ---------------------------------
@@ -377,8 +386,10 @@ def test_wire_items_round_trip_and_malformed_ones_are_named():
     assert from_wire(json.loads(json.dumps(to_wire(d)))) == d
     ab = Aborted("r", "error", "x")
     assert from_wire(to_wire(ab)) == ab
-    for bad in (["z", 1], ["d", "r"], "d", ["d", "r", ["x"], None, False, None, None, None, 0, None],
-                ["d", "r", [1], None, False, None, None, None, 0, [[["x", 0.1, 1, "a"]]]]):
+    for bad in (["z", 1], ["d", "r"], "d", ["d", "r", ["x"], None, False, None, None, None, 0, None, None],
+                ["d", "r", [1], None, False, None, None, None, 0, [[["x", 0.1, 1, "a"]]], None],
+                ["d", "r", [1], None, False, None, None, None, 0, None, [None, [[1, "y", 1, "a"]]]],
+                ["d", "r", [1], None, False, None, None, None, 0, None]):
         with pytest.raises(ValueError, match="output channel"):
             from_wire(bad)
 

@@ -534,6 +534,45 @@ def test_logprobs_penalties_and_vllm_extras_equal_the_offline_engine(server, off
     assert all(t.logprob == pytest.approx(t.top_logprobs[0].logprob) for t in content)  # greedy: the best one
 
 
+def test_echo_and_prompt_logprobs_equal_the_offline_engine(server, offline):
+    """lm-evaluation-harness' loglikelihood request (echo, logprobs, max_tokens 0 or 1, token-id
+    prompts) and vLLM's prompt_logprobs: the engine's prompt logprobs, streamed and not."""
+    from mla_export import SamplingParams
+
+    c = client(server)
+    ids = offline.get_tokenizer().encode("The quick brown fox jumps").ids
+    want = offline.generate([ids], SamplingParams(temperature=0.0, max_tokens=1, logprobs=2, prompt_logprobs=2))[0]
+    own = [None] + [e[t].logprob for e, t in zip(want.prompt_logprobs[1:], ids[1:])]
+    for max_tokens in (0, 1):
+        r = c.completions.create(model="tiny", prompt=ids, max_tokens=max_tokens, temperature=0, logprobs=2,
+                                 echo=True)
+        lp, text = r.choices[0].logprobs, r.choices[0].text
+        assert lp.token_logprobs[:len(ids)] == pytest.approx(own, abs=1e-6)
+        assert lp.top_logprobs[0] is None and all(len(t) >= 2 for t in lp.top_logprobs[1:])
+        assert len(lp.tokens) == len(ids) + max_tokens and r.usage.completion_tokens == max_tokens
+        assert text.startswith(offline.get_tokenizer().decode(ids))
+        if max_tokens:
+            gen = want.outputs[0]
+            assert lp.token_logprobs[-1] == pytest.approx(gen.logprobs[0][gen.token_ids[0]].logprob, abs=1e-6)
+            assert text.endswith(gen.text)
+    streamed = list(c.completions.create(model="tiny", prompt="The quick brown fox jumps", max_tokens=2,
+                                         temperature=0, logprobs=0, echo=True, stream=True))
+    got = [x for ch in streamed if ch.choices and ch.choices[0].logprobs for x in ch.choices[0].logprobs.token_logprobs]
+    assert got[:len(ids)] == pytest.approx(own, abs=1e-6) and len(got) == len(ids) + 2
+    assert "".join(ch.choices[0].text for ch in streamed if ch.choices).startswith("The quick brown fox jumps")
+    # vLLM's prompt_logprobs: {token id: {logprob, rank, decoded_token}} per prompt token
+    r = c.completions.create(model="tiny", prompt=ids, max_tokens=1, temperature=0,
+                             extra_body={"prompt_logprobs": 1})
+    plp = r.choices[0].model_extra["prompt_logprobs"]
+    assert plp[0] is None and len(plp) == len(ids)
+    for entry, t, w in zip(plp[1:], ids[1:], want.prompt_logprobs[1:]):
+        assert entry[str(t)]["logprob"] == pytest.approx(w[t].logprob, abs=1e-6)
+        assert any(v["rank"] == 1 for v in entry.values())
+    chat = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=1,
+                                     extra_body={"prompt_logprobs": 0})
+    assert chat.model_extra["prompt_logprobs"][0] is None and len(chat.model_extra["prompt_logprobs"]) > 1
+
+
 def test_min_tokens_and_include_stop_str_in_output(server, offline):
     from mla_export import SamplingParams
 

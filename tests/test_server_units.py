@@ -40,11 +40,13 @@ def test_completion_prompt_forms():
     ({"prompt": "x", "stop": ["a"] * 17}, "stop"),
     ({"prompt": "x", "stop_token_ids": [-3]}, "stop_token_ids"),
     ({"prompt": "x", "best_of": 3}, "best_of"),
-    ({"prompt": "x", "echo": True}, "echo"),
+    ({"prompt": "x", "echo": 1}, "echo"),
+    ({"prompt": "x", "max_tokens": 0}, "max_tokens"),  # 0 only with echo
+    ({"prompt": "x", "prompt_logprobs": 21}, "prompt_logprobs"),
+    ({"prompt": "x", "prompt_logprobs": 1, "stream": True}, "prompt_logprobs"),
     ({"prompt": "x", "logit_bias": {"a": 5}}, "logit_bias"),
     ({"prompt": "x", "logit_bias": {"1": 500}}, "logit_bias"),
     ({"prompt": "x", "structured_outputs": {"json": {}}}, "structured_outputs"),
-    ({"prompt": "x", "prompt_logprobs": 1}, "prompt_logprobs"),
     ({"prompt": "x", "model": 5}, "model"),
 ])
 def test_completion_errors_name_the_parameter(body, param):

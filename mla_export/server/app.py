@@ -109,7 +109,11 @@ async def completions(request: Request) -> Response:
         req = P.parse_completion_request(body)
         check_model(st, req.model)
         ids = [await to_ids(st, p) for p in req.prompts]
-        return await respond(st, request, "/v1/completions", ids, req.sampling, chat=False)
+        echo = None
+        if req.sampling.echo:  # the prompt as given, or the decode of given token ids
+            echo = [p if isinstance(p, str) else (st.decode(i) if st.tokenizer is not None else "")
+                    for p, i in zip(req.prompts, ids)]
+        return await respond(st, request, "/v1/completions", ids, req.sampling, chat=False, echo_texts=echo)
 
     return await _guarded(request, "/v1/completions", build)
 

@@ -37,6 +37,12 @@ class _Choice:
     include_stop: bool = False  # include_stop_str_in_output
     token_ids: list[int] = field(default_factory=list)
     logprobs: list | None = None  # per token {token id: Logprob} (the request's logprobs)
+    prompt_logprobs: list | None = None  # per prompt token (None first), once the engine has them
+    echo_text: str | None = None  # completions' echo: the prompt's text, sent before the completion
+    prompt_ids: list[int] = field(default_factory=list)
+    first_token_text: str = ""  # the prompt's first token (it has no logprob: nothing precedes it)
+    echo_sent: bool = False
+    keep_output: bool = True  # False for max_tokens 0 with echo: the one token the engine ran is dropped
     text: str = ""  # text emitted so far
     final_text: str | None = None  # the whole text, once finished
     finished: bool = False
@@ -130,18 +136,21 @@ def engine_params(st, s: P.Sampling, prompt_len: int, choice: int):
                 f"completion). Please reduce the prompt or max_tokens.", "max_tokens", "context_length_exceeded")
     elif max_tokens is None:
         max_tokens = 16
+    max_tokens = max(max_tokens, 1)  # max_tokens 0 (echo): the engine runs the prompt; its token is dropped
     seed = None if s.seed is None else (s.seed + choice) % 2**63
     try:
         return SamplingParams(max_tokens=max_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
                               seed=seed, stop_token_ids=tuple(s.stop_token_ids), ignore_eos=s.ignore_eos,
                               presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty,
                               repetition_penalty=s.repetition_penalty, min_p=s.min_p, min_tokens=s.min_tokens,
-                              logit_bias=s.logit_bias, logprobs=s.logprobs)
+                              logit_bias=s.logit_bias, logprobs=s.logprobs,
+                              prompt_logprobs=s.engine_prompt_logprobs)
     except ValueError as e:
         raise P.bad_request(str(e)) from None
 
 
-async def start(st, prompt_ids: list[list[int]], s: P.Sampling, prefix: str) -> tuple[asyncio.Queue, list[_Choice], list[int]]:
+async def start(st, prompt_ids: list[list[int]], s: P.Sampling, prefix: str,
+                echo_texts: list[str] | None = None) -> tuple[asyncio.Queue, list[_Choice], list[int]]:
     if s.stop and st.tokenizer is None:
         raise P.bad_request("stop strings need a tokenizer; this model has none (use token ids)", "stop")
     seqs, choices = [], []
@@ -150,7 +159,10 @@ async def start(st, prompt_ids: list[list[int]], s: P.Sampling, prefix: str) -> 
             idx = p * s.n + i
             rid = f"{prefix}-{idx}"
             seqs.append(SeqRequest(rid, ids, engine_params(st, s, len(ids), i)))
-            choices.append(_Choice(index=idx, request_id=rid, stop=list(s.stop), include_stop=s.include_stop_str_in_output))
+            choices.append(_Choice(index=idx, request_id=rid, stop=list(s.stop), include_stop=s.include_stop_str_in_output,
+                                   echo_text=echo_texts[p] if s.echo and echo_texts else None,
+                                   keep_output=s.max_tokens != 0, prompt_ids=ids,
+                                   first_token_text=_token_text(st, ids[0]) if s.echo else ""))
     try:
         q = await st.client.submit(seqs)
     except QueueFull:
@@ -228,6 +240,14 @@ async def next_events(st, detok: _Detok, q: asyncio.Queue, by_id: dict[str, _Cho
                 raise P.APIError(503, "The server shut down before the request finished.", type="server_error",
                                  code="shutting_down")
             raise P.APIError(500, f"The engine failed: {item.error}", type="server_error", code="engine_error")
+        if getattr(item, "prompt_logprobs", None) is not None:
+            ch.prompt_logprobs = item.prompt_logprobs
+        if not ch.keep_output:  # max_tokens 0 with echo: the prompt was run, nothing generated is returned
+            ch.finished, ch.finish_reason = True, "length"
+            if not item.finished:
+                st.client.abort([ch.request_id], reason="stop")
+            events.append((ch, "", [], [] if item.logprobs is not None else None))
+            continue
         delta, stopped = detok.advance(ch, item)
         new_ids = list(item.token_ids[ch.last_sent_tokens:])
         new_logprobs = item.logprobs[ch.last_sent_tokens:] if item.logprobs is not None else None
@@ -279,11 +299,63 @@ def chat_logprobs(token_ids: list[int], entries: list | None, top: int) -> dict 
     return {"content": content}
 
 
-def completion_choice(ch: _Choice, want_ids: bool) -> dict:
-    d = {"index": ch.index, "text": _text(ch), "logprobs": completion_logprobs(ch.token_ids, ch.logprobs),
+def _token_text(st, token: int) -> str:
+    return st.tokenizer.decode([token], skip_special_tokens=False) if st.tokenizer is not None else ""
+
+
+def _top(entry: dict, own: int, k: int) -> dict:
+    """The entry's own token and its k most likely (the engine may have computed more)."""
+    return {t: lp for t, lp in entry.items() if t == own or lp.rank <= k}
+
+
+def echo_logprobs(ch: _Choice, k: int) -> dict:
+    """The legacy logprobs object of the echoed prompt: its first token has no logprob (None)."""
+    out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    offset = 0
+    for t, e in zip(ch.prompt_ids, ch.prompt_logprobs or [None] * len(ch.prompt_ids)):
+        text = ch.first_token_text if e is None else (e[t].decoded_token or "")
+        out["tokens"].append(text)
+        out["token_logprobs"].append(None if e is None else e[t].logprob)
+        out["top_logprobs"].append(None if e is None else
+                                   {(lp.decoded_token or ""): lp.logprob for lp in _top(e, t, k).values()})
+        out["text_offset"].append(offset)
+        offset += len(text)
+    return out
+
+
+def _echo_prefix(ch: _Choice, logprobs: int | None) -> tuple[str, dict | None]:
+    """(text, logprobs object) to put before the choice's first output: the prompt under echo."""
+    if ch.echo_text is None or ch.echo_sent:
+        return "", None
+    ch.echo_sent = True
+    return ch.echo_text, echo_logprobs(ch, logprobs) if logprobs is not None else None
+
+
+def _joined(a: dict | None, b: dict | None) -> dict | None:
+    if a is None or b is None:
+        return a if b is None else b
+    return {key: a[key] + b[key] for key in a}
+
+
+def prompt_logprobs_json(ch: _Choice, k: int | None):
+    """vLLM's prompt_logprobs: per prompt token None (the first) or {token id: {logprob, rank,
+    decoded_token}} of it and the k most likely."""
+    if k is None or ch.prompt_logprobs is None:
+        return None
+    return [None if e is None else {str(t): {"logprob": lp.logprob, "rank": lp.rank, "decoded_token": lp.decoded_token}
+                                    for t, lp in _top(e, own, k).items()}
+            for own, e in zip(ch.prompt_ids, ch.prompt_logprobs)]
+
+
+def completion_choice(ch: _Choice, s: P.Sampling) -> dict:
+    echo_text, echo_lps = _echo_prefix(ch, s.logprobs)
+    lps = completion_logprobs(ch.token_ids, ch.logprobs, len(echo_text))
+    d = {"index": ch.index, "text": echo_text + _text(ch), "logprobs": _joined(echo_lps, lps),
          "finish_reason": ch.finish_reason}
-    if want_ids:
+    if s.return_token_ids:
         d["token_ids"] = ch.token_ids
+    if s.prompt_logprobs is not None:
+        d["prompt_logprobs"] = prompt_logprobs_json(ch, s.prompt_logprobs)
     return d
 
 
@@ -296,10 +368,10 @@ def chat_choice(ch: _Choice, want_ids: bool, top: int = 0) -> dict:
 
 
 async def respond(st, request: Request, endpoint: str, prompt_ids: list[list[int]], s: P.Sampling,
-                  chat: bool) -> Response:
+                  chat: bool, echo_texts: list[str] | None = None) -> Response:
     rid = P.new_id("chatcmpl" if chat else "cmpl")
     created = P.now()
-    q, choices, prompt_lens = await start(st, prompt_ids, s, rid)
+    q, choices, prompt_lens = await start(st, prompt_ids, s, rid, echo_texts)
     by_id = {c.request_id: c for c in choices}
     prompt_tokens = sum(prompt_lens)
     detok = _Detok(st.decode if st.tokenizer is not None else None)
@@ -317,8 +389,10 @@ async def respond(st, request: Request, endpoint: str, prompt_ids: list[list[int
                     await next_events(st, detok, q, by_id)
                 ordered = sorted(choices, key=lambda c: c.index)
                 made = [chat_choice(c, s.return_token_ids, s.logprobs or 0) if chat
-                        else completion_choice(c, s.return_token_ids) for c in ordered]
+                        else completion_choice(c, s) for c in ordered]
                 body = (P.chat_body if chat else P.completion_body)(rid, st.model_name, created, made, use())
+                if chat and s.prompt_logprobs is not None:  # vLLM: one list, on the response
+                    body["prompt_logprobs"] = prompt_logprobs_json(ordered[0], s.prompt_logprobs)
             except P.APIError as e:
                 status, body = e.status, e.body()
             resp = JSONResponse(body, status_code=status,
@@ -345,7 +419,8 @@ async def respond(st, request: Request, endpoint: str, prompt_ids: list[list[int
                          "finish_reason": None}]))
             while not all(c.finished for c in choices):
                 for ch, delta, new_ids, new_lps in await next_events(st, detok, q, by_id):
-                    if (not delta and not ch.finished and not (s.return_token_ids and new_ids)
+                    echo_text, echo_lps = ("", None) if chat else _echo_prefix(ch, s.logprobs)
+                    if (not echo_text and not delta and not ch.finished and not (s.return_token_ids and new_ids)
                             and not (new_lps and s.logprobs is not None)):
                         continue
                     if chat:
@@ -356,8 +431,9 @@ async def respond(st, request: Request, endpoint: str, prompt_ids: list[list[int
                             d["token_ids"] = new_ids
                         await emit(P.chat_chunk(rid, st.model_name, created, [d]))
                     else:
-                        d = {"index": ch.index, "text": delta,
-                             "logprobs": completion_logprobs(new_ids, new_lps, len(ch.text) - len(delta)),
+                        offset = len(ch.echo_text or "") + len(ch.text) - len(delta)
+                        d = {"index": ch.index, "text": echo_text + delta,
+                             "logprobs": _joined(echo_lps, completion_logprobs(new_ids, new_lps, offset)),
                              "finish_reason": ch.finish_reason}
                         if s.return_token_ids:
                             d["token_ids"] = new_ids

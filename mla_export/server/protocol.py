@@ -7,11 +7,11 @@ error body naming the offending parameter:
 
 Unknown fields are ignored (as OpenAI-compatible servers commonly do), but a *known* field of
 the wrong type or out of range is an error, and so is a known OpenAI or vLLM option this server
-cannot honour (echo, best_of > n, suffix, tools, response_format other than text, vLLM's guided
-decoding and prompt_logprobs): silently ignoring it would return something other than what the
-client asked for. Honoured beyond OpenAI's basics: logprobs / top_logprobs, presence and
-frequency penalties, logit_bias, and vLLM's top_k, min_p, repetition_penalty, min_tokens,
-include_stop_str_in_output, stop_token_ids, ignore_eos.
+cannot honour (chat's echo, best_of > n, suffix, tools, response_format other than text, vLLM's
+guided decoding): silently ignoring it would return something other than what the client asked
+for. Honoured beyond OpenAI's basics: logprobs / top_logprobs, completions' echo (max_tokens 0
+with it), presence and frequency penalties, logit_bias, and vLLM's prompt_logprobs, top_k,
+min_p, repetition_penalty, min_tokens, include_stop_str_in_output, stop_token_ids, ignore_eos.
 """
 
 from __future__ import annotations
@@ -192,6 +192,14 @@ class Sampling:
     logit_bias: dict | None = None
     logprobs: int | None = None  # top log-probabilities per token (None: no logprobs)
     include_stop_str_in_output: bool = False
+    echo: bool = False  # completions: the prompt is returned before the completion (and its logprobs)
+    prompt_logprobs: int | None = None  # vLLM's extra: each prompt token's logprob and this many top ones
+
+    @property
+    def engine_prompt_logprobs(self) -> int | None:
+        """Top entries per prompt token the engine must return (echo with logprobs needs them too)."""
+        wanted = [k for k in (self.prompt_logprobs, self.logprobs if self.echo else None) if k is not None]
+        return max(wanted) if wanted else None
 
 
 # vLLM request fields whose feature is not built here: refused by name rather than ignored
@@ -199,7 +207,7 @@ _NOT_BUILT = {
     "guided_json": "structured outputs (guided decoding)", "guided_regex": "structured outputs (guided decoding)",
     "guided_choice": "structured outputs (guided decoding)", "guided_grammar": "structured outputs (guided decoding)",
     "guided_decoding_backend": "structured outputs (guided decoding)",
-    "structured_outputs": "structured outputs (guided decoding)", "prompt_logprobs": "prompt logprobs",
+    "structured_outputs": "structured outputs (guided decoding)",
     "bad_words": "bad_words", "allowed_token_ids": "allowed_token_ids over HTTP",
     "truncate_prompt_tokens": "prompt truncation", "use_beam_search": "beam search",
 }
@@ -215,8 +223,6 @@ def _reject_unsupported(body: dict, chat: bool) -> None:
             if v and not (name == "response_format" and isinstance(v, dict) and v.get("type") == "text"):
                 raise bad_request(f"'{name}' is not supported by this server", name)
     else:
-        if body.get("echo"):
-            raise bad_request("'echo' is not supported by this server", "echo")
         if body.get("suffix"):
             raise bad_request("'suffix' is not supported by this server", "suffix")
 
@@ -229,7 +235,8 @@ def _parse_sampling(body: dict, *, chat: bool) -> Sampling:
         if mt is None:
             mt = _get_int(body, "max_tokens", None, lo=1)
     else:
-        mt = _get_int(body, "max_tokens", 16, lo=1)
+        # max_tokens 0 with echo: only the prompt (and its logprobs) comes back (lm-eval's loglikelihood).
+        mt = _get_int(body, "max_tokens", 16, lo=0 if body.get("echo") is True else 1)
     temperature = _get_float(body, "temperature", 1.0, lo=0.0, hi=2.0)
     top_p = _get_float(body, "top_p", 1.0, lo=0.0, hi=1.0)
     if top_p == 0.0:
@@ -297,6 +304,13 @@ def _parse_sampling(body: dict, *, chat: bool) -> Sampling:
                 raise bad_request(f"'logit_bias' keys must be token ids, got {k!r}", "logit_bias")
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not -100 <= v <= 100:
                 raise bad_request(f"'logit_bias' values must be numbers in [-100, 100], got {v!r}", "logit_bias")
+    if chat and body.get("echo"):  # vLLM's chat echo (repeat the last message) is not built
+        raise bad_request("'echo' is not supported for chat completions by this server", "echo")
+    echo = False if chat else _get_bool(body, "echo", False)
+    prompt_logprobs = _get_int(body, "prompt_logprobs", None, lo=0, hi=20)
+    if prompt_logprobs is not None and stream:
+        raise bad_request("'prompt_logprobs' is not supported with 'stream': true (ask for them non-streamed)",
+                          "prompt_logprobs")
     min_tokens = _get_int(body, "min_tokens", 0, lo=0)
     if mt is not None and min_tokens > mt:
         raise bad_request(f"'min_tokens' ({min_tokens}) must not exceed max_tokens ({mt})", "min_tokens")
@@ -310,7 +324,8 @@ def _parse_sampling(body: dict, *, chat: bool) -> Sampling:
         repetition_penalty=_get_float(body, "repetition_penalty", 1.0, lo=1e-6, hi=100.0),
         min_p=_get_float(body, "min_p", 0.0, lo=0.0, hi=1.0), min_tokens=min_tokens,
         logit_bias={int(k): float(v) for k, v in logit_bias.items()} if logit_bias else None, logprobs=logprobs,
-        include_stop_str_in_output=_get_bool(body, "include_stop_str_in_output", False))
+        include_stop_str_in_output=_get_bool(body, "include_stop_str_in_output", False), echo=echo,
+        prompt_logprobs=prompt_logprobs)
 
 
 # ---- endpoint requests ------------------------------------------------------------------------

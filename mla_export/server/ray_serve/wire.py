@@ -51,6 +51,7 @@ class Delta:
     text: str | None = None  # the whole text, on the finishing delta only (the engine's final decode)
     num_prompt_tokens: int = 0  # on the finishing delta only
     new_logprobs: list | None = None  # per new token {token id: Logprob} (requests with logprobs)
+    prompt_logprobs: list | None = None  # on the request's first delta only (prompt_logprobs asked)
 
 
 def delta_of(out) -> Delta:
@@ -59,8 +60,11 @@ def delta_of(out) -> Delta:
     lps = getattr(out, "logprobs", None)
     if lps is not None:
         lps = list(lps[len(lps) - len(new):]) if new else []
+    plp = getattr(out, "prompt_logprobs", None)
+    if plp is not None and len(out.token_ids or ()) > len(new):  # sent with the first tokens already
+        plp = None
     return Delta(out.request_id, new, out.new_text, fin, out.finish_reason,
-                 out.error, out.text if fin else None, len(out.prompt_token_ids or ()) if fin else 0, lps)
+                 out.error, out.text if fin else None, len(out.prompt_token_ids or ()) if fin else 0, lps, plp)
 
 
 @dataclass
@@ -76,6 +80,7 @@ class Output:
     error: str | None
     num_prompt_tokens: int = 0  # known on the finishing output
     logprobs: list | None = None  # per token so far, with the request's logprobs
+    prompt_logprobs: list | None = None  # once the first delta brought them
 
 
 class Accumulator:
@@ -85,6 +90,7 @@ class Accumulator:
         self._ids: dict[str, list[int]] = {}
         self._text: dict[str, str | None] = {}
         self._logprobs: dict[str, list] = {}
+        self._prompt_logprobs: dict[str, list] = {}
 
     def add(self, d: Delta) -> Output:
         ids = self._ids.setdefault(d.request_id, [])
@@ -99,8 +105,10 @@ class Accumulator:
             lps = self._logprobs.setdefault(d.request_id, [])
             lps += d.new_logprobs
             lps = list(lps)
+        if d.prompt_logprobs is not None:
+            self._prompt_logprobs[d.request_id] = d.prompt_logprobs
         return Output(d.request_id, list(ids), list(d.new_token_ids), text, d.finished, d.finish_reason, d.error,
-                      d.num_prompt_tokens, lps)
+                      d.num_prompt_tokens, lps, self._prompt_logprobs.get(d.request_id))
 
 
 def to_wire(item) -> list:
@@ -108,10 +116,14 @@ def to_wire(item) -> list:
     if isinstance(item, Aborted):
         return ["a", item.request_id, item.reason, item.error]
     d = item if isinstance(item, Delta) else delta_of(item)
-    lps = None if d.new_logprobs is None else [
-        [[t, lp.logprob, lp.rank, lp.decoded_token] for t, lp in entry.items()] for entry in d.new_logprobs]
+    lps = None if d.new_logprobs is None else [_entry_wire(e) for e in d.new_logprobs]
+    plp = None if d.prompt_logprobs is None else [None if e is None else _entry_wire(e) for e in d.prompt_logprobs]
     return ["d", d.request_id, d.new_token_ids, d.new_text, d.finished, d.finish_reason, d.error, d.text,
-            d.num_prompt_tokens, lps]
+            d.num_prompt_tokens, lps, plp]
+
+
+def _entry_wire(entry: dict) -> list:
+    return [[t, lp.logprob, lp.rank, lp.decoded_token] for t, lp in entry.items()]
 
 
 def from_wire(w: list):
@@ -122,11 +134,18 @@ def from_wire(w: list):
         if w[0] == "a":
             _, rid, reason, error = w
             return Aborted(str(rid), str(reason), error)
-        _, rid, ids, new_text, fin, reason, error, text, n_prompt, lps = w
+        _, rid, ids, new_text, fin, reason, error, text, n_prompt, lps, plp = w
         if lps is not None:
-            from ...runtime.sampling import Logprob
-
-            lps = [{int(t): Logprob(float(lp), int(rank), dec) for t, lp, rank, dec in entry} for entry in lps]
-        return Delta(str(rid), [int(t) for t in ids], new_text, bool(fin), reason, error, text, int(n_prompt), lps)
+            lps = [_entry_of(entry) for entry in lps]
+        if plp is not None:
+            plp = [None if entry is None else _entry_of(entry) for entry in plp]
+        return Delta(str(rid), [int(t) for t in ids], new_text, bool(fin), reason, error, text, int(n_prompt), lps,
+                     plp)
     except (TypeError, ValueError) as e:
         raise ValueError(f"output channel: malformed item {str(w)[:80]!r}: {e}") from None
+
+
+def _entry_of(entry: list) -> dict:
+    from ...runtime.sampling import Logprob
+
+    return {int(t): Logprob(float(lp), int(rank), dec) for t, lp, rank, dec in entry}

@@ -123,7 +123,40 @@ def test_presence_frequency_and_min_p_follow_vllm(rng):
     (dict(logit_bias={3: 200}), "logit_bias"),
     (dict(allowed_token_ids=[]), "allowed_token_ids"),
     (dict(logprobs=21), "logprobs"),
+    (dict(bad_words=[""]), "bad_words"),
+    (dict(bad_words=[3]), "bad_words"),
+    (dict(bad_words_token_ids=[[]]), "bad_words_token_ids"),
 ])
 def test_bad_options_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
         SamplingParams(**kwargs)
+
+
+def test_bad_words_follow_vllm(rng):
+    """vLLM's NoBadWordsLogitsProcessor: a one-token word is always banned; a longer one's last
+    token only where the output ends with its other tokens."""
+    vocab = 40
+    row = rng.standard_normal(vocab).astype(np.float32)
+    p = SamplingParams(bad_words_token_ids=[[7], [3, 4, 9], [5, 11]])
+    for output, banned in (([], {7}), ([3, 4], {7, 9}), ([4, 3], {7}), ([1, 5], {7, 11}), ([3, 4, 5], {7, 11})):
+        got = Sampler.process(row, p, [1, 2], output)
+        assert set(np.flatnonzero(np.isinf(got)).tolist()) == banned
+        keep = [t for t in range(vocab) if t not in banned]
+        np.testing.assert_array_equal(got[keep], row[keep])
+
+
+def test_bad_words_in_generation(setup):
+    """A tokenized word (with and without a leading space, vLLM's rule) never appears in the
+    output; the greedy answer changes where it would have."""
+    _, engine = setup
+    if engine.tokenizer is None:
+        pytest.skip("the export has no tokenizer")
+    free = _engine_run(engine, PROMPT, SamplingParams(max_tokens=MAX, temperature=0.0, ignore_eos=True))
+    word = engine.tokenizer.decode(free.token_ids[2:3]).strip() or engine.tokenizer.decode(free.token_ids[3:4]).strip()
+    seqs = engine._bad_words_token_ids([word])
+    got = _engine_run(engine, PROMPT, SamplingParams(max_tokens=MAX, temperature=0.0, ignore_eos=True,
+                                                     bad_words=[word]))
+    assert got.token_ids != free.token_ids
+    for seq in seqs:
+        n = len(seq)
+        assert all(tuple(got.token_ids[i:i + n]) != seq for i in range(len(got.token_ids) - n + 1))

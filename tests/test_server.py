@@ -573,6 +573,38 @@ def test_echo_and_prompt_logprobs_equal_the_offline_engine(server, offline):
     assert chat.model_extra["prompt_logprobs"][0] is None and len(chat.model_extra["prompt_logprobs"]) > 1
 
 
+def test_bad_words_allowed_token_ids_and_truncation_equal_the_offline_engine(server, offline):
+    from mla_export import SamplingParams
+
+    c = client(server)
+    free = offline.generate("Hello", SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))[0].outputs[0]
+    tok = offline.get_tokenizer()
+    # a generated token whose text is a word encoding to that token alone: banning it must change the answer
+    word = next(s for t in free.token_ids if (s := tok.decode([t])).isprintable() and s.strip() == s and s
+                and tok.encode(s, add_special_tokens=False).ids == [t])
+    want = offline.generate("Hello", SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True,
+                                                    bad_words=[word]))[0].outputs[0]
+    r = c.completions.create(model="tiny", prompt="Hello", max_tokens=12, temperature=0,
+                             extra_body=dict(ignore_eos=True, bad_words=[word], return_token_ids=True))
+    assert r.choices[0].model_extra["token_ids"] == want.token_ids != free.token_ids
+    r = c.completions.create(model="tiny", prompt="Hello", max_tokens=6, temperature=0.9, seed=1,
+                             extra_body=dict(allowed_token_ids=[5, 6, 7], return_token_ids=True, ignore_eos=True))
+    assert set(r.choices[0].model_extra["token_ids"]) <= {5, 6, 7}
+    ids = list(range(3, 40))
+    r = c.completions.create(model="tiny", prompt=ids, max_tokens=4, temperature=0,
+                             extra_body=dict(truncate_prompt_tokens=5, return_token_ids=True))
+    tail = offline.generate([ids[-5:]], SamplingParams(temperature=0.0, max_tokens=4))[0].outputs[0]
+    assert r.usage.prompt_tokens == 5 and r.choices[0].model_extra["token_ids"] == tail.token_ids
+    for extra, param in ((dict(allowed_token_ids=[10**7]), None), (dict(bad_words=[""]), "bad_words"),
+                         (dict(truncate_prompt_tokens=0), "truncate_prompt_tokens")):
+        with pytest.raises(openai.BadRequestError) as e:
+            c.completions.create(model="tiny", prompt="Hello", max_tokens=2, extra_body=extra)
+        if param:
+            assert e.value.body["param"] == param
+        else:
+            assert "allowed_token_ids" in e.value.body["message"]
+
+
 def test_min_tokens_and_include_stop_str_in_output(server, offline):
     from mla_export import SamplingParams
 

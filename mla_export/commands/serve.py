@@ -110,6 +110,10 @@ def _add_vllm_aliases(p) -> None:
     p.add_argument("--no-enable-prefix-caching", dest="no_prefix_caching", action="store_true", default=argparse.SUPPRESS,
                    help="same as --no-prefix-caching")
     p.add_argument("--trust-remote-code", action="store_true", help="accepted and ignored: no model code is run")
+    p.add_argument("--generation-config", default="auto", metavar="auto|vllm|DIR",
+                   help="request sampling defaults: auto (default) = the export's generation_config.json "
+                        "(temperature, top_p, top_k, min_p, repetition_penalty, max_new_tokens), vllm = none, "
+                        "or a directory holding a generation_config.json")
 
 
 _KV_DTYPES = {"auto": None, "bf16": "bf16", "bfloat16": "bf16", "f32": "f32", "float32": "f32", "float": "f32"}
@@ -198,7 +202,8 @@ def run(args) -> int:
     name = args.served_model_name or out_dir.resolve().name
     try:
         app = create_app(engine, model_name=name, api_key=args.api_key, max_num_seqs=args.max_num_seqs,
-                         max_queue=args.max_queue, chat_template=args.chat_template)
+                         max_queue=args.max_queue, chat_template=args.chat_template,
+                         generation_config=args.generation_config)
     except (FileNotFoundError, ValueError) as e:
         print(f"mla-export serve: {e}", file=sys.stderr)
         return 2

@@ -31,6 +31,7 @@ def settings_from_args(args, out_dir: Path):
         chat_template = Path(chat_template).read_text(encoding="utf-8")
     return RaySettings(out_dir=str(out_dir.resolve()), model_name=args.served_model_name or out_dir.resolve().name,
                        replicas=args.replicas, api_key=args.api_key, chat_template=chat_template,
+                       generation_config=args.generation_config,
                        max_num_seqs=args.max_num_seqs, max_queue=args.max_queue, engine_kwargs=engine_kwargs,
                        replica_cpus=args.replica_cpus, shutdown_timeout_s=args.shutdown_timeout,
                        stream_interval_s=args.stream_interval_ms / 1000.0, http_port=args.port)

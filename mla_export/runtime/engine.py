@@ -157,6 +157,13 @@ class LLMEngine:
                              "(LLM.generate and the server do)")
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; this model directory has none (use stop_token_ids)")
+        vocab = self.facts.vocab_size
+        for name, ids in (("allowed_token_ids", params.allowed_token_ids or ()), ("logit_bias", params.logit_bias or {})):
+            outside = [t for t in ids if t >= vocab]
+            if outside:  # as vLLM: an id the model cannot produce is a mistake, not something to skip
+                raise ValueError(f"{name}: token id {outside[0]} is outside the vocabulary (size {vocab})")
+        if params.bad_words and params.bad_words_token_ids is None:
+            params = dataclasses.replace(params, bad_words_token_ids=self._bad_words_token_ids(params.bad_words))
         token_ids = self._encode(prompt)
         if len(token_ids) > self.max_model_len:
             raise ValueError(f"the prompt has {len(token_ids)} tokens, more than the model's context ({self.max_model_len})")
@@ -173,6 +180,21 @@ class LLMEngine:
             req.detokenizer = IncrementalDetokenizer(self.tokenizer)
         self._requests[request_id] = req
         self.scheduler.add(req)
+
+    def _bad_words_token_ids(self, words) -> tuple[tuple[int, ...], ...]:
+        """vLLM's SamplingParams.update_from_tokenizer: each word as encoded alone and, when that
+        differs in its first token but not in length, with a leading space (a word mid-sentence)."""
+        if self.tokenizer is None:
+            raise ValueError("bad_words need a tokenizer; this model directory has none")
+        seqs: list[tuple[int, ...]] = []
+        for word in words:
+            for space in ("", " "):
+                ids = tuple(self.tokenizer.encode(space + word.lstrip(), add_special_tokens=False).ids)
+                if not ids:
+                    continue
+                if not space or (seqs and ids[0] != seqs[-1][0] and len(ids) == len(seqs[-1])):
+                    seqs.append(ids)
+        return tuple(seqs)
 
     def abort_request(self, request_id: str) -> None:
         req = self._requests.pop(request_id, None)

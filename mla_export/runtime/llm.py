@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -23,6 +22,7 @@ from typing import Sequence
 import numpy as np
 
 from .engine import LLMEngine
+from .generation_config import read_generation_defaults
 from .sampling import SamplingParams
 
 __all__ = ["LLM", "CompletionOutput", "RequestOutput"]
@@ -33,9 +33,6 @@ _VLLM_ARGS = {"model": None, "tokenizer": None, "dtype": None, "max_model_len": 
               "enable_prefix_caching": "enable_prefix_caching", "trust_remote_code": None, "seed": None,
               "tensor_parallel_size": None, "generation_config": None}
 _DTYPES = {"auto": "bf16", "bfloat16": "bf16", "bf16": "bf16", "float32": "f32", "float": "f32", "f32": "f32"}
-# generation_config.json keys applied as sampling defaults (vLLM's list) and their SamplingParams names
-_GENERATION_DEFAULTS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
-                        "repetition_penalty": "repetition_penalty", "max_new_tokens": "max_tokens"}
 
 
 @dataclass
@@ -85,7 +82,7 @@ class LLM:
         """`LLM(model=dir)` or `LLM(dir)` builds its engine (vLLM's argument names where they mean
         something here: dtype -> precision ("auto" = bf16, "float32"), max_model_len,
         max_num_seqs, max_num_batched_tokens, enable_prefix_caching, seed (the default seed of
-        unseeded requests), generation_config ("auto" | "vllm"); the engine's own options too);
+        unseeded requests), generation_config ("auto" | "vllm" | a directory); the engine's own options too);
         `LLM(engine=engine)` generates over an engine that already exists. vLLM arguments that
         cannot apply on a CPU with one export raise naming them."""
         model = kwargs.pop("model", None)
@@ -110,9 +107,9 @@ class LLM:
         if self._seed is not None and (isinstance(self._seed, bool) or not isinstance(self._seed, int)):
             raise ValueError(f"seed must be an integer, got {self._seed!r}")
         self._generation_config = kwargs.pop("generation_config", "auto")
-        if self._generation_config not in ("auto", "vllm"):
-            raise ValueError("generation_config must be 'auto' (the export's generation_config.json) or 'vllm' "
-                             f"(SamplingParams' own defaults), got {self._generation_config!r}")
+        if not isinstance(self._generation_config, (str, Path)):
+            raise ValueError("generation_config must be 'auto' (the export's generation_config.json), 'vllm' "
+                             f"(SamplingParams' own defaults) or a directory, got {self._generation_config!r}")
         if engine is not None:
             if out_dir is not None or kwargs:
                 raise ValueError("give either an existing engine or out_dir and engine options, not both")
@@ -130,6 +127,7 @@ class LLM:
                 raise TypeError(f"LLM got argument(s) it does not take: {', '.join(unknown)} (vLLM's that apply "
                                 f"here: {', '.join(sorted(_VLLM_ARGS))}; the engine's: {', '.join(sorted(known))})")
             self.engine = LLMEngine(out_dir, **kwargs)
+        self.get_default_sampling_params()  # a bad generation_config fails here, not at the first generate
         self._ids = itertools.count()
         self._prompter = None  # the chat template, loaded on the first chat()
 
@@ -143,16 +141,7 @@ class LLM:
     def get_default_sampling_params(self) -> SamplingParams:
         """SamplingParams() with the export's generation_config.json sampling keys over it (vLLM's
         generation_config="auto"), or SamplingParams() alone (generation_config="vllm")."""
-        if self._generation_config == "vllm":
-            return SamplingParams(seed=self._seed)
-        path = Path(self.engine.contract.out_dir) / "generation_config.json"
-        given = {}
-        if path.is_file():
-            try:
-                raw = json.loads(path.read_text())
-            except ValueError as e:
-                raise ValueError(f"{path}: not valid JSON ({e})") from None
-            given = {ours: raw[theirs] for theirs, ours in _GENERATION_DEFAULTS.items() if raw.get(theirs) is not None}
+        given = read_generation_defaults(self._generation_config, self.engine.contract.out_dir)
         return SamplingParams(seed=self._seed, **given)
 
     def generate(self, prompts, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,

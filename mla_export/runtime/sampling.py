@@ -1,7 +1,8 @@
 """Sampling parameters and the sampler (numpy only): vLLM's SamplingParams fields and order.
 
 The logits of a row are first processed (vLLM's logits processors, in its order): `logit_bias`
-added, `allowed_token_ids` kept, eos / stop tokens masked until `min_tokens`, then the penalties:
+added, `allowed_token_ids` kept, `bad_words` masked (a word's last token, where the output ends
+with its other tokens), eos / stop tokens masked until `min_tokens`, then the penalties:
 repetition (tokens of the prompt and the output: positive logits divided by it, negative ones
 multiplied), frequency (times each token's count in the output) and presence (once per token in
 the output) subtracted. Greedy takes the first maximum of the processed row; sampling divides by
@@ -55,6 +56,10 @@ class SamplingParams:
     stop: tuple[str, ...] = ()  # strings that end the output (cut there; needs a tokenizer)
     include_stop_str_in_output: bool = False
     n: int = 1  # completions per prompt (LLM.generate and the server fan a prompt out into n requests)
+    bad_words: tuple[str, ...] = ()  # words never generated (vLLM's rule; the engine tokenizes them)
+    # bad_words as token-id sequences, with and without a leading space (set by the engine from its
+    # tokenizer; vLLM's _bad_words_token_ids): a sequence's last token is banned after the others.
+    bad_words_token_ids: tuple[tuple[int, ...], ...] | None = None
 
     def __post_init__(self):
         def is_int(v):
@@ -128,6 +133,16 @@ class SamplingParams:
             raise ValueError(f"include_stop_str_in_output must be a bool, got {self.include_stop_str_in_output!r}")
         if not is_int(self.n) or self.n < 1:
             raise ValueError(f"n must be an integer >= 1, got {self.n!r}")
+        words = (self.bad_words,) if isinstance(self.bad_words, str) else (self.bad_words or ())
+        if isinstance(words, bytes) or not all(isinstance(w, str) and w.strip() for w in words):
+            raise ValueError(f"bad_words must be a list of non-empty strings, got {self.bad_words!r}")
+        object.__setattr__(self, "bad_words", tuple(words))
+        if self.bad_words_token_ids is not None:
+            seqs = self.bad_words_token_ids
+            if isinstance(seqs, (str, bytes)) or not all(
+                    not isinstance(s, (str, bytes)) and len(s) >= 1 and all(is_int(t) and t >= 0 for t in s) for s in seqs):
+                raise ValueError(f"bad_words_token_ids must be non-empty sequences of token ids, got {seqs!r}")
+            object.__setattr__(self, "bad_words_token_ids", tuple(tuple(int(t) for t in s) for s in seqs))
         if self.top_k == 0:  # vLLM's newer default spelling of "off"
             object.__setattr__(self, "top_k", -1)
 
@@ -135,7 +150,8 @@ class SamplingParams:
     def processes_logits(self) -> bool:
         """Whether the row is changed before greedy / sampling (penalties, bias, masks)."""
         return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1
-                    or self.logit_bias or self.allowed_token_ids is not None or self.min_tokens)
+                    or self.logit_bias or self.allowed_token_ids is not None or self.min_tokens
+                    or self.bad_words_token_ids)
 
     @property
     def greedy(self) -> bool:
@@ -241,6 +257,11 @@ class Sampler:
             ids = np.asarray([t for t in p.allowed_token_ids if t < vocab], np.int64)
             mask[ids] = 0.0
             x += mask
+        for seq in p.bad_words_token_ids or ():
+            # vLLM's rule: the last token is banned where the output ends with the ones before it.
+            if seq[-1] < vocab and (len(seq) == 1 or (len(output) >= len(seq) - 1
+                                                       and list(output[len(output) - len(seq) + 1:]) == list(seq[:-1]))):
+                x[seq[-1]] = -np.inf
         if len(output) < p.min_tokens:
             held = [t for t in (*eos_token_ids, *p.stop_token_ids) if t < vocab]
             x[held] = -np.inf

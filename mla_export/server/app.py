@@ -73,14 +73,24 @@ async def read_body(st: ServerState, request: Request) -> dict:
     return await st.encoder.parse_json(body)  # big bodies are parsed off the event loop
 
 
-async def to_ids(st: ServerState, prompt) -> list[int]:
+async def to_ids(st: ServerState, prompt, truncating: bool = False) -> list[int]:
     if isinstance(prompt, list):
         if st.vocab_size is not None and max(prompt) >= int(st.vocab_size):
             raise P.bad_request(f"'prompt' token id {max(prompt)} is out of the vocabulary (size {st.vocab_size})", "prompt")
         return prompt
     if st.tokenizer is None:
         raise P.bad_request("this model has no tokenizer: send the prompt as token ids", "prompt")
-    return await st.encode(prompt, special=True)
+    return await st.encode(prompt, special=True, truncating=truncating)
+
+
+def truncated(st: ServerState, ids: list[int], s: P.Sampling) -> list[int]:
+    """vLLM's truncate_prompt_tokens: the prompt's last k tokens (-1: the model's context)."""
+    k = s.truncate_prompt_tokens
+    if k is None:
+        return ids
+    if k == -1:
+        k = st.max_model_len or len(ids)
+    return ids[-k:]
 
 
 def _error(e: P.APIError) -> JSONResponse:
@@ -106,13 +116,14 @@ async def _guarded(request: Request, endpoint: str, build) -> Response:
 
 async def completions(request: Request) -> Response:
     async def build(st, body):
-        req = P.parse_completion_request(body)
+        req = P.parse_completion_request(body, st.sampling_defaults)
         check_model(st, req.model)
-        ids = [await to_ids(st, p) for p in req.prompts]
+        cut = req.sampling.truncate_prompt_tokens is not None
+        ids = [truncated(st, await to_ids(st, p, cut), req.sampling) for p in req.prompts]
         echo = None
         if req.sampling.echo:  # the prompt as given, or the decode of given token ids
-            echo = [p if isinstance(p, str) else (st.decode(i) if st.tokenizer is not None else "")
-                    for p, i in zip(req.prompts, ids)]
+            echo = [p if isinstance(p, str) and req.sampling.truncate_prompt_tokens is None
+                    else (st.decode(i) if st.tokenizer is not None else "") for p, i in zip(req.prompts, ids)]
         return await respond(st, request, "/v1/completions", ids, req.sampling, chat=False, echo_texts=echo)
 
     return await _guarded(request, "/v1/completions", build)
@@ -125,14 +136,15 @@ async def chat_completions(request: Request) -> Response:
                                   "with --chat-template).", code="no_chat_template")
         if st.tokenizer is None:
             raise P.APIError(404, "This model has no tokenizer: chat needs one.", code="no_tokenizer")
-        req = P.parse_chat_request(body)
+        req = P.parse_chat_request(body, st.sampling_defaults)
         check_model(st, req.model)
         try:
             text = st.chat_template.render(req.messages, add_generation_prompt=req.add_generation_prompt,
                                            **req.template_kwargs)
         except TemplateError as e:
             raise P.bad_request(f"the chat template rejected the messages: {e}", "messages") from None
-        ids = await st.encode(text, special=False)
+        ids = truncated(st, await st.encode(text, special=False,
+                                            truncating=req.sampling.truncate_prompt_tokens is not None), req.sampling)
         if not ids:
             raise P.bad_request("the rendered chat prompt is empty", "messages")
         return await respond(st, request, "/v1/chat/completions", [ids], req.sampling, chat=True)
@@ -213,11 +225,11 @@ def build_app(st: ServerState) -> Starlette:
 
 
 def create_app(engine, *, model_name: str, api_key: str | None = None, max_num_seqs: int = 64,
-               max_queue: int = 256, chat_template: str | None = None) -> Starlette:
+               max_queue: int = 256, chat_template: str | None = None, generation_config: str = "auto") -> Starlette:
     """`engine` is an `LLMEngine` that this app owns from startup to shutdown: its loop thread
     starts with the app's lifespan and stops (aborting what is left) when the app shuts down."""
     m = ServerMetrics(model_name=model_name)
     loop = EngineLoop(engine, max_num_seqs=max_num_seqs, max_queue=max_queue, metrics=m)
     st = ServerState(loop, ModelView.of_engine(engine), m, model_name=model_name, api_key=api_key,
-                     chat_template=chat_template)
+                     chat_template=chat_template, generation_config=generation_config)
     return build_app(st)

@@ -144,7 +144,8 @@ def engine_params(st, s: P.Sampling, prompt_len: int, choice: int):
                               presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty,
                               repetition_penalty=s.repetition_penalty, min_p=s.min_p, min_tokens=s.min_tokens,
                               logit_bias=s.logit_bias, logprobs=s.logprobs,
-                              prompt_logprobs=s.engine_prompt_logprobs)
+                              prompt_logprobs=s.engine_prompt_logprobs, bad_words=tuple(s.bad_words),
+                              allowed_token_ids=None if s.allowed_token_ids is None else tuple(s.allowed_token_ids))
     except ValueError as e:
         raise P.bad_request(str(e)) from None
 

@@ -192,6 +192,9 @@ class Sampling:
     logit_bias: dict | None = None
     logprobs: int | None = None  # top log-probabilities per token (None: no logprobs)
     include_stop_str_in_output: bool = False
+    bad_words: list[str] = field(default_factory=list)  # vLLM's: words never generated
+    allowed_token_ids: list[int] | None = None  # vLLM's: only these may be generated
+    truncate_prompt_tokens: int | None = None  # vLLM's: keep only the prompt's last k tokens
     echo: bool = False  # completions: the prompt is returned before the completion (and its logprobs)
     prompt_logprobs: int | None = None  # vLLM's extra: each prompt token's logprob and this many top ones
 
@@ -208,8 +211,7 @@ _NOT_BUILT = {
     "guided_choice": "structured outputs (guided decoding)", "guided_grammar": "structured outputs (guided decoding)",
     "guided_decoding_backend": "structured outputs (guided decoding)",
     "structured_outputs": "structured outputs (guided decoding)",
-    "bad_words": "bad_words", "allowed_token_ids": "allowed_token_ids over HTTP",
-    "truncate_prompt_tokens": "prompt truncation", "use_beam_search": "beam search",
+    "use_beam_search": "beam search",
 }
 
 
@@ -227,21 +229,24 @@ def _reject_unsupported(body: dict, chat: bool) -> None:
             raise bad_request("'suffix' is not supported by this server", "suffix")
 
 
-def _parse_sampling(body: dict, *, chat: bool) -> Sampling:
+def _parse_sampling(body: dict, *, chat: bool, defaults: dict | None = None) -> Sampling:
+    """`defaults`: the model's generation_config values (SamplingParams names) for fields the
+    request does not give (vLLM's --generation-config auto)."""
     _reject_unsupported(body, chat)
+    d = defaults or {}
     if chat:
         # `max_completion_tokens` is the newer name for the same limit.
         mt = _get_int(body, "max_completion_tokens", None, lo=1)
         if mt is None:
-            mt = _get_int(body, "max_tokens", None, lo=1)
+            mt = _get_int(body, "max_tokens", d.get("max_tokens"), lo=1)
     else:
         # max_tokens 0 with echo: only the prompt (and its logprobs) comes back (lm-eval's loglikelihood).
-        mt = _get_int(body, "max_tokens", 16, lo=0 if body.get("echo") is True else 1)
-    temperature = _get_float(body, "temperature", 1.0, lo=0.0, hi=2.0)
-    top_p = _get_float(body, "top_p", 1.0, lo=0.0, hi=1.0)
+        mt = _get_int(body, "max_tokens", d.get("max_tokens", 16), lo=0 if body.get("echo") is True else 1)
+    temperature = _get_float(body, "temperature", d.get("temperature", 1.0), lo=0.0, hi=2.0)
+    top_p = _get_float(body, "top_p", d.get("top_p", 1.0), lo=0.0, hi=1.0)
     if top_p == 0.0:
         raise bad_request("'top_p' must be in (0, 1]", "top_p")
-    top_k = _get_int(body, "top_k", -1, lo=-1)  # -1 or 0 (vLLM's newer spelling): off
+    top_k = _get_int(body, "top_k", d.get("top_k", -1), lo=-1)  # -1 or 0 (vLLM's newer spelling): off
     seed = _get_int(body, "seed", None, lo=-(2**63), hi=2**64 - 1)
     if seed is not None:
         seed %= 2**63  # numpy seeds are non-negative; keep the mapping deterministic
@@ -311,6 +316,17 @@ def _parse_sampling(body: dict, *, chat: bool) -> Sampling:
     if prompt_logprobs is not None and stream:
         raise bad_request("'prompt_logprobs' is not supported with 'stream': true (ask for them non-streamed)",
                           "prompt_logprobs")
+    bad_words = body.get("bad_words")
+    if bad_words is not None and not (isinstance(bad_words, list) and len(bad_words) <= 64 and all(
+            isinstance(w, str) and w.strip() for w in bad_words)):
+        raise bad_request("'bad_words' must be an array of at most 64 non-empty strings", "bad_words")
+    allowed = body.get("allowed_token_ids")
+    if allowed is not None and not (isinstance(allowed, list) and allowed and all(
+            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in allowed)):
+        raise bad_request("'allowed_token_ids' must be a non-empty array of token ids", "allowed_token_ids")
+    truncate = _get_int(body, "truncate_prompt_tokens", None, lo=-1)
+    if truncate == 0:
+        raise bad_request("'truncate_prompt_tokens' must be >= 1 (or -1: the model's context)", "truncate_prompt_tokens")
     min_tokens = _get_int(body, "min_tokens", 0, lo=0)
     if mt is not None and min_tokens > mt:
         raise bad_request(f"'min_tokens' ({min_tokens}) must not exceed max_tokens ({mt})", "min_tokens")
@@ -321,10 +337,11 @@ def _parse_sampling(body: dict, *, chat: bool) -> Sampling:
         include_usage=include_usage, return_token_ids=_get_bool(body, "return_token_ids", False),
         presence_penalty=_get_float(body, "presence_penalty", 0.0, lo=-2.0, hi=2.0),
         frequency_penalty=_get_float(body, "frequency_penalty", 0.0, lo=-2.0, hi=2.0),
-        repetition_penalty=_get_float(body, "repetition_penalty", 1.0, lo=1e-6, hi=100.0),
-        min_p=_get_float(body, "min_p", 0.0, lo=0.0, hi=1.0), min_tokens=min_tokens,
+        repetition_penalty=_get_float(body, "repetition_penalty", d.get("repetition_penalty", 1.0), lo=1e-6, hi=100.0),
+        min_p=_get_float(body, "min_p", d.get("min_p", 0.0), lo=0.0, hi=1.0), min_tokens=min_tokens,
         logit_bias={int(k): float(v) for k, v in logit_bias.items()} if logit_bias else None, logprobs=logprobs,
         include_stop_str_in_output=_get_bool(body, "include_stop_str_in_output", False), echo=echo,
+        bad_words=list(bad_words or []), allowed_token_ids=allowed, truncate_prompt_tokens=truncate,
         prompt_logprobs=prompt_logprobs)
 
 
@@ -346,7 +363,7 @@ class ChatRequest:
     template_kwargs: dict = field(default_factory=dict)
 
 
-def parse_completion_request(body: dict) -> CompletionRequest:
+def parse_completion_request(body: dict, defaults: dict | None = None) -> CompletionRequest:
     model = _get_str(body, "model", None)
     if "prompt" not in body or body["prompt"] is None:
         raise bad_request("'prompt' is required", "prompt")
@@ -369,13 +386,13 @@ def parse_completion_request(body: dict) -> CompletionRequest:
             raise bad_request("'prompt' token ids must be >= 0", "prompt")
     if len(prompts) > 64:
         raise bad_request("at most 64 prompts per request", "prompt")
-    return CompletionRequest(model=model, prompts=prompts, sampling=_parse_sampling(body, chat=False))
+    return CompletionRequest(model=model, prompts=prompts, sampling=_parse_sampling(body, chat=False, defaults=defaults))
 
 
 _ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
-def parse_chat_request(body: dict) -> ChatRequest:
+def parse_chat_request(body: dict, defaults: dict | None = None) -> ChatRequest:
     model = _get_str(body, "model", None)
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
@@ -410,7 +427,7 @@ def parse_chat_request(body: dict) -> ChatRequest:
     kwargs = body.get("chat_template_kwargs") or {}
     if not isinstance(kwargs, dict):
         raise bad_request("'chat_template_kwargs' must be an object", "chat_template_kwargs")
-    return ChatRequest(model=model, messages=out, sampling=_parse_sampling(body, chat=True),
+    return ChatRequest(model=model, messages=out, sampling=_parse_sampling(body, chat=True, defaults=defaults),
                        add_generation_prompt=agp, template_kwargs=kwargs)
 
 

@@ -37,7 +37,7 @@ def _token_str(tokenizer, token_id) -> str | None:
 
 class ServerState:
     def __init__(self, client: EngineClient, model: ModelView, metrics: ServerMetrics, *, model_name: str,
-                 api_key: str | None, chat_template: str | None = None):
+                 api_key: str | None, chat_template: str | None = None, generation_config: str = "auto"):
         self.client = client
         self.model_name = model_name
         self.api_key = api_key
@@ -50,6 +50,11 @@ class ServerState:
         self.vocab_size = facts.get("vocab_size")
         self.created = int(time.time())
         self.final_stats: dict | None = None
+        # vLLM's --generation-config: the model's recommended sampling values are the defaults of
+        # requests that do not give them (max_new_tokens: of max_tokens).
+        from ..runtime.generation_config import read_generation_defaults
+
+        self.sampling_defaults = read_generation_defaults(generation_config, model.out_dir)
         tmpl_src = load_chat_template(model.out_dir, contract.get("chat_template"), chat_template)
         self.chat_template: ChatTemplate | None = None
         if tmpl_src is not None and importlib.util.find_spec("jinja2") is None:
@@ -66,10 +71,12 @@ class ServerState:
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    async def encode(self, text: str, *, special: bool) -> list[int]:
-        """Token ids, tokenized off the event loop when the text is long (see tokenize.py)."""
+    async def encode(self, text: str, *, special: bool, truncating: bool = False) -> list[int]:
+        """Token ids, tokenized off the event loop when the text is long (see tokenize.py).
+        `truncating`: the caller keeps only the last tokens (more than the context may come back,
+        within the character limit)."""
         try:
-            return await self.encoder.encode(text, special=special, max_tokens=self.max_model_len)
+            return await self.encoder.encode(text, special=special, max_tokens=None if truncating else self.max_model_len)
         except PromptTooLong as e:
             raise P.bad_request(f"This model's maximum context length is {self.max_model_len} tokens; {e}.",
                                 "prompt", "context_length_exceeded") from None

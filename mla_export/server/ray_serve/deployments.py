@@ -47,6 +47,7 @@ class RaySettings:
     replicas: int = 2
     api_key: str | None = None
     chat_template: str | None = None
+    generation_config: str = "auto"  # vLLM's --generation-config: auto | vllm | a directory
     max_num_seqs: int = 64
     max_queue: int = 256
     engine_kwargs: dict = field(default_factory=dict)  # LLMEngine's keyword arguments
@@ -83,7 +84,7 @@ class OpenAIIngress:
                                  deployment_name=ENGINE_DEPLOYMENT)
         model = ModelView.of_export(s.out_dir, info["max_model_len"])
         self.state = ServerState(client, model, metrics, model_name=s.model_name, api_key=s.api_key,
-                                 chat_template=s.chat_template)
+                                 chat_template=s.chat_template, generation_config=s.generation_config)
 
     def __serve_build_asgi_app__(self):
         return build_app(self.state)

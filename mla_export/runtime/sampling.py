@@ -17,11 +17,15 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["SamplingParams", "Sampler", "OUTPUT_KINDS", "Logprob", "token_logprobs"]
+# vLLM's vllm.sampling_params holds these too
+from .structured_output import GuidedDecodingParams, StructuredOutputsParams
+
+__all__ = ["SamplingParams", "Sampler", "OUTPUT_KINDS", "Logprob", "token_logprobs", "StructuredOutputsParams",
+           "GuidedDecodingParams"]
 
 OUTPUT_KINDS = ("cumulative", "delta", "final_only")
 MAX_LOGPROBS = 20  # top log-probabilities per token (OpenAI's limit)
@@ -54,6 +58,10 @@ class SamplingParams:
     stop: tuple[str, ...] = ()  # strings that end the output (cut there; needs a tokenizer)
     include_stop_str_in_output: bool = False
     n: int = 1  # completions per prompt (LLM.generate and the server fan a prompt out into n requests)
+    # A grammar the output must follow (structured_output.py): vLLM's StructuredOutputsParams, or a
+    # dict of its fields; guided_decoding is vLLM's older name (GuidedDecodingParams) for the same.
+    structured_outputs: Any = None
+    guided_decoding: Any = None
 
     def __post_init__(self):
         def is_int(v):
@@ -123,8 +131,25 @@ class SamplingParams:
             raise ValueError(f"include_stop_str_in_output must be a bool, got {self.include_stop_str_in_output!r}")
         if not is_int(self.n) or self.n < 1:
             raise ValueError(f"n must be an integer >= 1, got {self.n!r}")
+        self._check_structured_outputs()
         if self.top_k == 0:  # vLLM's newer default spelling of "off"
             object.__setattr__(self, "top_k", -1)
+
+    def _check_structured_outputs(self) -> None:
+        so, old = self.structured_outputs, self.guided_decoding
+        if old is not None:
+            if so is not None and so is not old:
+                raise ValueError("give structured_outputs or guided_decoding (its older name), not both")
+            so = old
+            object.__setattr__(self, "guided_decoding", None)
+        if isinstance(so, dict):
+            try:
+                so = StructuredOutputsParams(**so)
+            except TypeError as e:  # a key that is no field
+                raise ValueError(f"structured_outputs: {e}") from None
+        if so is not None and not isinstance(so, StructuredOutputsParams):
+            raise ValueError(f"structured_outputs must be a StructuredOutputsParams, got {type(so).__name__}")
+        object.__setattr__(self, "structured_outputs", so)
 
     @property
     def processes_logits(self) -> bool:

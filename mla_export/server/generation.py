@@ -136,7 +136,8 @@ def engine_params(st, s: P.Sampling, prompt_len: int, choice: int):
                               seed=seed, stop_token_ids=tuple(s.stop_token_ids), ignore_eos=s.ignore_eos,
                               presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty,
                               repetition_penalty=s.repetition_penalty, min_p=s.min_p, min_tokens=s.min_tokens,
-                              logit_bias=s.logit_bias, logprobs=s.logprobs)
+                              logit_bias=s.logit_bias, logprobs=s.logprobs,
+                              structured_outputs=s.structured_outputs)
     except ValueError as e:
         raise P.bad_request(str(e)) from None
 

@@ -7,10 +7,11 @@ error body naming the offending parameter:
 
 Unknown fields are ignored (as OpenAI-compatible servers commonly do), but a *known* field of
 the wrong type or out of range is an error, and so is a known OpenAI or vLLM option this server
-cannot honour (echo, best_of > n, suffix, tools, response_format other than text, vLLM's guided
-decoding and prompt_logprobs): silently ignoring it would return something other than what the
-client asked for. Honoured beyond OpenAI's basics: logprobs / top_logprobs, presence and
-frequency penalties, logit_bias, and vLLM's top_k, min_p, repetition_penalty, min_tokens,
+cannot honour (echo, best_of > n, suffix, tools, prompt_logprobs): silently ignoring it would
+return something other than what the client asked for. Honoured beyond OpenAI's basics:
+logprobs / top_logprobs, presence and frequency penalties, logit_bias, structured outputs
+(response_format json_object / json_schema and vLLM's structured_outputs / guided_*, parsed in
+structured_request.py), and vLLM's top_k, min_p, repetition_penalty, min_tokens,
 include_stop_str_in_output, stop_token_ids, ignore_eos.
 """
 
@@ -192,14 +193,12 @@ class Sampling:
     logit_bias: dict | None = None
     logprobs: int | None = None  # top log-probabilities per token (None: no logprobs)
     include_stop_str_in_output: bool = False
+    structured_outputs: Any = None  # runtime StructuredOutputsParams (structured_request.py), or None
 
 
 # vLLM request fields whose feature is not built here: refused by name rather than ignored
 _NOT_BUILT = {
-    "guided_json": "structured outputs (guided decoding)", "guided_regex": "structured outputs (guided decoding)",
-    "guided_choice": "structured outputs (guided decoding)", "guided_grammar": "structured outputs (guided decoding)",
-    "guided_decoding_backend": "structured outputs (guided decoding)",
-    "structured_outputs": "structured outputs (guided decoding)", "prompt_logprobs": "prompt logprobs",
+    "prompt_logprobs": "prompt logprobs",
     "bad_words": "bad_words", "allowed_token_ids": "allowed_token_ids over HTTP",
     "truncate_prompt_tokens": "prompt truncation", "use_beam_search": "beam search",
 }
@@ -210,9 +209,8 @@ def _reject_unsupported(body: dict, chat: bool) -> None:
         if body.get(name) not in (None, False, [], {}):
             raise bad_request(f"'{name}': {what} is not supported by this server", name)
     if chat:
-        for name in ("tools", "functions", "response_format"):
-            v = body.get(name)
-            if v and not (name == "response_format" and isinstance(v, dict) and v.get("type") == "text"):
+        for name in ("tools", "functions"):
+            if body.get(name):
                 raise bad_request(f"'{name}' is not supported by this server", name)
     else:
         if body.get("echo"):
@@ -222,7 +220,10 @@ def _reject_unsupported(body: dict, chat: bool) -> None:
 
 
 def _parse_sampling(body: dict, *, chat: bool) -> Sampling:
+    from .structured_request import parse_structured_outputs
+
     _reject_unsupported(body, chat)
+    structured = parse_structured_outputs(body)
     if chat:
         # `max_completion_tokens` is the newer name for the same limit.
         mt = _get_int(body, "max_completion_tokens", None, lo=1)
@@ -310,7 +311,8 @@ def _parse_sampling(body: dict, *, chat: bool) -> Sampling:
         repetition_penalty=_get_float(body, "repetition_penalty", 1.0, lo=1e-6, hi=100.0),
         min_p=_get_float(body, "min_p", 0.0, lo=0.0, hi=1.0), min_tokens=min_tokens,
         logit_bias={int(k): float(v) for k, v in logit_bias.items()} if logit_bias else None, logprobs=logprobs,
-        include_stop_str_in_output=_get_bool(body, "include_stop_str_in_output", False))
+        include_stop_str_in_output=_get_bool(body, "include_stop_str_in_output", False),
+        structured_outputs=structured)
 
 
 # ---- endpoint requests ------------------------------------------------------------------------

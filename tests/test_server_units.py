@@ -43,7 +43,8 @@ def test_completion_prompt_forms():
     ({"prompt": "x", "echo": True}, "echo"),
     ({"prompt": "x", "logit_bias": {"a": 5}}, "logit_bias"),
     ({"prompt": "x", "logit_bias": {"1": 500}}, "logit_bias"),
-    ({"prompt": "x", "structured_outputs": {"json": {}}}, "structured_outputs"),
+    ({"prompt": "x", "structured_outputs": {"json": {"type": "frob"}}}, "structured_outputs.json"),
+    ({"prompt": "x", "structured_outputs": "json"}, "structured_outputs"),
     ({"prompt": "x", "prompt_logprobs": 1}, "prompt_logprobs"),
     ({"prompt": "x", "model": 5}, "model"),
 ])

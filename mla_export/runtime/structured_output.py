@@ -240,7 +240,8 @@ class RequestGrammar:
         if m is None:
             return False
         if not m.consume_token(int(token)):
-            self.error = m.get_error() or f"token {token} is not allowed by the grammar"
+            # llguidance's message goes on with the parser state and the grammar: its first line says it
+            self.error = (m.get_error() or "").strip().split("\n")[0] or f"token {token} is not allowed by the grammar"
             return False
         self.num_consumed += 1
         return True

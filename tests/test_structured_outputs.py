@@ -11,6 +11,7 @@ tokens on it (vLLM's default keeps JSON whitespace flexible, as here).
 from __future__ import annotations
 
 import json
+import pickle
 import re
 
 import httpx
@@ -256,6 +257,17 @@ def test_vllm_spellings(llm):
                        guided_decoding=GuidedDecodingParams(regex="b"))
     with pytest.raises(ValueError, match="structured_outputs"):
         SamplingParams(structured_outputs={"jsn": {}})
+
+
+def test_params_cross_a_process_boundary(llm):
+    """Ray Serve pickles the SeqRequest (its SamplingParams included) to the replica, which
+    compiles the grammar in its own engine: the spec must survive the trip unchanged."""
+    p = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, n=1, structured_outputs=so_json(SCHEMAS[16]))
+    q = pickle.loads(pickle.dumps(p))
+    assert q == p and q.structured_outputs.key() == p.structured_outputs.key()
+    a, b = llm.generate(["Hello", "Hello"], [p, q])
+    assert a.outputs[0].token_ids == b.outputs[0].token_ids
+    check_json(b.outputs[0].text, SCHEMAS[16])
 
 
 # ---- server ----------------------------------------------------------------------------------

@@ -260,36 +260,38 @@ class StructuredOutputs:
         self._tokenizer = tokenizer  # tokenizers.Tokenizer (or None: no structured outputs)
         self.vocab_size = int(vocab_size)
         self._eos = [int(t) for t in eos_token_ids]
-        self._ll_tokenizer = None
+        self._ll_tokenizer: concurrent.futures.Future | None = None  # llguidance.LLTokenizer
         self._executor = None  # llguidance.LLExecutor: masks of a batch in parallel
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._compiled: collections.OrderedDict[str, concurrent.futures.Future] = collections.OrderedDict()
         self._lock = threading.Lock()
 
-    def _ll(self):
-        if self._ll_tokenizer is None:
-            if self._tokenizer is None:
-                raise ValueError("structured_outputs: this model directory has no tokenizer (tokenizer.json), "
-                                 "which structured outputs need")
-            import llguidance
+    def _start(self) -> None:
+        """On the first structured request: the worker thread, whose first job is the tokenizer as
+        llguidance sees it (about a second for a large vocabulary; off the engine thread too)."""
+        if self._pool is not None:
+            return
+        if self._tokenizer is None:
+            raise ValueError("structured_outputs: this model directory has no tokenizer (tokenizer.json), "
+                             "which structured outputs need")
+        if not self._eos:
+            raise ValueError("structured_outputs: the model has no eos_token_id, which ends a structured output")
+        import llguidance
 
-            if not self._eos:
-                raise ValueError("structured_outputs: the model has no eos_token_id, which ends a structured output")
-            self._ll_tokenizer = llguidance.LLTokenizer(self._tokenizer.to_str(), n_vocab=self.vocab_size,
-                                                        eos_token=self._eos)
-            self._executor = llguidance.LLExecutor()
-            self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mla-grammar")
-        return self._ll_tokenizer
+        self._executor = llguidance.LLExecutor()
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mla-grammar")
+        self._ll_tokenizer = self._pool.submit(
+            llguidance.LLTokenizer, self._tokenizer.to_str(), n_vocab=self.vocab_size, eos_token=self._eos)
 
     def grammar(self, so: StructuredOutputsParams) -> RequestGrammar:
         """A matcher for a new request; a bad spec raises here (StructuredOutputError). The
         compile against the tokenizer starts on a worker thread and is cached by grammar."""
-        ll = self._ll()
+        self._start()
         grammar = grammar_of(so)
         with self._lock:
             fut = self._compiled.get(grammar)
             if fut is None:
-                fut = self._compiled[grammar] = self._pool.submit(self._compile, ll, grammar, so.kind)
+                fut = self._compiled[grammar] = self._pool.submit(self._compile, grammar, so.kind)
                 while len(self._compiled) > _CACHE_SIZE:
                     self._compiled.popitem(last=False)
             else:
@@ -298,11 +300,10 @@ class StructuredOutputs:
             fut.result()
         return RequestGrammar(fut)
 
-    @staticmethod
-    def _compile(ll, grammar: str, kind: str):
+    def _compile(self, grammar: str, kind: str):
         import llguidance
 
-        m = llguidance.LLMatcher(ll, grammar, log_level=0)
+        m = llguidance.LLMatcher(self._ll_tokenizer.result(), grammar, log_level=0)
         if m.is_error():
             raise StructuredOutputError(kind, m.get_error())
         return m

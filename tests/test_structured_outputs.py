@@ -259,6 +259,35 @@ def test_vllm_spellings(llm):
         SamplingParams(structured_outputs={"jsn": {}})
 
 
+def test_eos_only_where_the_grammar_accepts(llm):
+    """The bitmask itself: end-of-sequence is allowed exactly when the text so far is a full match."""
+    import numpy as np
+
+    eng = llm.engine
+    (eos,) = eng.facts.eos_token_ids  # the tiny export has one
+    g = eng.structured.grammar(StructuredOutputsParams(regex="ab(cd)?"))
+    tok = eng.tokenizer
+    zeros = np.zeros((1, eng.facts.vocab_size), np.float32)
+
+    def allowed(out_ids):
+        return np.isfinite(eng.structured.mask(zeros, [g], [out_ids])[0])
+
+    def ids(text):
+        return tok.encode(text, add_special_tokens=False).ids
+
+    assert not allowed([])[eos]
+    ab = ids("ab")
+    row = allowed(ab)
+    assert row[eos] and row[ids("c")[0]] and not row[ids("a")[0]]  # "ab" is a match that may grow into "abcd"
+    assert not allowed(ab + ids("c"))[eos]
+    assert g.num_consumed == len(ab) + 1
+    assert allowed(ab)[eos] and g.num_consumed == len(ab)  # rolled back to the tokens it is given
+    assert not g.finished
+    assert all(g.accept(t) for t in ids("cd"))
+    assert g.finished  # nothing can follow "abcd"
+    assert np.flatnonzero(allowed(ab + ids("cd"))).tolist() == [eos]
+
+
 def test_params_cross_a_process_boundary(llm):
     """Ray Serve pickles the SeqRequest (its SamplingParams included) to the replica, which
     compiles the grammar in its own engine: the spec must survive the trip unchanged."""

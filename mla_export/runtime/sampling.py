@@ -9,7 +9,9 @@ the temperature, drops tokens under `min_p` times the most likely one's probabil
 then top-p, and draws once from the request's own `numpy.random.Generator`. A seeded request
 therefore draws the same tokens whatever else is in the batch, and after a preemption (its
 generator is not rewound: tokens already drawn are kept, not redrawn). `logprobs` are vLLM's
-default "raw" ones: the log-softmax of the model's logits before any processing.
+default "raw" ones: the log-softmax of the model's logits before any processing. A request with
+`structured_outputs` has its row masked by its grammar before all of this (the engine applies
+structured_output.py's bitmask first, as vLLM does), so its logprobs are those of the masked row.
 """
 
 from __future__ import annotations

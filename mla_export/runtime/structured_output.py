@@ -259,7 +259,7 @@ class StructuredOutputs:
     def __init__(self, tokenizer, vocab_size: int, eos_token_ids: Sequence[int]):
         self._tokenizer = tokenizer  # tokenizers.Tokenizer (or None: no structured outputs)
         self.vocab_size = int(vocab_size)
-        self._eos = [int(t) for t in eos_token_ids]
+        self._eos = sorted(int(t) for t in eos_token_ids)
         self._ll_tokenizer: concurrent.futures.Future | None = None  # llguidance.LLTokenizer
         self._executor = None  # llguidance.LLExecutor: masks of a batch in parallel
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None

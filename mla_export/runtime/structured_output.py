@@ -29,8 +29,8 @@ import collections
 import concurrent.futures
 import json
 import threading
-from dataclasses import dataclass, field, fields
-from typing import Any, Sequence
+from dataclasses import dataclass, fields
+from typing import Sequence
 
 import numpy as np
 

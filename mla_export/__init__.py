@@ -11,7 +11,8 @@ import os
 from pathlib import Path
 
 __version__ = "0.1.0"
-__all__ = ["extension_path", "ov_core", "ort_ops_path", "LLM", "LLMEngine", "SamplingParams"]
+__all__ = ["extension_path", "ov_core", "ort_ops_path", "LLM", "LLMEngine", "SamplingParams",
+           "StructuredOutputsParams", "GuidedDecodingParams"]
 
 _LIB_DIR = Path(__file__).resolve().parent / "lib"
 
@@ -79,4 +80,8 @@ def __getattr__(name: str):
         from .runtime import engine
 
         return getattr(engine, name)
+    if name in ("StructuredOutputsParams", "GuidedDecodingParams"):
+        from .runtime import structured_output
+
+        return getattr(structured_output, name)
     raise AttributeError(f"module 'mla_export' has no attribute {name!r}")

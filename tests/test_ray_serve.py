@@ -137,6 +137,24 @@ def test_openai_errors_are_the_same(cluster):
     assert httpx.get(f"{cluster}/health", timeout=30).json() == {"status": "ok"}
 
 
+def test_structured_outputs_cross_to_the_replicas(cluster, offline):
+    """The grammar travels in the SamplingParams pickled to a replica, which compiles it in its engine."""
+    from mla_export import SamplingParams, StructuredOutputsParams
+
+    schema = {"type": "object", "properties": {"id": {"type": "integer", "minimum": 0, "maximum": 99},
+                                               "ok": {"type": "boolean"}},
+              "required": ["id", "ok"], "additionalProperties": False}
+    so = StructuredOutputsParams(json=schema, disable_any_whitespace=True)
+    want = offline.generate("Hello", SamplingParams(temperature=0.0, max_tokens=40, structured_outputs=so))[0]
+    c = openai.OpenAI(base_url=f"{cluster}/v1", api_key="unused", max_retries=0, timeout=120)
+    r = c.completions.create(model="tiny", prompt="Hello", max_tokens=40, temperature=0,
+                             extra_body={"guided_json": schema, "structured_outputs": {"disable_any_whitespace": True}})
+    assert (r.choices[0].text, r.choices[0].finish_reason) == (want.outputs[0].text, "stop")
+    assert json.loads(r.choices[0].text).keys() == {"id", "ok"}
+    with pytest.raises(openai.BadRequestError):
+        c.completions.create(model="tiny", prompt="Hello", max_tokens=4, extra_body={"guided_regex": "a(b"})
+
+
 def test_shared_prefix_goes_back_to_the_replica_that_holds_it(cluster):
     prefix = [(7 * i + 3) % 200 + 5 for i in range(96)]  # several whole KV blocks of one "system prompt"
     c = openai.OpenAI(base_url=f"{cluster}/v1", api_key="unused", max_retries=0, timeout=120)

@@ -398,7 +398,7 @@ BAD = [
     (json.dumps({"prompt": list(range(5, 105)) * 5, "max_tokens": 100}), "max_tokens"),  # 500 + 100 > 512
     (json.dumps({"prompt": "hi", "logprobs": 30}), "logprobs"),
     (json.dumps({"prompt": "hi", "presence_penalty": 3.0}), "presence_penalty"),
-    (json.dumps({"prompt": "hi", "guided_json": {"type": "object"}}), "guided_json"),
+    (json.dumps({"prompt": "hi", "guided_json": {"type": "frob"}}), "guided_json"),
     (json.dumps({"prompt": "hi", "min_tokens": 20, "max_tokens": 4}), "min_tokens"),
     (json.dumps({"prompt": "hi", "stream_options": {"include_usage": True}}), "stream_options"),
 ]

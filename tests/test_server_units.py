@@ -46,7 +46,8 @@ def test_completion_prompt_forms():
     ({"prompt": "x", "prompt_logprobs": 1, "stream": True}, "prompt_logprobs"),
     ({"prompt": "x", "logit_bias": {"a": 5}}, "logit_bias"),
     ({"prompt": "x", "logit_bias": {"1": 500}}, "logit_bias"),
-    ({"prompt": "x", "structured_outputs": {"json": {}}}, "structured_outputs"),
+    ({"prompt": "x", "structured_outputs": {"json": {"type": "frob"}}}, "structured_outputs.json"),
+    ({"prompt": "x", "structured_outputs": "json"}, "structured_outputs"),
     ({"prompt": "x", "model": 5}, "model"),
 ])
 def test_completion_errors_name_the_parameter(body, param):

@@ -9,6 +9,7 @@ Imports only openvino, numpy, ml_dtypes and tokenizers (never torch). The pieces
   kv_cache.KVCacheManager      bookkeeping: block ids, ref counts, prefix caching, copy-on-write
   scheduler.Scheduler          token budget, continuous batching, chunked prefill, preemption
   sampling                     SamplingParams and the numpy sampler
+  structured_output            structured outputs: llguidance grammars, per-request matchers, bitmasks
   engine.LLMEngine, llm.LLM    the user-facing engine and offline generate()
 """
 
@@ -17,6 +18,7 @@ from .engine import LLMEngine, RequestMetrics, RequestOutput
 from .llm import LLM, CompletionOutput, RequestOutput as GenerateOutput
 from .metadata import MLAMetadata, MLAMetadataBuilder
 from .sampling import SamplingParams
+from .structured_output import GuidedDecodingParams, StructuredOutputsParams
 
 __all__ = [
     "MLABackend",
@@ -26,6 +28,8 @@ __all__ = [
     "RequestOutput",
     "RequestMetrics",
     "SamplingParams",
+    "StructuredOutputsParams",
+    "GuidedDecodingParams",
     "LLM",
     "CompletionOutput",
     "GenerateOutput",

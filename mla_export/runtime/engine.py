@@ -26,6 +26,7 @@ from .model_dir import ModelFacts, load_model_dir
 from .request import Request
 from .sampling import Sampler, SamplingParams, rows_logprobs, token_logprobs
 from .scheduler import Scheduler
+from .structured_output import StructuredOutputs
 
 __all__ = ["LLMEngine", "SamplingParams", "RequestOutput", "RequestMetrics", "RUNTIMES"]
 
@@ -113,6 +114,7 @@ class LLMEngine:
                                   num_threads=num_threads)
         self.scheduler = Scheduler(self.kv_cache, max_num_seqs, max_num_batched_tokens)
         self.sampler = Sampler()
+        self.structured = StructuredOutputs(self.tokenizer, facts.vocab_size, facts.eos_token_ids)
         self._requests: dict[str, Request] = {}
         self._generated_tokens = 0
         self._num_steps = 0
@@ -176,6 +178,8 @@ class LLMEngine:
                 f"the cache has only {self.kv_cache.num_blocks} blocks"
             )
         req = Request(request_id, token_ids, params, params.make_generator())
+        if params.structured_outputs is not None:  # a bad spec fails here; the compile starts on a worker
+            req.grammar = self.structured.grammar(params.structured_outputs)
         if self.tokenizer is not None:
             req.detokenizer = IncrementalDetokenizer(self.tokenizer)
         self._requests[request_id] = req
@@ -246,6 +250,8 @@ class LLMEngine:
             picked = logits
         else:
             picked = logits[[ends[i] - 1 for i in rows]]
+        # Grammar bitmasks first (vLLM's order): the processors, the sampler and the logprobs see the masked rows.
+        picked = self.structured.mask(picked, [reqs[i].grammar for i in rows], [reqs[i].output_token_ids for i in rows])
         sampled = self.sampler.sample(
             picked, [reqs[i].params for i in rows], [reqs[i].generator for i in rows],
             [(reqs[i].prompt_token_ids, reqs[i].output_token_ids) for i in rows], self.facts.eos_token_ids,
@@ -259,8 +265,13 @@ class LLMEngine:
             self._generated_tokens += 1
             if req.first_token_time is None:
                 req.first_token_time = now
+            if req.grammar is not None and not req.grammar.accept(token):
+                outputs.append(self._fail(req, f"structured output: {req.grammar.error}"))
+                continue
             new_text = req.detokenizer.step(token) if req.detokenizer is not None else None
             reason = self._stop_reason(req, token)
+            if req.grammar is not None and req.grammar.finished:  # the grammar is complete: nothing can follow
+                reason = "stop"
             if req.params.stop and new_text is not None:
                 new_text, hit = self._match_stop_strings(req, new_text, final=reason is not None)
                 if hit is not None:

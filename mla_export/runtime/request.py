@@ -50,6 +50,7 @@ class Request:
     # emitted so far (the output's text, cut at a stop string).
     pending_text: str = ""
     emitted_text: list[str] = field(default_factory=list)
+    grammar: Any = None  # structured_output.RequestGrammar of a request with params.structured_outputs
 
     def __post_init__(self):
         self.all_token_ids = list(self.prompt_token_ids)

@@ -10,7 +10,9 @@ the temperature, drops tokens under `min_p` times the most likely one's probabil
 then top-p, and draws once from the request's own `numpy.random.Generator`. A seeded request
 therefore draws the same tokens whatever else is in the batch, and after a preemption (its
 generator is not rewound: tokens already drawn are kept, not redrawn). `logprobs` are vLLM's
-default "raw" ones: the log-softmax of the model's logits before any processing.
+default "raw" ones: the log-softmax of the model's logits before any processing. A request with
+`structured_outputs` has its row masked by its grammar before all of this (the engine applies
+structured_output.py's bitmask first, as vLLM does), so its logprobs are those of the masked row.
 """
 
 from __future__ import annotations
@@ -18,11 +20,15 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["SamplingParams", "Sampler", "OUTPUT_KINDS", "Logprob", "token_logprobs", "rows_logprobs"]
+# vLLM's vllm.sampling_params holds these too
+from .structured_output import GuidedDecodingParams, StructuredOutputsParams
+
+__all__ = ["SamplingParams", "Sampler", "OUTPUT_KINDS", "Logprob", "token_logprobs", "rows_logprobs",
+           "StructuredOutputsParams", "GuidedDecodingParams"]
 
 OUTPUT_KINDS = ("cumulative", "delta", "final_only")
 MAX_LOGPROBS = 20  # top log-probabilities per token (OpenAI's limit)
@@ -60,6 +66,10 @@ class SamplingParams:
     # bad_words as token-id sequences, with and without a leading space (set by the engine from its
     # tokenizer; vLLM's _bad_words_token_ids): a sequence's last token is banned after the others.
     bad_words_token_ids: tuple[tuple[int, ...], ...] | None = None
+    # A grammar the output must follow (structured_output.py): vLLM's StructuredOutputsParams, or a
+    # dict of its fields; guided_decoding is vLLM's older name (GuidedDecodingParams) for the same.
+    structured_outputs: Any = None
+    guided_decoding: Any = None
 
     def __post_init__(self):
         def is_int(v):
@@ -143,8 +153,25 @@ class SamplingParams:
                     not isinstance(s, (str, bytes)) and len(s) >= 1 and all(is_int(t) and t >= 0 for t in s) for s in seqs):
                 raise ValueError(f"bad_words_token_ids must be non-empty sequences of token ids, got {seqs!r}")
             object.__setattr__(self, "bad_words_token_ids", tuple(tuple(int(t) for t in s) for s in seqs))
+        self._check_structured_outputs()
         if self.top_k == 0:  # vLLM's newer default spelling of "off"
             object.__setattr__(self, "top_k", -1)
+
+    def _check_structured_outputs(self) -> None:
+        so, old = self.structured_outputs, self.guided_decoding
+        if old is not None:
+            if so is not None and so is not old:
+                raise ValueError("give structured_outputs or guided_decoding (its older name), not both")
+            so = old
+            object.__setattr__(self, "guided_decoding", None)
+        if isinstance(so, dict):
+            try:
+                so = StructuredOutputsParams(**so)
+            except TypeError as e:  # a key that is no field
+                raise ValueError(f"structured_outputs: {e}") from None
+        if so is not None and not isinstance(so, StructuredOutputsParams):
+            raise ValueError(f"structured_outputs must be a StructuredOutputsParams, got {type(so).__name__}")
+        object.__setattr__(self, "structured_outputs", so)
 
     @property
     def processes_logits(self) -> bool:

@@ -145,7 +145,8 @@ def engine_params(st, s: P.Sampling, prompt_len: int, choice: int):
                               repetition_penalty=s.repetition_penalty, min_p=s.min_p, min_tokens=s.min_tokens,
                               logit_bias=s.logit_bias, logprobs=s.logprobs,
                               prompt_logprobs=s.engine_prompt_logprobs, bad_words=tuple(s.bad_words),
-                              allowed_token_ids=None if s.allowed_token_ids is None else tuple(s.allowed_token_ids))
+                              allowed_token_ids=None if s.allowed_token_ids is None else tuple(s.allowed_token_ids),
+                              structured_outputs=s.structured_outputs)
     except ValueError as e:
         raise P.bad_request(str(e)) from None
 

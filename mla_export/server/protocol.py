@@ -7,11 +7,13 @@ error body naming the offending parameter:
 
 Unknown fields are ignored (as OpenAI-compatible servers commonly do), but a *known* field of
 the wrong type or out of range is an error, and so is a known OpenAI or vLLM option this server
-cannot honour (chat's echo, best_of > n, suffix, tools, response_format other than text, vLLM's
-guided decoding): silently ignoring it would return something other than what the client asked
-for. Honoured beyond OpenAI's basics: logprobs / top_logprobs, completions' echo (max_tokens 0
-with it), presence and frequency penalties, logit_bias, and vLLM's prompt_logprobs, top_k,
-min_p, repetition_penalty, min_tokens, include_stop_str_in_output, stop_token_ids, ignore_eos.
+cannot honour (chat's echo, best_of > n, suffix, tools): silently ignoring it would return
+something other than what the client asked for. Honoured beyond OpenAI's basics: logprobs /
+top_logprobs, completions' echo (max_tokens 0 with it), presence and frequency penalties,
+logit_bias, structured outputs (response_format json_object / json_schema and vLLM's
+structured_outputs / guided_*, parsed in structured_request.py), and vLLM's prompt_logprobs,
+top_k, min_p, repetition_penalty, min_tokens, bad_words, allowed_token_ids,
+truncate_prompt_tokens, include_stop_str_in_output, stop_token_ids, ignore_eos.
 """
 
 from __future__ import annotations
@@ -197,6 +199,7 @@ class Sampling:
     truncate_prompt_tokens: int | None = None  # vLLM's: keep only the prompt's last k tokens
     echo: bool = False  # completions: the prompt is returned before the completion (and its logprobs)
     prompt_logprobs: int | None = None  # vLLM's extra: each prompt token's logprob and this many top ones
+    structured_outputs: Any = None  # runtime StructuredOutputsParams (structured_request.py), or None
 
     @property
     def engine_prompt_logprobs(self) -> int | None:
@@ -207,10 +210,6 @@ class Sampling:
 
 # vLLM request fields whose feature is not built here: refused by name rather than ignored
 _NOT_BUILT = {
-    "guided_json": "structured outputs (guided decoding)", "guided_regex": "structured outputs (guided decoding)",
-    "guided_choice": "structured outputs (guided decoding)", "guided_grammar": "structured outputs (guided decoding)",
-    "guided_decoding_backend": "structured outputs (guided decoding)",
-    "structured_outputs": "structured outputs (guided decoding)",
     "use_beam_search": "beam search",
 }
 
@@ -220,9 +219,8 @@ def _reject_unsupported(body: dict, chat: bool) -> None:
         if body.get(name) not in (None, False, [], {}):
             raise bad_request(f"'{name}': {what} is not supported by this server", name)
     if chat:
-        for name in ("tools", "functions", "response_format"):
-            v = body.get(name)
-            if v and not (name == "response_format" and isinstance(v, dict) and v.get("type") == "text"):
+        for name in ("tools", "functions"):
+            if body.get(name):
                 raise bad_request(f"'{name}' is not supported by this server", name)
     else:
         if body.get("suffix"):
@@ -232,7 +230,10 @@ def _reject_unsupported(body: dict, chat: bool) -> None:
 def _parse_sampling(body: dict, *, chat: bool, defaults: dict | None = None) -> Sampling:
     """`defaults`: the model's generation_config values (SamplingParams names) for fields the
     request does not give (vLLM's --generation-config auto)."""
+    from .structured_request import parse_structured_outputs
+
     _reject_unsupported(body, chat)
+    structured = parse_structured_outputs(body)
     d = defaults or {}
     if chat:
         # `max_completion_tokens` is the newer name for the same limit.
@@ -342,7 +343,7 @@ def _parse_sampling(body: dict, *, chat: bool, defaults: dict | None = None) -> 
         logit_bias={int(k): float(v) for k, v in logit_bias.items()} if logit_bias else None, logprobs=logprobs,
         include_stop_str_in_output=_get_bool(body, "include_stop_str_in_output", False), echo=echo,
         bad_words=list(bad_words or []), allowed_token_ids=allowed, truncate_prompt_tokens=truncate,
-        prompt_logprobs=prompt_logprobs)
+        prompt_logprobs=prompt_logprobs, structured_outputs=structured)
 
 
 # ---- endpoint requests ------------------------------------------------------------------------

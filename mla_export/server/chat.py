@@ -1,7 +1,7 @@
 """Chat template rendering (Hugging Face conventions) for `POST /v1/chat/completions`.
 
 The template is a Jinja2 string, rendered in a sandbox as `transformers` does: `messages`,
-`add_generation_prompt`, `bos_token`, `eos_token`, `raise_exception(msg)`, `strftime_now(fmt)`,
+`tools` (the request's OpenAI function tools, or None), `add_generation_prompt`, `bos_token`, `eos_token`, `raise_exception(msg)`, `strftime_now(fmt)`,
 the `tojson` filter, `trim_blocks` and `lstrip_blocks`. The rendered text is tokenized without
 adding special tokens (the template writes them), as `apply_chat_template` does.
 """

@@ -42,6 +42,7 @@ class _Choice:
     finished: bool = False
     finish_reason: str | None = None
     last_sent_tokens: int = 0  # token ids already reported (return_token_ids in streams)
+    out: Any = None  # chat_output.ChoiceOutput: reasoning / tool calls split out of the text (None: plain text)
 
 
 class _Detok:
@@ -287,22 +288,33 @@ def completion_choice(ch: _Choice, want_ids: bool) -> dict:
     return d
 
 
+def _chat_finish_reason(ch: _Choice) -> str | None:
+    return "tool_calls" if ch.finished and ch.out is not None and ch.out.tools_called else ch.finish_reason
+
+
 def chat_choice(ch: _Choice, want_ids: bool, top: int = 0) -> dict:
-    d = {"index": ch.index, "message": {"role": "assistant", "content": _text(ch)},
-         "logprobs": chat_logprobs(ch.token_ids, ch.logprobs, top), "finish_reason": ch.finish_reason}
+    msg = ch.out.message(_text(ch)) if ch.out is not None else {"role": "assistant", "content": _text(ch)}
+    d = {"index": ch.index, "message": msg,
+         "logprobs": chat_logprobs(ch.token_ids, ch.logprobs, top), "finish_reason": _chat_finish_reason(ch)}
     if want_ids:
         d["token_ids"] = ch.token_ids
     return d
 
 
 async def respond(st, request: Request, endpoint: str, prompt_ids: list[list[int]], s: P.Sampling,
-                  chat: bool) -> Response:
+                  chat: bool, chat_output: Callable[[], Any] | None = None,
+                  decode: Callable[[list[int]], str] | None = None) -> Response:
+    """`chat_output`: makes each choice's ChoiceOutput (reasoning / tool-call parsing), `decode`:
+    the text of token ids when it is not `st.decode` (parsers need their markup tokens kept)."""
     rid = P.new_id("chatcmpl" if chat else "cmpl")
     created = P.now()
     q, choices, prompt_lens = await start(st, prompt_ids, s, rid)
+    if chat_output is not None:
+        for c in choices:
+            c.out = chat_output()
     by_id = {c.request_id: c for c in choices}
     prompt_tokens = sum(prompt_lens)
-    detok = _Detok(st.decode if st.tokenizer is not None else None)
+    detok = _Detok((decode or st.decode) if st.tokenizer is not None else None)
     served_by = getattr(q, "served_by", None)
     replica_header = [(b"x-mla-replica", served_by.encode())] if served_by else []
 
@@ -349,9 +361,14 @@ async def respond(st, request: Request, endpoint: str, prompt_ids: list[list[int
                             and not (new_lps and s.logprobs is not None)):
                         continue
                     if chat:
-                        d: dict[str, Any] = {"index": ch.index, "delta": {"content": delta} if delta else {},
+                        msg = ch.out.delta(_text(ch), ch.finished) if ch.out is not None else (
+                            {"content": delta} if delta else {})
+                        if (not msg and not ch.finished and not (s.return_token_ids and new_ids)
+                                and not (new_lps and s.logprobs is not None)):
+                            continue  # the new text is held back (it may be markup)
+                        d: dict[str, Any] = {"index": ch.index, "delta": msg,
                                              "logprobs": chat_logprobs(new_ids, new_lps, s.logprobs or 0),
-                                             "finish_reason": ch.finish_reason}
+                                             "finish_reason": _chat_finish_reason(ch)}
                         if s.return_token_ids:
                             d["token_ids"] = new_ids
                         await emit(P.chat_chunk(rid, st.model_name, created, [d]))

@@ -15,6 +15,8 @@ from . import protocol as P
 from .chat import ChatTemplate, load_chat_template
 from .engine_client import EngineClient, ModelView
 from .metrics import ServerMetrics
+from .reasoning_parsers import check_reasoning_parser
+from .tool_parsers import tool_parser_class
 from .tokenize import PromptEncoder, PromptTooLong
 
 __all__ = ["ServerState"]
@@ -37,7 +39,16 @@ def _token_str(tokenizer, token_id) -> str | None:
 
 class ServerState:
     def __init__(self, client: EngineClient, model: ModelView, metrics: ServerMetrics, *, model_name: str,
-                 api_key: str | None, chat_template: str | None = None):
+                 api_key: str | None, chat_template: str | None = None, tool_call_parser: str | None = None,
+                 enable_auto_tool_choice: bool = False, reasoning_parser: str | None = None):
+        # vLLM's --tool-call-parser / --enable-auto-tool-choice / --reasoning-parser (chat_tools.py)
+        if enable_auto_tool_choice and tool_call_parser is None:
+            raise ValueError("--enable-auto-tool-choice needs --tool-call-parser")
+        self.tool_parser_cls = tool_parser_class(tool_call_parser) if tool_call_parser else None
+        self.enable_auto_tool_choice = enable_auto_tool_choice
+        check_reasoning_parser(reasoning_parser)
+        self.reasoning_parser = reasoning_parser
+        self._decoders: dict = {}
         self.client = client
         self.model_name = model_name
         self.api_key = api_key
@@ -65,6 +76,22 @@ class ServerState:
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def decode_keeping(self, markers: tuple[str, ...]):
+        """A decode that keeps these marker tokens when the tokenizer calls them special (Kimi's
+        and some Qwen tokenizers do): other special tokens are still skipped."""
+        if markers not in self._decoders:
+            added = self.tokenizer.get_added_tokens_decoder()
+            special = {i for i, t in added.items() if t.special}
+            keep = {i for m in markers if (i := self.tokenizer.token_to_id(m)) is not None} & special
+            if not keep:
+                self._decoders[markers] = self.decode
+            else:
+                drop = special - keep
+                tok = self.tokenizer
+                self._decoders[markers] = lambda ids: tok.decode([i for i in ids if i not in drop],
+                                                                 skip_special_tokens=False)
+        return self._decoders[markers]
 
     async def encode(self, text: str, *, special: bool) -> list[int]:
         """Token ids, tokenized off the event loop when the text is long (see tokenize.py)."""

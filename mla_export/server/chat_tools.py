@@ -62,5 +62,17 @@ class ChatPlan:
                                     parallel_tool_calls=parallel)
 
 
+def marker_decoder(tokenizer, markers: tuple[str, ...]) -> Callable[[list[int]], str] | None:
+    """A decode that keeps these marker tokens where the tokenizer calls them special (Kimi's and
+    some Qwen tokenizers do; DeepSeek's tool tokens are not special) and still skips the other
+    special tokens (end of sentence, ...). None when the usual decode keeps them already."""
+    special = {i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
+    keep = {i for m in markers if (i := tokenizer.token_to_id(m)) is not None} & special
+    if not keep:
+        return None
+    drop = special - keep
+    return lambda ids: tokenizer.decode([i for i in ids if i not in drop], skip_special_tokens=False)
+
+
 def plan(st, req: P.ChatRequest) -> ChatPlan:
     return ChatPlan(st, req)

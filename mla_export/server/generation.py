@@ -301,6 +301,20 @@ def chat_choice(ch: _Choice, want_ids: bool, top: int = 0) -> dict:
     return d
 
 
+def chat_delta(ch: _Choice, delta: str, new_ids: list[int], new_lps, s: P.Sampling) -> dict | None:
+    """A streamed chat choice's next chunk entry after `delta` was added to ch.text (None: nothing
+    to send, e.g. text held back while it may be tool-call markup)."""
+    msg = ch.out.delta(_text(ch), ch.finished) if ch.out is not None else ({"content": delta} if delta else {})
+    if (not msg and not ch.finished and not (s.return_token_ids and new_ids)
+            and not (new_lps and s.logprobs is not None)):
+        return None
+    d: dict[str, Any] = {"index": ch.index, "delta": msg, "logprobs": chat_logprobs(new_ids, new_lps, s.logprobs or 0),
+                         "finish_reason": _chat_finish_reason(ch)}
+    if s.return_token_ids:
+        d["token_ids"] = new_ids
+    return d
+
+
 async def respond(st, request: Request, endpoint: str, prompt_ids: list[list[int]], s: P.Sampling,
                   chat: bool, chat_output: Callable[[], Any] | None = None,
                   decode: Callable[[list[int]], str] | None = None) -> Response:
@@ -361,17 +375,9 @@ async def respond(st, request: Request, endpoint: str, prompt_ids: list[list[int
                             and not (new_lps and s.logprobs is not None)):
                         continue
                     if chat:
-                        msg = ch.out.delta(_text(ch), ch.finished) if ch.out is not None else (
-                            {"content": delta} if delta else {})
-                        if (not msg and not ch.finished and not (s.return_token_ids and new_ids)
-                                and not (new_lps and s.logprobs is not None)):
-                            continue  # the new text is held back (it may be markup)
-                        d: dict[str, Any] = {"index": ch.index, "delta": msg,
-                                             "logprobs": chat_logprobs(new_ids, new_lps, s.logprobs or 0),
-                                             "finish_reason": _chat_finish_reason(ch)}
-                        if s.return_token_ids:
-                            d["token_ids"] = new_ids
-                        await emit(P.chat_chunk(rid, st.model_name, created, [d]))
+                        d = chat_delta(ch, delta, new_ids, new_lps, s)
+                        if d is not None:
+                            await emit(P.chat_chunk(rid, st.model_name, created, [d]))
                     else:
                         d = {"index": ch.index, "text": delta,
                              "logprobs": completion_logprobs(new_ids, new_lps, len(ch.text) - len(delta)),

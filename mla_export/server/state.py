@@ -15,6 +15,7 @@ from . import protocol as P
 from .chat import ChatTemplate, load_chat_template
 from .engine_client import EngineClient, ModelView
 from .metrics import ServerMetrics
+from .chat_tools import marker_decoder
 from .reasoning_parsers import check_reasoning_parser
 from .tool_parsers import tool_parser_class
 from .tokenize import PromptEncoder, PromptTooLong
@@ -78,19 +79,9 @@ class ServerState:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def decode_keeping(self, markers: tuple[str, ...]):
-        """A decode that keeps these marker tokens when the tokenizer calls them special (Kimi's
-        and some Qwen tokenizers do): other special tokens are still skipped."""
+        """The decode of a request whose parsers need these marker tokens in the text."""
         if markers not in self._decoders:
-            added = self.tokenizer.get_added_tokens_decoder()
-            special = {i for i, t in added.items() if t.special}
-            keep = {i for m in markers if (i := self.tokenizer.token_to_id(m)) is not None} & special
-            if not keep:
-                self._decoders[markers] = self.decode
-            else:
-                drop = special - keep
-                tok = self.tokenizer
-                self._decoders[markers] = lambda ids: tok.decode([i for i in ids if i not in drop],
-                                                                 skip_special_tokens=False)
+            self._decoders[markers] = marker_decoder(self.tokenizer, markers) or self.decode
         return self._decoders[markers]
 
     async def encode(self, text: str, *, special: bool) -> list[int]:

@@ -226,16 +226,18 @@ def _serve_recorded(tok, ids, make_output, decode, stream: bool, finish_reason="
     """The server's response path over recorded token ids: one engine output per token."""
     from mla_export.runtime.engine import RequestMetrics, RequestOutput
     from mla_export.server import protocol as P
-    from mla_export.server.generation import _Choice, _Detok, chat_choice, chat_delta
+    from mla_export.server.generation import _Choice, chat_choice, chat_delta, make_detok
 
     s = P.parse_chat_request({"messages": USER, "stream": stream}).sampling
-    detok = _Detok(decode)
+    detok = make_detok(lambda t: tok.decode(t, skip_special_tokens=True), decode)  # as respond() makes it
     ch = _Choice(index=0, request_id="r", stop=[])
     ch.out = make_output()
     chunks = []
     for k in range(1, len(ids) + 1):
         done = k == len(ids)
-        out = RequestOutput("r", [1], ids[:k], [ids[k - 1]], None, done, finish_reason if done else None,
+        # with the engine's own text, as the engine sends it (special tokens skipped)
+        out = RequestOutput("r", [1], ids[:k], [ids[k - 1]], tok.decode(ids[:k], skip_special_tokens=True), done,
+                            finish_reason if done else None,
                             RequestMetrics(0.0, None, None, 0, 0))
         delta, _ = detok.advance(ch, out)
         ch.text += delta
@@ -287,10 +289,12 @@ def test_recorded_tool_call_outputs_through_the_response_path(model_dir, case):
     ids = tok.encode(text, add_special_tokens=False).ids
     assert len(ids) < len(text) / 2, "the markers are single tokens"
     cls = TOOL_PARSERS[parser]
-    decode = marker_decoder(tok, ThinkSplitter.tokens + cls.tokens()) or plain
+    decode = marker_decoder(tok, ThinkSplitter.tokens + cls.tokens())  # None: the engine's text keeps them
     if case == "kimi":
         assert "<|tool_call_begin|>" not in plain(ids) and "<|tool_call_begin|>" in decode(ids)
-    assert "<|im_end|>" not in decode(ids) and "<｜end▁of▁sentence｜>" not in decode(ids)
+        assert "<|im_end|>" not in decode(ids)
+    else:
+        assert decode is None and "<｜tool▁sep｜>" in plain(ids) and "<｜end▁of▁sentence｜>" not in plain(ids)
     make = lambda: ChoiceOutput(reasoning=ThinkSplitter(opens=True), tools=cls(TOOLS))  # noqa: E731
 
     r = _serve_recorded(tok, ids, make, decode, stream=False)

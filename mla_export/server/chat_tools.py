@@ -10,7 +10,7 @@
 `plan(st, req)` checks the request against the server; `plan.template_args()` are the chat
 template's arguments besides the messages; `plan.output(prompt_text)` is the per-choice
 ChoiceOutput factory (None: plain text) and `plan.decode` the text of token ids when the
-parsers need their markup tokens kept.
+parsers' markup tokens are special tokens (kept), else None.
 """
 
 from __future__ import annotations

@@ -301,6 +301,18 @@ def chat_choice(ch: _Choice, want_ids: bool, top: int = 0) -> dict:
     return d
 
 
+class _MarkerDetok(_Detok):
+    """Text decoded from the token ids by a parser's decode that keeps its marker tokens, in
+    place of the engine's text (which skips every special token). Decodes all ids per step."""
+
+    def full_text(self, out) -> str:
+        return self.decode(list(out.token_ids))
+
+
+def make_detok(decode: Callable[[list[int]], str] | None, marker_decode: Callable[[list[int]], str] | None) -> _Detok:
+    return _MarkerDetok(marker_decode) if marker_decode is not None and decode is not None else _Detok(decode)
+
+
 def chat_delta(ch: _Choice, delta: str, new_ids: list[int], new_lps, s: P.Sampling) -> dict | None:
     """A streamed chat choice's next chunk entry after `delta` was added to ch.text (None: nothing
     to send, e.g. text held back while it may be tool-call markup)."""
@@ -319,7 +331,7 @@ async def respond(st, request: Request, endpoint: str, prompt_ids: list[list[int
                   chat: bool, chat_output: Callable[[], Any] | None = None,
                   decode: Callable[[list[int]], str] | None = None) -> Response:
     """`chat_output`: makes each choice's ChoiceOutput (reasoning / tool-call parsing), `decode`:
-    the text of token ids when it is not `st.decode` (parsers need their markup tokens kept)."""
+    the text of token ids when the parsers need special marker tokens kept (None: the usual)."""
     rid = P.new_id("chatcmpl" if chat else "cmpl")
     created = P.now()
     q, choices, prompt_lens = await start(st, prompt_ids, s, rid)
@@ -328,7 +340,7 @@ async def respond(st, request: Request, endpoint: str, prompt_ids: list[list[int
             c.out = chat_output()
     by_id = {c.request_id: c for c in choices}
     prompt_tokens = sum(prompt_lens)
-    detok = _Detok((decode or st.decode) if st.tokenizer is not None else None)
+    detok = make_detok(st.decode if st.tokenizer is not None else None, decode)
     served_by = getattr(q, "served_by", None)
     replica_header = [(b"x-mla-replica", served_by.encode())] if served_by else []
 

@@ -79,9 +79,10 @@ class ServerState:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def decode_keeping(self, markers: tuple[str, ...]):
-        """The decode of a request whose parsers need these marker tokens in the text."""
+        """The decode of a request whose parsers need these marker tokens in the text, when the
+        tokenizer calls them special (else None: the usual text keeps them)."""
         if markers not in self._decoders:
-            self._decoders[markers] = marker_decoder(self.tokenizer, markers) or self.decode
+            self._decoders[markers] = marker_decoder(self.tokenizer, markers)
         return self._decoders[markers]
 
     async def encode(self, text: str, *, special: bool) -> list[int]:

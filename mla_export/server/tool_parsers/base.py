@@ -55,16 +55,6 @@ def held_back(text: str, *markers: str) -> int:
     return best
 
 
-def strip_growing(args: str, done: bool, *ends: str) -> str:
-    """Arguments text without surrounding whitespace; while not done, also without a tail that
-    may be trailing whitespace or the start of an end marker."""
-    args = args.lstrip()
-    if done:
-        return args.rstrip()
-    args = args[:len(args) - held_back(args, *ends)] if ends else args
-    return args.rstrip()
-
-
 class ToolParser:
     """One format. Subclasses set the markers and read one call's body."""
 
@@ -127,7 +117,7 @@ class ToolParser:
     def _markup(self, text: str, j: int, final: bool, calls: list[Call]) -> int | None:
         """Read the markup from j (after its start marker) into calls: the end position, None
         when it is incomplete (growing text), Malformed when it cannot be markup."""
-        cb, ce = self.call
+        cb = self.call[0]
         if self.section is None:
             return self._one_call(text, j, final, calls)
         se = self.section[1]

@@ -78,6 +78,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="require 'Authorization: Bearer KEY' on /v1/* (default: $MLA_EXPORT_API_KEY, else none)")
     p.add_argument("--chat-template", default=None,
                    help="a Jinja2 chat template file overriding the model directory's")
+    _add_parser_flags(p)
     p.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="seconds running requests get to finish on shutdown before they are cancelled (default 30)")
     p.add_argument("--replicas", type=_positive, default=None,
@@ -95,6 +96,28 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    choices=("critical", "error", "warning", "info", "debug"))
     _add_vllm_aliases(p)
     return p
+
+
+def _add_parser_flags(p) -> None:
+    """vLLM's tool-calling and reasoning flags (docs/SERVING.md: Tool calling, Reasoning outputs)."""
+    from mla_export.server.reasoning_parsers import REASONING_PARSERS
+    from mla_export.server.tool_parsers import TOOL_PARSERS
+
+    p.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help="parse tool calls out of chat outputs when a request has tools (tool_choice auto); "
+                        "needs --tool-call-parser")
+    p.add_argument("--tool-call-parser", choices=sorted(TOOL_PARSERS), default=None,
+                   help="the model's tool-call format: deepseek_v3 (V3, R1), deepseek_v31 (V3.1+), kimi_k2, "
+                        "glm45 (GLM-4.5/4.6/4.7), hermes")
+    p.add_argument("--reasoning-parser", choices=list(REASONING_PARSERS), default=None,
+                   help="split the thinking (<think>...</think>) out of chat outputs into `reasoning` / "
+                        "`reasoning_content`")
+
+
+def parser_settings(args) -> dict:
+    """ServerState's parser keyword arguments from the flags."""
+    return {"tool_call_parser": args.tool_call_parser, "enable_auto_tool_choice": args.enable_auto_tool_choice,
+            "reasoning_parser": args.reasoning_parser}
 
 
 def _add_vllm_aliases(p) -> None:
@@ -130,6 +153,8 @@ def _check_aliases(args) -> str | None:
 
     if looks_like_hub_id(args.out_dir):
         return hub_id_message(args.out_dir, "serve")
+    if args.enable_auto_tool_choice and args.tool_call_parser is None:
+        return "--enable-auto-tool-choice needs --tool-call-parser NAME (the model's tool-call format)"
     if args.kv_cache_dtype not in _KV_DTYPES:
         return (f"--kv-cache-dtype {args.kv_cache_dtype}: the cache is bf16 or f32, fixed at export: "
                 "re-export with `mla-export export --kv-dtype {bf16,f32}`")
@@ -203,7 +228,7 @@ def run(args) -> int:
     try:
         app = create_app(engine, model_name=name, api_key=args.api_key, max_num_seqs=args.max_num_seqs,
                          max_queue=args.max_queue, chat_template=args.chat_template,
-                         generation_config=args.generation_config)
+                         generation_config=args.generation_config, **parser_settings(args))
     except (FileNotFoundError, ValueError) as e:
         print(f"mla-export serve: {e}", file=sys.stderr)
         return 2

@@ -23,6 +23,8 @@ APP_NAME = "mla-export"
 def settings_from_args(args, out_dir: Path):
     from mla_export.server.ray_serve.deployments import RaySettings
 
+    from .serve import parser_settings
+
     engine_kwargs = {"precision": args.precision, "num_threads": args.threads, "num_blocks": args.num_blocks,
                      "kv_cache_memory": args.kv_cache_memory, "max_num_batched_tokens": args.max_num_batched_tokens,
                      "enable_prefix_caching": not args.no_prefix_caching, "max_model_len": args.max_model_len}
@@ -34,7 +36,8 @@ def settings_from_args(args, out_dir: Path):
                        generation_config=args.generation_config,
                        max_num_seqs=args.max_num_seqs, max_queue=args.max_queue, engine_kwargs=engine_kwargs,
                        replica_cpus=args.replica_cpus, shutdown_timeout_s=args.shutdown_timeout,
-                       stream_interval_s=args.stream_interval_ms / 1000.0, http_port=args.port)
+                       stream_interval_s=args.stream_interval_ms / 1000.0, http_port=args.port,
+                       parsers=parser_settings(args))
 
 
 def free_port(host: str) -> int:

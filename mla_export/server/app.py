@@ -26,6 +26,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from . import chat_tools
 from . import protocol as P
 from .chat import TemplateError
 from .engine_client import ModelView
@@ -138,16 +139,18 @@ async def chat_completions(request: Request) -> Response:
             raise P.APIError(404, "This model has no tokenizer: chat needs one.", code="no_tokenizer")
         req = P.parse_chat_request(body, st.sampling_defaults)
         check_model(st, req.model)
+        chat = chat_tools.plan(st, req)  # tools / tool_choice against the server's parsers
         try:
-            text = st.chat_template.render(req.messages, add_generation_prompt=req.add_generation_prompt,
-                                           **req.template_kwargs)
+            text = st.chat_template.render(req.messages, **chat.template_args())
         except TemplateError as e:
             raise P.bad_request(f"the chat template rejected the messages: {e}", "messages") from None
         ids = truncated(st, await st.encode(text, special=False,
                                             truncating=req.sampling.truncate_prompt_tokens is not None), req.sampling)
         if not ids:
             raise P.bad_request("the rendered chat prompt is empty", "messages")
-        return await respond(st, request, "/v1/chat/completions", [ids], req.sampling, chat=True)
+        output = chat.output(text)
+        return await respond(st, request, "/v1/chat/completions", [ids], req.sampling, chat=True,
+                             chat_output=output, decode=chat.decode)
 
     return await _guarded(request, "/v1/chat/completions", build)
 
@@ -225,11 +228,14 @@ def build_app(st: ServerState) -> Starlette:
 
 
 def create_app(engine, *, model_name: str, api_key: str | None = None, max_num_seqs: int = 64,
-               max_queue: int = 256, chat_template: str | None = None, generation_config: str = "auto") -> Starlette:
+               max_queue: int = 256, chat_template: str | None = None, generation_config: str = "auto",
+               **parsers) -> Starlette:
     """`engine` is an `LLMEngine` that this app owns from startup to shutdown: its loop thread
-    starts with the app's lifespan and stops (aborting what is left) when the app shuts down."""
+    starts with the app's lifespan and stops (aborting what is left) when the app shuts down.
+    `parsers`: ServerState's tool_call_parser, enable_auto_tool_choice, reasoning_parser."""
     m = ServerMetrics(model_name=model_name)
     loop = EngineLoop(engine, max_num_seqs=max_num_seqs, max_queue=max_queue, metrics=m)
     st = ServerState(loop, ModelView.of_engine(engine), m, model_name=model_name, api_key=api_key,
-                     chat_template=chat_template, generation_config=generation_config)
+                     chat_template=chat_template, generation_config=generation_config,
+                     **parsers)  # parsers: tool_call_parser, enable_auto_tool_choice, reasoning_parser
     return build_app(st)

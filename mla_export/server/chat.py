@@ -1,7 +1,7 @@
 """Chat template rendering (Hugging Face conventions) for `POST /v1/chat/completions`.
 
 The template is a Jinja2 string, rendered in a sandbox as `transformers` does: `messages`,
-`add_generation_prompt`, `bos_token`, `eos_token`, `raise_exception(msg)`, `strftime_now(fmt)`,
+`tools` (the request's OpenAI function tools, or None), `add_generation_prompt`, `bos_token`, `eos_token`, `raise_exception(msg)`, `strftime_now(fmt)`,
 the `tojson` filter, `trim_blocks` and `lstrip_blocks`. The rendered text is tokenized without
 adding special tokens (the template writes them), as `apply_chat_template` does.
 """
@@ -59,6 +59,13 @@ class ChatTemplate:
             raise TemplateError(f"the chat template failed: {e}") from e
 
 
+def _is_file(p: Path) -> bool:
+    try:
+        return p.is_file()
+    except OSError:  # template text longer than a file name can be (ENAMETOOLONG)
+        return False
+
+
 def load_chat_template(model_dir: str | Path, contract_value, override: str | Path | None = None) -> str | None:
     """The template source: `override` (a file, or the template text itself when it is not a
     file), else the contract's `chat_template` entry (the template text, or the name of a file
@@ -67,7 +74,7 @@ def load_chat_template(model_dir: str | Path, contract_value, override: str | Pa
     model_dir = Path(model_dir) if model_dir is not None else None
     if override is not None:
         p = Path(override)
-        if p.is_file():
+        if _is_file(p):
             return p.read_text(encoding="utf-8")
         if "{" in str(override):
             return str(override)

@@ -48,6 +48,7 @@ class _Choice:
     finished: bool = False
     finish_reason: str | None = None
     last_sent_tokens: int = 0  # token ids already reported (return_token_ids in streams)
+    out: Any = None  # chat_output.ChoiceOutput: reasoning / tool calls split out of the text (None: plain text)
 
 
 class _Detok:
@@ -361,22 +362,60 @@ def completion_choice(ch: _Choice, s: P.Sampling) -> dict:
     return d
 
 
+def _chat_finish_reason(ch: _Choice) -> str | None:
+    return "tool_calls" if ch.finished and ch.out is not None and ch.out.tools_called else ch.finish_reason
+
+
 def chat_choice(ch: _Choice, want_ids: bool, top: int = 0) -> dict:
-    d = {"index": ch.index, "message": {"role": "assistant", "content": _text(ch)},
-         "logprobs": chat_logprobs(ch.token_ids, ch.logprobs, top), "finish_reason": ch.finish_reason}
+    msg = ch.out.message(_text(ch)) if ch.out is not None else {"role": "assistant", "content": _text(ch)}
+    d = {"index": ch.index, "message": msg,
+         "logprobs": chat_logprobs(ch.token_ids, ch.logprobs, top), "finish_reason": _chat_finish_reason(ch)}
     if want_ids:
         d["token_ids"] = ch.token_ids
     return d
 
 
+class _MarkerDetok(_Detok):
+    """Text decoded from the token ids by a parser's decode that keeps its marker tokens, in
+    place of the engine's text (which skips every special token). Decodes all ids per step."""
+
+    def full_text(self, out) -> str:
+        return self.decode(list(out.token_ids))
+
+
+def make_detok(decode: Callable[[list[int]], str] | None, marker_decode: Callable[[list[int]], str] | None) -> _Detok:
+    return _MarkerDetok(marker_decode) if marker_decode is not None and decode is not None else _Detok(decode)
+
+
+def chat_delta(ch: _Choice, delta: str, new_ids: list[int], new_lps, s: P.Sampling) -> dict | None:
+    """A streamed chat choice's next chunk entry after `delta` was added to ch.text (None: nothing
+    to send, e.g. text held back while it may be tool-call markup)."""
+    msg = ch.out.delta(_text(ch), ch.finished) if ch.out is not None else ({"content": delta} if delta else {})
+    if (not msg and not ch.finished and not (s.return_token_ids and new_ids)
+            and not (new_lps and s.logprobs is not None)):
+        return None
+    d: dict[str, Any] = {"index": ch.index, "delta": msg, "logprobs": chat_logprobs(new_ids, new_lps, s.logprobs or 0),
+                         "finish_reason": _chat_finish_reason(ch)}
+    if s.return_token_ids:
+        d["token_ids"] = new_ids
+    return d
+
+
 async def respond(st, request: Request, endpoint: str, prompt_ids: list[list[int]], s: P.Sampling,
-                  chat: bool, echo_texts: list[str] | None = None) -> Response:
+                  chat: bool, echo_texts: list[str] | None = None, chat_output: Callable[[], Any] | None = None,
+                  decode: Callable[[list[int]], str] | None = None) -> Response:
+    """`echo_texts`: completions' echo, the prompts' text; `chat_output`: makes each choice's
+    ChoiceOutput (reasoning / tool-call parsing), `decode`: the text of token ids when the parsers
+    need special marker tokens kept (None: the usual)."""
     rid = P.new_id("chatcmpl" if chat else "cmpl")
     created = P.now()
     q, choices, prompt_lens = await start(st, prompt_ids, s, rid, echo_texts)
+    if chat_output is not None:
+        for c in choices:
+            c.out = chat_output()
     by_id = {c.request_id: c for c in choices}
     prompt_tokens = sum(prompt_lens)
-    detok = _Detok(st.decode if st.tokenizer is not None else None)
+    detok = make_detok(st.decode if st.tokenizer is not None else None, decode)
     served_by = getattr(q, "served_by", None)
     replica_header = [(b"x-mla-replica", served_by.encode())] if served_by else []
 
@@ -426,12 +465,9 @@ async def respond(st, request: Request, endpoint: str, prompt_ids: list[list[int
                             and not (new_lps and s.logprobs is not None)):
                         continue
                     if chat:
-                        d: dict[str, Any] = {"index": ch.index, "delta": {"content": delta} if delta else {},
-                                             "logprobs": chat_logprobs(new_ids, new_lps, s.logprobs or 0),
-                                             "finish_reason": ch.finish_reason}
-                        if s.return_token_ids:
-                            d["token_ids"] = new_ids
-                        await emit(P.chat_chunk(rid, st.model_name, created, [d]))
+                        d = chat_delta(ch, delta, new_ids, new_lps, s)
+                        if d is not None:
+                            await emit(P.chat_chunk(rid, st.model_name, created, [d]))
                     else:
                         offset = len(ch.echo_text or "") + len(ch.text) - len(delta)
                         d = {"index": ch.index, "text": echo_text + delta,

@@ -7,13 +7,14 @@ error body naming the offending parameter:
 
 Unknown fields are ignored (as OpenAI-compatible servers commonly do), but a *known* field of
 the wrong type or out of range is an error, and so is a known OpenAI or vLLM option this server
-cannot honour (chat's echo, best_of > n, suffix, tools): silently ignoring it would return
-something other than what the client asked for. Honoured beyond OpenAI's basics: logprobs /
-top_logprobs, completions' echo (max_tokens 0 with it), presence and frequency penalties,
-logit_bias, structured outputs (response_format json_object / json_schema and vLLM's
-structured_outputs / guided_*, parsed in structured_request.py), and vLLM's prompt_logprobs,
-top_k, min_p, repetition_penalty, min_tokens, bad_words, allowed_token_ids,
-truncate_prompt_tokens, include_stop_str_in_output, stop_token_ids, ignore_eos.
+cannot honour (chat's echo, best_of > n, suffix, the legacy `functions`): silently ignoring it
+would return something other than what the client asked for. Honoured beyond OpenAI's basics:
+logprobs / top_logprobs, completions' echo (max_tokens 0 with it), presence and frequency
+penalties, logit_bias, structured outputs (response_format json_object / json_schema and vLLM's
+structured_outputs / guided_*, parsed in structured_request.py), chat `tools`, `tool_choice`,
+`parallel_tool_calls` and tool messages (tool_request.py), and vLLM's prompt_logprobs, top_k,
+min_p, repetition_penalty, min_tokens, bad_words, allowed_token_ids, truncate_prompt_tokens,
+include_stop_str_in_output, stop_token_ids, ignore_eos.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
+
+from .tool_request import ToolRequest, message_tool_fields, parse_tool_fields
 
 __all__ = [
     "APIError",
@@ -218,11 +221,8 @@ def _reject_unsupported(body: dict, chat: bool) -> None:
     for name, what in _NOT_BUILT.items():
         if body.get(name) not in (None, False, [], {}):
             raise bad_request(f"'{name}': {what} is not supported by this server", name)
-    if chat:
-        for name in ("tools", "functions"):
-            if body.get(name):
-                raise bad_request(f"'{name}' is not supported by this server", name)
-    else:
+    # chat's tools / functions: tool_request.py; response_format: structured_request.py
+    if not chat:
         if body.get("suffix"):
             raise bad_request("'suffix' is not supported by this server", "suffix")
 
@@ -362,6 +362,7 @@ class ChatRequest:
     sampling: Sampling
     add_generation_prompt: bool = True
     template_kwargs: dict = field(default_factory=dict)
+    tool: ToolRequest | None = None  # tools, tool_choice, parallel_tool_calls
 
 
 def parse_completion_request(body: dict, defaults: dict | None = None) -> CompletionRequest:
@@ -417,19 +418,21 @@ def parse_chat_request(body: dict, defaults: dict | None = None) -> ChatRequest:
         elif content is None:
             if role != "assistant":
                 raise bad_request(f"{param}.content is required", f"{param}.content")
-            content = ""
+            content = None if m.get("tool_calls") else ""  # templates test `content is none` beside tool calls
         elif not isinstance(content, str):
             raise bad_request(f"{param}.content must be a string or an array of text parts", f"{param}.content")
         msg = {"role": role, "content": content}
         if isinstance(m.get("name"), str):
             msg["name"] = m["name"]
+        msg.update(message_tool_fields(m, role, param))
         out.append(msg)
     agp = _get_bool(body, "add_generation_prompt", True)
     kwargs = body.get("chat_template_kwargs") or {}
     if not isinstance(kwargs, dict):
         raise bad_request("'chat_template_kwargs' must be an object", "chat_template_kwargs")
+    tool = parse_tool_fields(body)
     return ChatRequest(model=model, messages=out, sampling=_parse_sampling(body, chat=True, defaults=defaults),
-                       add_generation_prompt=agp, template_kwargs=kwargs)
+                       add_generation_prompt=agp, template_kwargs=kwargs, tool=tool)
 
 
 # ---- response bodies ----------------------------------------------------------------------------

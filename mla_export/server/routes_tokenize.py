@@ -24,7 +24,7 @@ from .chat import TemplateError
 
 __all__ = ["tokenize_routes"]
 
-_CHAT_KEYS = ("model", "messages", "add_generation_prompt", "chat_template_kwargs")
+_CHAT_KEYS = ("model", "messages", "add_generation_prompt", "chat_template_kwargs", "tools")
 
 
 def tokenize_routes(st, *, check_auth, check_model, read_body) -> list[Route]:
@@ -57,8 +57,10 @@ def tokenize_routes(st, *, check_auth, check_model, read_body) -> list[Route]:
                 req = P.parse_chat_request({k: body[k] for k in _CHAT_KEYS if k in body})
                 special = P._get_bool(body, "add_special_tokens", False)  # the template writes them
                 try:
-                    text = st.chat_template.render(req.messages, add_generation_prompt=req.add_generation_prompt,
-                                                   **req.template_kwargs)
+                    args = {"add_generation_prompt": req.add_generation_prompt,
+                            "tools": req.tool.tools if req.tool else None, **req.template_kwargs}
+                    args.pop("messages", None)
+                    text = st.chat_template.render(req.messages, **args)
                 except TemplateError as e:
                     raise P.bad_request(f"the chat template rejected the messages: {e}", "messages") from None
             else:

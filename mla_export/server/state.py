@@ -15,6 +15,9 @@ from . import protocol as P
 from .chat import ChatTemplate, load_chat_template
 from .engine_client import EngineClient, ModelView
 from .metrics import ServerMetrics
+from .chat_tools import marker_decoder
+from .reasoning_parsers import check_reasoning_parser
+from .tool_parsers import tool_parser_class
 from .tokenize import PromptEncoder, PromptTooLong
 
 __all__ = ["ServerState"]
@@ -37,7 +40,17 @@ def _token_str(tokenizer, token_id) -> str | None:
 
 class ServerState:
     def __init__(self, client: EngineClient, model: ModelView, metrics: ServerMetrics, *, model_name: str,
-                 api_key: str | None, chat_template: str | None = None, generation_config: str = "auto"):
+                 api_key: str | None, chat_template: str | None = None, generation_config: str = "auto",
+                 tool_call_parser: str | None = None, enable_auto_tool_choice: bool = False,
+                 reasoning_parser: str | None = None):
+        # vLLM's --tool-call-parser / --enable-auto-tool-choice / --reasoning-parser (chat_tools.py)
+        if enable_auto_tool_choice and tool_call_parser is None:
+            raise ValueError("--enable-auto-tool-choice needs --tool-call-parser")
+        self.tool_parser_cls = tool_parser_class(tool_call_parser) if tool_call_parser else None
+        self.enable_auto_tool_choice = enable_auto_tool_choice
+        check_reasoning_parser(reasoning_parser)
+        self.reasoning_parser = reasoning_parser
+        self._decoders: dict = {}
         self.client = client
         self.model_name = model_name
         self.api_key = api_key
@@ -70,6 +83,13 @@ class ServerState:
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def decode_keeping(self, markers: tuple[str, ...]):
+        """The decode of a request whose parsers need these marker tokens in the text, when the
+        tokenizer calls them special (else None: the usual text keeps them)."""
+        if markers not in self._decoders:
+            self._decoders[markers] = marker_decoder(self.tokenizer, markers)
+        return self._decoders[markers]
 
     async def encode(self, text: str, *, special: bool, truncating: bool = False) -> list[int]:
         """Token ids, tokenized off the event loop when the text is long (see tokenize.py).

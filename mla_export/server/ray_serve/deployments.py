@@ -59,6 +59,7 @@ class RaySettings:
     stream_interval_s: float = 0.0  # > 0: a replica sends a stream's later outputs at most this often (coalesced)
     http_port: int | None = None  # direct ingress on this port (flags.py); None: behind Ray Serve's proxy
     ingress_node_ip: str | None = None  # pin the ingress (the HTTP endpoint) to this Ray node
+    parsers: dict = field(default_factory=dict)  # ServerState's tool_call_parser, enable_auto_tool_choice, reasoning_parser
 
     def actor_options(self, **kw) -> dict:
         """ray_actor_options of a deployment: with direct ingress, Ray Serve's flags in its runtime_env."""
@@ -84,7 +85,8 @@ class OpenAIIngress:
                                  deployment_name=ENGINE_DEPLOYMENT)
         model = ModelView.of_export(s.out_dir, info["max_model_len"])
         self.state = ServerState(client, model, metrics, model_name=s.model_name, api_key=s.api_key,
-                                 chat_template=s.chat_template, generation_config=s.generation_config)
+                                 chat_template=s.chat_template, generation_config=s.generation_config,
+                                 **s.parsers)
 
     def __serve_build_asgi_app__(self):
         return build_app(self.state)

@@ -1,0 +1,78 @@
+"""What a chat request's tools and the server's parsers make of one request (vLLM's rules):
+
+- tool_choice "none": the tools are rendered into the prompt, the output is plain text;
+- "auto": needs the server started with --enable-auto-tool-choice and --tool-call-parser,
+  else 400 (vLLM's message); tool calls are parsed out of the output;
+- "required" or a named function: vLLM forces these with structured outputs (guided
+  decoding), which this server does not have: 400 naming tool_choice.
+- --reasoning-parser: the thinking is split out of every chat output (reasoning_parsers.py).
+
+`plan(st, req)` checks the request against the server; `plan.template_args()` are the chat
+template's arguments besides the messages; `plan.output(prompt_text)` is the per-choice
+ChoiceOutput factory (None: plain text) and `plan.decode` the text of token ids when the
+parsers' markup tokens are special tokens (kept), else None.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from . import protocol as P
+from .chat_output import ChoiceOutput
+from .reasoning_parsers import ThinkSplitter, reasoning_splitter
+
+__all__ = ["ChatPlan", "plan"]
+
+AUTO_NEEDS_FLAGS = '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
+
+
+class ChatPlan:
+    def __init__(self, st, req: P.ChatRequest):
+        self.st, self.req = st, req
+        tool = req.tool
+        self.tool_cls = None
+        if tool is not None and tool.tool_choice != "none":
+            if tool.tool_choice in ("required",) or tool.named:
+                what = "\"required\"" if tool.tool_choice == "required" else "a named function"
+                raise P.bad_request(f"'tool_choice' {what} is not supported by this server: it needs structured "
+                                    "outputs (guided decoding), which are not built yet; use \"auto\" or \"none\"",
+                                    "tool_choice")
+            if not (st.enable_auto_tool_choice and st.tool_parser_cls is not None):
+                raise P.bad_request(AUTO_NEEDS_FLAGS, "tool_choice")
+            self.tool_cls = st.tool_parser_cls
+        self.decode: Callable[[list[int]], str] | None = None
+
+    def template_args(self) -> dict:
+        """The template's arguments besides `messages` (chat_template_kwargs override, as vLLM)."""
+        args = {"add_generation_prompt": self.req.add_generation_prompt,
+                "tools": self.req.tool.tools if self.req.tool is not None else None}
+        args.update({k: v for k, v in self.req.template_kwargs.items() if k != "messages"})
+        return args
+
+    def output(self, prompt_text: str) -> Callable[[], ChoiceOutput] | None:
+        splitter: ThinkSplitter | None = reasoning_splitter(self.st.reasoning_parser, prompt_text,
+                                                             self.req.template_kwargs)
+        if splitter is None and self.tool_cls is None:
+            return None
+        markers = (*(splitter.tokens if splitter else ()), *(self.tool_cls.tokens() if self.tool_cls else ()))
+        self.decode = self.st.decode_keeping(markers)
+        tools, parallel, cls = self.req.tool.tools if self.req.tool else None, \
+            self.req.tool.parallel_tool_calls if self.req.tool else True, self.tool_cls
+        return lambda: ChoiceOutput(reasoning=splitter, tools=cls(tools) if cls is not None else None,
+                                    parallel_tool_calls=parallel)
+
+
+def marker_decoder(tokenizer, markers: tuple[str, ...]) -> Callable[[list[int]], str] | None:
+    """A decode that keeps these marker tokens where the tokenizer calls them special (Kimi's and
+    some Qwen tokenizers do; DeepSeek's tool tokens are not special) and still skips the other
+    special tokens (end of sentence, ...). None when the usual decode keeps them already."""
+    special = {i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
+    keep = {i for m in markers if (i := tokenizer.token_to_id(m)) is not None} & special
+    if not keep:
+        return None
+    drop = special - keep
+    return lambda ids: tokenizer.decode([i for i in ids if i not in drop], skip_special_tokens=False)
+
+
+def plan(st, req: P.ChatRequest) -> ChatPlan:
+    return ChatPlan(st, req)

@@ -11,7 +11,7 @@ with `n` choices counts `n`). A request that would exceed it is refused at once 
 on the event loop thread, before anything is sent to the engine.
 
 Every sequence leaves the engine exactly once: it finishes (its final output is delivered), or
-it is aborted (client gone, stop string matched, shutdown), which calls
+it is aborted (client gone, shutdown), which calls
 `engine.abort_request` and frees its blocks.
 """
 
@@ -179,8 +179,7 @@ class EngineLoop:
 
     def abort(self, request_ids: list[str], reason: str = "abort") -> None:
         """Thread-safe and non-blocking: the engine thread aborts whichever are still running
-        (`reason` is what the metrics count: "abort" for a cancelled request, "stop" for a
-        stop string the server matched)."""
+        (`reason` is what the metrics count: "abort" for a cancelled request)."""
         if request_ids:
             self._cmds.put(("abort", list(request_ids), reason))
 

@@ -39,6 +39,7 @@ class RequestMetrics:
     finished_time: float | None
     num_computed_prompt_tokens: int  # prompt tokens run through the graph (again after a preemption)
     num_cached_prompt_tokens: int  # prompt tokens served by the prefix cache
+    first_scheduled_time: float | None = None  # the first step it took part in (time.time(), as the others)
 
 
 @dataclass
@@ -348,7 +349,7 @@ class LLMEngine:
             finish_reason=req.finish_reason,
             metrics=RequestMetrics(
                 req.arrival_time, req.first_token_time, req.finished_time,
-                req.num_computed_prompt_tokens, req.num_cached_prompt_tokens,
+                req.num_computed_prompt_tokens, req.num_cached_prompt_tokens, req.first_scheduled_time,
             ),
             new_text=new_text,
             logprobs=logprobs,

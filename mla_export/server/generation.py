@@ -131,7 +131,7 @@ async def start(st, prompt_ids: list[list[int]], s: P.Sampling, prefix: str) -> 
         for i in range(s.n):
             idx = p * s.n + i
             rid = f"{prefix}-{idx}"
-            seqs.append(SeqRequest(rid, ids, engine_params(st, s, len(ids), i)))
+            seqs.append(SeqRequest(rid, ids, engine_params(st, s, len(ids), i), parent=f"{prefix}-p{p}"))
             choices.append(_Choice(index=idx, request_id=rid, stop=list(s.stop), include_stop=s.include_stop_str_in_output))
     try:
         q = await st.client.submit(seqs)

@@ -50,6 +50,7 @@ class ServerState:
         self.vocab_size = facts.get("vocab_size")
         self.created = int(time.time())
         self.final_stats: dict | None = None
+        self.log_stats_interval: float | None = None  # seconds between stats lines (stats_log.py); None: off
         tmpl_src = load_chat_template(model.out_dir, contract.get("chat_template"), chat_template)
         self.chat_template: ChatTemplate | None = None
         if tmpl_src is not None and importlib.util.find_spec("jinja2") is None:

@@ -16,7 +16,7 @@ import time
 import httpx
 import pytest
 
-from server_helpers import REPO, ServerThread, free_port, metrics, start_serve_subprocess
+from server_helpers import REPO, ServerThread, start_serve_subprocess
 from mla_export.server.access_log import PathFilter
 from mla_export.server.metrics import buckets_1_2_5, parse_prometheus_text
 from mla_export.server.startup import check_port

@@ -99,10 +99,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _log_stats_interval_default() -> float:
+    """vLLM's VLLM_LOG_STATS_INTERVAL when it is a positive number of seconds, else 10."""
     try:
-        return float(os.environ.get("VLLM_LOG_STATS_INTERVAL", "10"))
+        v = float(os.environ.get("VLLM_LOG_STATS_INTERVAL", "10"))
     except ValueError:
         return 10.0
+    return v if v > 0 else 10.0
 
 
 def _positive_seconds(text: str) -> float:

@@ -235,11 +235,15 @@ def _serve_recorded(tok, ids, make_output, decode, stream: bool, finish_reason="
     chunks = []
     for k in range(1, len(ids) + 1):
         done = k == len(ids)
-        # with the engine's own text, as the engine sends it (special tokens skipped)
-        out = RequestOutput("r", [1], ids[:k], [ids[k - 1]], tok.decode(ids[:k], skip_special_tokens=True), done,
+        # with the engine's own text, as the engine sends it (special tokens skipped, an incomplete
+        # UTF-8 character held back until it is complete)
+        text = tok.decode(ids[:k], skip_special_tokens=True)
+        if not done:
+            text = text.rstrip("\ufffd")
+        out = RequestOutput("r", [1], ids[:k], [ids[k - 1]], text, done,
                             finish_reason if done else None,
                             RequestMetrics(0.0, None, None, 0, 0))
-        delta, _ = detok.advance(ch, out)
+        delta = detok.advance(ch, out)
         ch.text += delta
         ch.token_ids = ids[:k]
         if done:

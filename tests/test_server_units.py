@@ -85,33 +85,22 @@ def _out(text, finished=False, n=1):
                          RequestMetrics(0.0, None, None, 0, 0))
 
 
-def test_detok_holds_back_possible_stop_and_incomplete_utf8():
+def test_detok_emits_only_the_new_text_and_the_final_decode():
+    # The engine's text (already cut at stop strings, engine-side) grows; each step emits its new part.
     d = _Detok(None)
-    ch = _Choice(index=0, request_id="r", stop=["END"])
-    steps = ["ab", "abE", "abEN", "abENx", "abENxy\ufffd", "abENxyé", "abENxyéEND tail"]
+    ch = _Choice(index=0, request_id="r", stop=[])
     emitted = []
-    stopped = False
-    for i, t in enumerate(steps):
-        delta, stopped = d.advance(ch, _out(t, n=i + 1))
+    for i, t in enumerate(["ab", "ab", "abEN", "abENxyé"]):
+        delta = d.advance(ch, _out(t, n=i + 1))
         ch.text += delta
         emitted.append(delta)
-        if stopped:
-            break
-    assert emitted == ["ab", "", "", "ENx", "y", "é", ""]
-    assert stopped and ch.final_text == "abENxyé" and ch.text == "abENxyé"
-
-
-def test_detok_flushes_on_finish_and_cuts_at_earliest_stop():
-    d = _Detok(None)
-    ch = _Choice(index=0, request_id="r", stop=["zz", "y"])
-    delta, stopped = d.advance(ch, _out("abz", n=1))
-    assert (delta, stopped) == ("ab", False)
-    ch.text += delta
-    delta, stopped = d.advance(ch, _out("abzxz", finished=True, n=2))  # finished: nothing held back
-    assert (delta, stopped) == ("zxz", False) and ch.final_text == "abzxz"
-    ch2 = _Choice(index=0, request_id="r", stop=["zz", "y"])
-    delta, stopped = d.advance(ch2, _out("a y zz", n=1))
-    assert stopped and ch2.final_text == "a " and delta == "a "
+    assert emitted == ["ab", "", "EN", "xyé"] and ch.final_text is None
+    # The finishing output carries the final decode; text already sent is never taken back.
+    delta = d.advance(ch, _out("abENxyé!", finished=True, n=5))
+    assert delta == "!" and ch.final_text == "abENxyé!"
+    ch2 = _Choice(index=0, request_id="r", stop=[])
+    ch2.text = "abX"
+    assert d.advance(ch2, _out("abYZ", finished=True, n=3)) == "Z" and ch2.final_text == "abYZ"
 
 
 def test_metrics_text():

@@ -94,6 +94,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "chunk (default 0: every engine step; more cuts the per-token cost of Ray's two hops)")
     p.add_argument("--log-level", "--uvicorn-log-level", dest="log_level", default="info",
                    choices=("critical", "error", "warning", "info", "debug"))
+    _add_logging_flags(p)
     _add_vllm_aliases(p)
     return p
 
@@ -118,6 +119,42 @@ def parser_settings(args) -> dict:
     """ServerState's parser keyword arguments from the flags."""
     return {"tool_call_parser": args.tool_call_parser, "enable_auto_tool_choice": args.enable_auto_tool_choice,
             "reasoning_parser": args.reasoning_parser}
+
+
+def _log_stats_interval_default() -> float:
+    """vLLM's VLLM_LOG_STATS_INTERVAL when it is a positive number of seconds, else 10."""
+    try:
+        v = float(os.environ.get("VLLM_LOG_STATS_INTERVAL", "10"))
+    except ValueError:
+        return 10.0
+    return v if v > 0 else 10.0
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return v
+
+
+def _add_logging_flags(p) -> None:
+    """vLLM's logging flags (docs/SERVING.md, Logging). Prompts are never logged."""
+    p.add_argument("--enable-log-requests", dest="log_requests", action="store_true", default=True,
+                   help="log a 'Received request' and a 'Finished request' line per sequence: id, token counts, "
+                        "finish reason, never the prompt (the default here)")
+    p.add_argument("--no-enable-log-requests", "--disable-log-requests", dest="log_requests", action="store_false",
+                   help="do not log each request")
+    p.add_argument("--disable-uvicorn-access-log", action="store_true",
+                   help="no access log line per HTTP request (client, method, path, status)")
+    p.add_argument("--disable-access-log-for-endpoints", default="", metavar="PATHS",
+                   help="comma-separated paths whose requests the access log leaves out (e.g. /health,/metrics)")
+    p.add_argument("--disable-log-stats", action="store_true",
+                   help="no periodic stats line (throughput, running/waiting, KV cache usage, prefix cache hit rate)")
+    p.add_argument("--log-stats-interval", type=_positive_seconds, default=_log_stats_interval_default(),
+                   help="seconds between stats lines when something happened (default: $VLLM_LOG_STATS_INTERVAL, else 10)")
 
 
 def _add_vllm_aliases(p) -> None:
@@ -185,6 +222,13 @@ def _server_class():
 
 def run(args) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from mla_export.server.startup import check_port
+
+    # Before anything slow: a taken port fails now, not after the model has loaded.
+    busy = check_port(args.host, args.port)
+    if busy:
+        print(f"mla-export serve: {busy}", file=sys.stderr)
+        return 1
     try:
         import uvicorn
         from mla_export.runtime.engine import LLMEngine
@@ -228,19 +272,30 @@ def run(args) -> int:
     try:
         app = create_app(engine, model_name=name, api_key=args.api_key, max_num_seqs=args.max_num_seqs,
                          max_queue=args.max_queue, chat_template=args.chat_template,
-                         generation_config=args.generation_config, **parser_settings(args))
+                         generation_config=args.generation_config, log_requests=args.log_requests,
+                         log_stats_interval=None if args.disable_log_stats else args.log_stats_interval,
+                         **parser_settings(args))
     except (FileNotFoundError, ValueError) as e:
         print(f"mla-export serve: {e}", file=sys.stderr)
         return 2
     st = app.state.server
     stats = engine.stats()
+    from mla_export.server.startup import GIB, memory_report
+
+    mem = memory_report(engine, args.precision)
+    weights = "?" if mem["weights_bytes"] is None else f"{mem['weights_bytes'] / GIB:.2f}"
     print(f"mla-export serve: model '{name}' from {out_dir}, max_model_len {st.max_model_len} tokens "
           f"(model {engine.facts.max_model_len}, KV cache {stats['kv_blocks_total'] * stats['kv_block_size']}), "
-          f"{stats['kv_blocks_total']} KV blocks of {stats['kv_block_size']} tokens, "
+          f"{stats['kv_blocks_total']} KV blocks of {stats['kv_block_size']} tokens "
+          f"(KV cache {mem['kv_cache_bytes'] / GIB:.2f} GiB {engine.facts.cache_dtype}, weights {weights} GiB), "
           f"chat {'on' if st.chat_template else 'off'}, auth {'on' if args.api_key else 'off'}", file=sys.stderr)
     _Server = _server_class()
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                            timeout_graceful_shutdown=args.shutdown_timeout, lifespan="on", access_log=False)
+                            timeout_graceful_shutdown=args.shutdown_timeout, lifespan="on",
+                            access_log=not args.disable_uvicorn_access_log)
+    from mla_export.server.access_log import skip_paths
+
+    skip_paths(args.disable_access_log_for_endpoints)
     server = _Server(config)
     server.run()
     final = st.final_stats

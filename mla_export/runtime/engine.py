@@ -27,6 +27,7 @@ from .request import Request
 from .sampling import Sampler, SamplingParams, rows_logprobs, token_logprobs
 from .scheduler import Scheduler
 from .structured_output import StructuredOutputs
+from .stop_strings import match_stop_strings
 
 __all__ = ["LLMEngine", "SamplingParams", "RequestOutput", "RequestMetrics", "RUNTIMES"]
 
@@ -40,6 +41,7 @@ class RequestMetrics:
     finished_time: float | None
     num_computed_prompt_tokens: int  # prompt tokens run through the graph (again after a preemption)
     num_cached_prompt_tokens: int  # prompt tokens served by the prefix cache
+    first_scheduled_time: float | None = None  # the first step it took part in (time.time(), as the others)
 
 
 @dataclass
@@ -371,32 +373,14 @@ class LLMEngine:
 
     @staticmethod
     def _match_stop_strings(req: Request, new_text: str, final: bool) -> tuple[str, str | None]:
-        """(the text to emit now, the stop string that ends the output or None). Text that may
-        still grow into a stop string is held back (emitted text is never taken back); only the
-        held text and this step's are searched, so a step costs O(its text + the longest stop)."""
-        p = req.params
-        buf = req.pending_text + new_text
-        hit = None
-        for s in p.stop:
-            i = buf.find(s)
-            if i >= 0 and (hit is None or i < hit[0]):
-                hit = (i, s)
-        if hit is not None:
-            i, s = hit
-            emit = buf[:i + (len(s) if p.include_stop_str_in_output else 0)]
-            req.pending_text = ""
-            req.emitted_text.append(emit)
-            return emit, s
-        hold = 0
-        if not final:
-            for s in p.stop:
-                for k in range(min(len(s) - 1, len(buf)), hold, -1):
-                    if buf.endswith(s[:k]):
-                        hold = k
-                        break
-        emit, req.pending_text = buf[:len(buf) - hold], buf[len(buf) - hold:]
+        """(the text to emit now, the stop string that ends the output or None): stop_strings.py
+        (held-back text and this step's only, so a step's cost does not grow with the output)."""
+        emit, req.pending_text, hit = match_stop_strings(req.pending_text, new_text, req.params.stop,
+                                                         req.params.include_stop_str_in_output, final)
+        if len(req.emitted_text) > 1:  # kept as one string: cumulative outputs join it every step
+            req.emitted_text[:] = ["".join(req.emitted_text)]
         req.emitted_text.append(emit)
-        return emit, None
+        return emit, hit
 
     def _stop_reason(self, req: Request, token: int) -> str | None:
         p = req.params
@@ -442,7 +426,7 @@ class LLMEngine:
             finish_reason=req.finish_reason,
             metrics=RequestMetrics(
                 req.arrival_time, req.first_token_time, req.finished_time,
-                req.num_computed_prompt_tokens, req.num_cached_prompt_tokens,
+                req.num_computed_prompt_tokens, req.num_cached_prompt_tokens, req.first_scheduled_time,
             ),
             new_text=new_text,
             logprobs=logprobs,

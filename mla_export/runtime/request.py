@@ -34,6 +34,7 @@ class Request:
     num_computed_tokens: int = 0  # leading tokens whose cache rows are written
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: str | None = None
+    first_scheduled_time: float | None = None  # when it first got a place in a step (vLLM's queue time ends)
     first_token_time: float | None = None
     finished_time: float | None = None
     num_computed_prompt_tokens: int = 0  # prompt tokens run through the graph (again after a preemption)

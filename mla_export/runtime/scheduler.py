@@ -18,6 +18,7 @@ blocks may make that cheap), then continues, so its output is the same.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -86,6 +87,8 @@ class Scheduler:
                 break
             self.waiting.popleft()
             req.status = RequestStatus.RUNNING
+            if req.first_scheduled_time is None:  # not again after a preemption: the queue time is the first wait
+                req.first_scheduled_time = time.time()
             req.num_computed_tokens = num_cached
             req.num_cached_prompt_tokens += min(num_cached, req.num_prompt_tokens)
             if lookup:

@@ -35,6 +35,7 @@ from .generation import _Choice, _Detok, respond  # noqa: F401  (_Choice, _Detok
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .routes_tokenize import tokenize_routes
 from .state import ServerState
+from .stats_log import run_stats_log
 
 __all__ = ["create_app", "build_app", "ServerState"]
 
@@ -202,9 +203,14 @@ def build_app(st: ServerState) -> Starlette:
         await asyncio.to_thread(st.client.start)
         await asyncio.to_thread(st.encoder.start)
         log.info("engine client started: capacity %d sequences", st.client.capacity)
+        stats_task = None
+        if st.log_stats_interval:
+            stats_task = asyncio.ensure_future(run_stats_log(st.metrics, st.client, st.log_stats_interval))
         try:
             yield
         finally:
+            if stats_task is not None:
+                stats_task.cancel()
             st.encoder.close()
             stats = await asyncio.to_thread(st.client.stop, 60.0)
             st.final_stats = stats
@@ -229,13 +235,24 @@ def build_app(st: ServerState) -> Starlette:
 
 def create_app(engine, *, model_name: str, api_key: str | None = None, max_num_seqs: int = 64,
                max_queue: int = 256, chat_template: str | None = None, generation_config: str = "auto",
-               **parsers) -> Starlette:
+               log_requests: bool = False, log_stats_interval: float | None = None, **parsers) -> Starlette:
     """`engine` is an `LLMEngine` that this app owns from startup to shutdown: its loop thread
     starts with the app's lifespan and stops (aborting what is left) when the app shuts down.
-    `parsers`: ServerState's tool_call_parser, enable_auto_tool_choice, reasoning_parser."""
-    m = ServerMetrics(model_name=model_name)
-    loop = EngineLoop(engine, max_num_seqs=max_num_seqs, max_queue=max_queue, metrics=m)
+    `log_requests`: a line per sequence received / finished / aborted (never the prompt);
+    `log_stats_interval`: seconds between vLLM's stats lines (None: none); `parsers`: ServerState's
+    tool_call_parser, enable_auto_tool_choice, reasoning_parser."""
+    m = ServerMetrics(model_name=model_name, max_model_len=engine.max_model_len)
+    m.set_cache_config(cache_config_info(engine))
+    loop = EngineLoop(engine, max_num_seqs=max_num_seqs, max_queue=max_queue, metrics=m, log_requests=log_requests)
     st = ServerState(loop, ModelView.of_engine(engine), m, model_name=model_name, api_key=api_key,
-                     chat_template=chat_template, generation_config=generation_config,
-                     **parsers)  # parsers: tool_call_parser, enable_auto_tool_choice, reasoning_parser
+                     chat_template=chat_template, generation_config=generation_config, **parsers)
+    st.log_stats_interval = log_stats_interval
     return build_app(st)
+
+
+def cache_config_info(engine) -> dict:
+    """vllm:cache_config_info's labels for this engine (vLLM's CacheConfig field names; the CPU
+    cache's blocks are what vLLM calls num_gpu_blocks)."""
+    kv = engine.kv_cache
+    return {"block_size": kv.block_size, "cache_dtype": engine.facts.cache_dtype,
+            "enable_prefix_caching": bool(kv.enable_prefix_caching), "num_gpu_blocks": kv.num_blocks, "engine": 0}

@@ -11,7 +11,7 @@ with `n` choices counts `n`). A request that would exceed it is refused at once 
 on the event loop thread, before anything is sent to the engine.
 
 Every sequence leaves the engine exactly once: it finishes (its final output is delivered), or
-it is aborted (client gone, stop string matched, shutdown), which calls
+it is aborted (client gone, shutdown), which calls
 `engine.abort_request` and frees its blocks.
 """
 
@@ -54,6 +54,7 @@ class SeqRequest:
     request_id: str
     prompt: Any  # str or list[int]
     params: Any  # SamplingParams
+    parent: str | None = None  # the HTTP request's prompt this is one of the n choices of (metrics)
 
 
 @dataclass
@@ -74,11 +75,15 @@ class _Seq:
     last_token: float | None = None
     num_prompt_tokens: int = 0
     num_generated: int = 0
+    parent: str | None = None
+    max_tokens: int | None = None
 
 
 class EngineLoop:
     def __init__(self, engine, *, max_num_seqs: int, max_queue: int, metrics: ServerMetrics | None = None,
-                 idle_poll_s: float = 1.0):
+                 idle_poll_s: float = 1.0, log_requests: bool = False):
+        """`log_requests`: an info line per sequence when it is received, finished or aborted (its
+        id, token counts and finish reason; never the prompt)."""
         if max_queue < 0:
             raise ValueError("max_queue must be >= 0")
         self.engine = engine
@@ -95,6 +100,8 @@ class EngineLoop:
         self._stats: dict = {}
         self._stopped = threading.Event()
         self._final_stats: dict | None = None
+        self.log_requests = log_requests
+        self._parents: dict[str, list[int]] = {}  # parent -> [choices, choices still running, most generated]
 
     # ---- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
@@ -179,8 +186,7 @@ class EngineLoop:
 
     def abort(self, request_ids: list[str], reason: str = "abort") -> None:
         """Thread-safe and non-blocking: the engine thread aborts whichever are still running
-        (`reason` is what the metrics count: "abort" for a cancelled request, "stop" for a
-        stop string the server matched)."""
+        (`reason` is what the metrics count: "abort" for a cancelled request)."""
         if request_ids:
             self._cmds.put(("abort", list(request_ids), reason))
 
@@ -197,6 +203,13 @@ class EngineLoop:
         if seq is not None:
             with self._lock:
                 self._in_flight -= 1
+            entry = self._parents.get(seq.parent) if seq.parent is not None else None
+            if entry is not None:
+                entry[1] -= 1
+                entry[2] = max(entry[2], seq.num_generated)
+                if entry[1] == 0:  # every choice of the prompt ended
+                    del self._parents[seq.parent]
+                    self.metrics.observe_parent(entry[0], entry[2])
         return seq
 
     def _handle(self, cmd) -> bool:
@@ -215,7 +228,15 @@ class EngineLoop:
                 for s, q, loop in payload:
                     self.engine.add_request(s.request_id, s.prompt, s.params)
                     added.append(s.request_id)
-                    self._seqs[s.request_id] = _Seq(loop=loop, queue=q, arrival=time.monotonic())
+                    self._seqs[s.request_id] = _Seq(loop=loop, queue=q, arrival=time.monotonic(), parent=s.parent,
+                                                    max_tokens=getattr(s.params, "max_tokens", None))
+                    if s.parent is not None:
+                        entry = self._parents.setdefault(s.parent, [0, 0, 0])
+                        entry[0] += 1
+                        entry[1] += 1
+                    if self.log_requests:
+                        log.info("Received request %s: prompt tokens %s, params: %s", s.request_id,
+                                 len(s.prompt) if isinstance(s.prompt, (list, tuple)) else "?", _params_text(s.params))
             except BaseException as e:
                 for rid in added:  # all or none
                     self._abort_one(rid, count=False)
@@ -241,6 +262,8 @@ class EngineLoop:
             log.warning("engine.abort_request(%s) failed: %s", rid, e)
         if count:
             self.metrics.observe_end(reason, None, seq.num_generated)
+        if self.log_requests:
+            log.info("Aborted request %s (%s): output tokens %d", rid, reason, seq.num_generated)
 
     def _deliver(self, items: list) -> None:
         by_loop: dict = collections.defaultdict(list)
@@ -297,6 +320,7 @@ class EngineLoop:
         now = time.monotonic()
         items = []
         new_tokens = 0
+        prompt_tokens = 0  # of the prompts whose first token this step made
         for out in outs:
             seq = self._seqs.get(out.request_id)
             if seq is None:
@@ -306,6 +330,7 @@ class EngineLoop:
             seq.num_generated = len(out.token_ids)
             if seq.first_token is None and n_new:
                 seq.first_token = now
+                prompt_tokens += len(out.prompt_token_ids or ())
                 self.metrics.observe_ttft(now - seq.arrival)
             elif n_new and seq.last_token is not None:
                 self.metrics.observe_token_gap((now - seq.last_token) / n_new)
@@ -321,12 +346,29 @@ class EngineLoop:
                 seq.num_prompt_tokens = len(out.prompt_token_ids or ())
                 self.metrics.observe_end(out.finish_reason or "stop", now - seq.arrival, seq.num_generated,
                                          seq.num_prompt_tokens)
+                self._observe_finished(out, seq, now)
             items.append((seq.loop, seq.queue, out))
-        self.metrics.observe_step(now, new_tokens)
+        self.metrics.observe_step(now, new_tokens, prompt_tokens)
+        self.metrics.observe_iteration(new_tokens + prompt_tokens)
         # The snapshot is taken before the outputs are delivered: a client that has seen its
         # final token sees stats in which that request's blocks are already released.
         self._stats = self._engine_stats()
         self._deliver(items)
+
+    def _observe_finished(self, out, seq: _Seq, now: float) -> None:
+        """vLLM's request phases from the engine's own timestamps (one clock: time.time())."""
+        m = getattr(out, "metrics", None)
+        arrival, sched = getattr(m, "arrival_time", None), getattr(m, "first_scheduled_time", None)
+        first, last = getattr(m, "first_token_time", None), getattr(m, "finished_time", None)
+        span = lambda a, b: None if a is None or b is None else b - a  # noqa: E731
+        self.metrics.observe_phases(queue=span(arrival, sched), prefill=span(sched, first),
+                                    decode=span(first, last), inference=span(sched, last))
+        self.metrics.observe_params(seq.max_tokens)
+        if self.log_requests:
+            log.info("Finished request %s: prompt tokens %d, output tokens %d, finish reason %s%s, %.3f s",
+                     out.request_id, seq.num_prompt_tokens, seq.num_generated, out.finish_reason,
+                     _stop_reason_text(getattr(out, "stop_reason", None)),
+                     now - seq.arrival)
 
     def _die(self, reason: str) -> None:
         """The engine failed: every request ends with an error, the server reports unhealthy."""
@@ -363,6 +405,23 @@ class EngineLoop:
         self._stats = self._engine_stats()
         self._final_stats = dict(self._stats)
         self._stopped.set()
+
+
+def _params_text(params) -> str:
+    """The sampling parameters worth a log line (stop strings counted, not shown: they may quote
+    the user's text)."""
+    keys = ("max_tokens", "temperature", "top_p", "top_k", "seed", "min_tokens", "logprobs")
+    parts = [f"{k}={getattr(params, k)}" for k in keys if getattr(params, k, None) is not None]
+    stop = getattr(params, "stop", ())
+    if stop:
+        parts.append(f"stop=<{len(stop)} strings>")
+    return ", ".join(parts)
+
+
+def _stop_reason_text(reason) -> str:
+    if reason is None:
+        return ""
+    return f" (token {reason})" if isinstance(reason, int) else " (a stop string)"
 
 
 def _put_all(batch) -> None:

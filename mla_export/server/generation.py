@@ -52,48 +52,29 @@ class _Choice:
 
 
 class _Detok:
-    """Text of a choice's tokens, emitted incrementally: holds back an incomplete UTF-8
-    character (U+FFFD at the end) and any tail that could still become a stop string; cuts the
-    text at the first stop string."""
+    """Text of a choice's tokens, as the engine reports it, emitted incrementally. Stop strings
+    are matched once, in the engine, on its thread (runtime/stop_strings.py): its text is
+    already cut at a stop string and holds back what may still grow into one, and an
+    incomplete UTF-8 character. So a step here only takes the new part of the text."""
 
     def __init__(self, decode: Callable[[list[int]], str] | None):
         self.decode = decode
 
     def full_text(self, out) -> str:
-        if out.text is not None:  # the engine's own decode of all generated tokens
+        if out.text is not None:  # the engine's text of all generated tokens
             return out.text
         if self.decode is not None:
             return self.decode(list(out.token_ids))
         return ""
 
-    def advance(self, ch: _Choice, out) -> tuple[str, bool]:
-        """(new text to emit, whether a stop string ended the choice). When the choice ends,
-        `ch.final_text` is its whole text (what a non-streamed response returns)."""
+    def advance(self, ch: _Choice, out) -> str:
+        """The new text to emit. When the choice ends, `ch.final_text` is its whole text (what a
+        non-streamed response returns)."""
         full = self.full_text(out)
-        if ch.stop:
-            longest = max(len(s) for s in ch.stop)
-            start = max(0, len(ch.text) - longest + 1)
-            hits = [(i, s) for s in ch.stop if (i := full.find(s, start)) >= 0]
-            if hits:
-                i, s = min(hits)
-                ch.final_text = full[:i + (len(s) if ch.include_stop else 0)]
-                return _suffix_after(ch.final_text, ch.text), True
         if out.finished:
-            ch.final_text = full
-            return _suffix_after(full, ch.text), False
-        end = len(full)
-        while end > 0 and full[end - 1] == "\ufffd":  # maybe an incomplete UTF-8 sequence so far
-            end -= 1
-        hold = 0
-        for s in ch.stop:  # a tail that may still grow into a stop string stays back
-            for k in range(min(len(s) - 1, end), 0, -1):
-                if full[end - k:end] == s[:k]:
-                    hold = max(hold, k)
-                    break
-        end -= hold
-        if end <= len(ch.text):
-            return "", False
-        return _suffix_after(full[:end], ch.text), False
+            ch.final_text = full  # the final decode: may differ from the streamed text's tail
+            return _suffix_after(full, ch.text)
+        return full[len(ch.text):]  # until then the text only grows
 
 
 def _text(ch: _Choice) -> str:
@@ -147,7 +128,8 @@ def engine_params(st, s: P.Sampling, prompt_len: int, choice: int):
                               logit_bias=s.logit_bias, logprobs=s.logprobs,
                               prompt_logprobs=s.engine_prompt_logprobs, bad_words=tuple(s.bad_words),
                               allowed_token_ids=None if s.allowed_token_ids is None else tuple(s.allowed_token_ids),
-                              structured_outputs=s.structured_outputs)
+                              structured_outputs=s.structured_outputs, stop=tuple(s.stop),
+                              include_stop_str_in_output=s.include_stop_str_in_output)
     except ValueError as e:
         raise P.bad_request(str(e)) from None
 
@@ -161,7 +143,7 @@ async def start(st, prompt_ids: list[list[int]], s: P.Sampling, prefix: str,
         for i in range(s.n):
             idx = p * s.n + i
             rid = f"{prefix}-{idx}"
-            seqs.append(SeqRequest(rid, ids, engine_params(st, s, len(ids), i)))
+            seqs.append(SeqRequest(rid, ids, engine_params(st, s, len(ids), i), parent=f"{prefix}-p{p}"))
             choices.append(_Choice(index=idx, request_id=rid, stop=list(s.stop), include_stop=s.include_stop_str_in_output,
                                    echo_text=echo_texts[p] if s.echo and echo_texts else None,
                                    keep_output=s.max_tokens != 0, prompt_ids=ids,
@@ -251,19 +233,14 @@ async def next_events(st, detok: _Detok, q: asyncio.Queue, by_id: dict[str, _Cho
                 st.client.abort([ch.request_id], reason="stop")
             events.append((ch, "", [], [] if item.logprobs is not None else None))
             continue
-        delta, stopped = detok.advance(ch, item)
+        delta = detok.advance(ch, item)
         new_ids = list(item.token_ids[ch.last_sent_tokens:])
         new_logprobs = item.logprobs[ch.last_sent_tokens:] if item.logprobs is not None else None
         ch.token_ids = list(item.token_ids)
         ch.logprobs = item.logprobs
         ch.last_sent_tokens = len(ch.token_ids)
         ch.text += delta
-        if stopped:
-            ch.finished = True
-            ch.finish_reason = "stop"
-            if not item.finished:
-                st.client.abort([ch.request_id], reason="stop")
-        elif item.finished:
+        if item.finished:
             ch.finished = True
             ch.finish_reason = item.finish_reason or "stop"
         events.append((ch, delta, new_ids, new_logprobs))
@@ -381,6 +358,20 @@ class _MarkerDetok(_Detok):
 
     def full_text(self, out) -> str:
         return self.decode(list(out.token_ids))
+
+    def advance(self, ch: _Choice, out) -> str:
+        """As _Detok's, the text cut at the first complete stop string (the engine matched them
+        on its own text, which skips the markers; this text is decoded here)."""
+        if not ch.stop:
+            return super().advance(ch, out)
+        from mla_export.runtime.stop_strings import match_stop_strings
+
+        # a tail that may still grow into a stop string stays held (emitted text is never taken back)
+        emit, _held, hit = match_stop_strings("", self.full_text(out), ch.stop, ch.include_stop, final=out.finished)
+        if out.finished or hit is not None:
+            ch.final_text = emit
+            return _suffix_after(emit, ch.text)
+        return emit[len(ch.text):] if emit.startswith(ch.text) else ""
 
 
 def make_detok(decode: Callable[[list[int]], str] | None, marker_decode: Callable[[list[int]], str] | None) -> _Detok:

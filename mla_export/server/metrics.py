@@ -32,10 +32,30 @@ ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0
 E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
 RATE_WINDOW_S = 10.0
+# vLLM's buckets for its request-phase histograms (queue, prefill, decode, inference, e2e) and for
+# the tokens of one engine step.
+REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+                           120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+N_BUCKETS = (1, 2, 5, 10, 20)
+
+
+def buckets_1_2_5(max_value: int) -> tuple[int, ...]:
+    """vLLM's token-count buckets: 1, 2, 5, 10, 20, 50, ... up to `max_value` (max_model_len)."""
+    out, mantissas, exp = [], (1, 2, 5), 0
+    while True:
+        for m in mantissas:
+            v = m * 10 ** exp
+            if v > max_value:
+                return tuple(out)
+            out.append(v)
+        exp += 1
 
 
 class ServerMetrics:
-    def __init__(self, model_name: str = "model"):
+    def __init__(self, model_name: str = "model", max_model_len: int | None = None):
+        """`max_model_len` bounds the token-count buckets of the request-parameter histograms (as
+        vLLM's); without it they reach 100000."""
         self.model_name = model_name
         self.registry = CollectorRegistry(auto_describe=True)
         r, mn = self.registry, ["model_name"]
@@ -77,8 +97,37 @@ class ServerMetrics:
             self.v_success.labels(model_name, reason)
         self.v_prompt.labels(model_name)
         self.v_gen.labels(model_name)
+        # vLLM's request phases, from the engine's timestamps of each finished sequence.
+        phase = lambda name, doc: Histogram(name, doc, mn, buckets=REQUEST_LATENCY_BUCKETS, registry=r)  # noqa: E731
+        self.v_queue = phase("vllm:request_queue_time_seconds",
+                             "Histogram of time spent in WAITING phase for request (arrival to first scheduled).")
+        self.v_prefill = phase("vllm:request_prefill_time_seconds",
+                               "Histogram of time spent in PREFILL phase for request (first scheduled to first token).")
+        self.v_decode = phase("vllm:request_decode_time_seconds",
+                              "Histogram of time spent in DECODE phase for request (first token to last token).")
+        self.v_inference = phase("vllm:request_inference_time_seconds",
+                                 "Histogram of time spent in RUNNING phase for request (first scheduled to last token).")
+        self.v_iter_tokens = Histogram("vllm:iteration_tokens_total",
+                                       "Histogram of number of tokens per engine_step (generated tokens plus the "
+                                       "prompts whose first token the step produced).",
+                                       mn, buckets=ITERATION_TOKEN_BUCKETS, registry=r)
+        count_buckets = buckets_1_2_5(max_model_len or 100000)
+        self.v_max_gen = Histogram("vllm:request_max_num_generation_tokens",
+                                   "Histogram of maximum number of requested generation tokens (the longest of a "
+                                   "prompt's n choices).", mn, buckets=count_buckets, registry=r)
+        self.v_params_n = Histogram("vllm:request_params_n", "Histogram of the n request parameter.", mn,
+                                    buckets=N_BUCKETS, registry=r)
+        self.v_params_max_tokens = Histogram("vllm:request_params_max_tokens",
+                                             "Histogram of the max_tokens request parameter.", mn,
+                                             buckets=count_buckets, registry=r)
+        for h in (self.v_ttft, self.v_itl, self.v_tpot, self.v_e2e, self.v_req_prompt, self.v_req_gen, self.v_queue,
+                  self.v_prefill, self.v_decode, self.v_inference, self.v_iter_tokens, self.v_max_gen,
+                  self.v_params_n, self.v_params_max_tokens):
+            h.labels(model_name)  # present (empty) from the start, as vLLM's
+        self.cache_config: dict[str, str] | None = None  # vllm:cache_config_info's labels (set_cache_config)
         self.generated_tokens = 0
         self.prompt_tokens = 0
+        self.prompt_tokens_processed = 0  # prompts whose first token is out (the stats line's prompt throughput)
         self._window: collections.deque = collections.deque()  # (monotonic time, tokens) per step
         self.started = time.time()
         r.register(_SnapshotCollector(self))
@@ -106,8 +155,42 @@ class ServerMetrics:
             self.v_req_prompt.labels(self.model_name).observe(num_prompt)
             self.v_req_gen.labels(self.model_name).observe(num_generated)
 
-    def observe_step(self, now: float, new_tokens: int) -> None:
+    def observe_phases(self, queue: float | None, prefill: float | None, decode: float | None,
+                       inference: float | None) -> None:
+        """A finished sequence's phases (vLLM's): each None when the engine did not reach it."""
+        for hist, v in ((self.v_queue, queue), (self.v_prefill, prefill), (self.v_decode, decode),
+                        (self.v_inference, inference)):
+            if v is not None:
+                hist.labels(self.model_name).observe(max(0.0, v))
+
+    def observe_params(self, max_tokens: int | None) -> None:
+        """A finished sequence's max_tokens (vLLM observes it per finished request)."""
+        if max_tokens:
+            self.v_params_max_tokens.labels(self.model_name).observe(max_tokens)
+
+    def observe_parent(self, n: int, max_generated: int) -> None:
+        """A prompt's n choices all ended: n and the most tokens one of them generated."""
+        self.v_params_n.labels(self.model_name).observe(n)
+        self.v_max_gen.labels(self.model_name).observe(max_generated)
+
+    def observe_iteration(self, tokens: int) -> None:
+        """One engine step's tokens (vLLM's iteration_tokens_total)."""
+        self.v_iter_tokens.labels(self.model_name).observe(tokens)
+
+    def set_cache_config(self, info: dict) -> None:
+        """vllm:cache_config_info's labels (values as strings, as vLLM's)."""
+        self.cache_config = {str(k): str(v) for k, v in info.items()}
+
+    def counters(self) -> dict:
+        """Cumulative token counts (the periodic stats line takes their differences)."""
         with self._lock:
+            return {"prompt_tokens": self.prompt_tokens_processed, "generation_tokens": self.generated_tokens}
+
+    def observe_step(self, now: float, new_tokens: int, prompt_tokens: int = 0) -> None:
+        """Tokens generated by one step (or one batch of outputs), and `prompt_tokens`: the
+        prompts whose first token arrived in it."""
+        with self._lock:
+            self.prompt_tokens_processed += prompt_tokens
             self.generated_tokens += new_tokens
             if new_tokens:
                 self._window.append((now, new_tokens))
@@ -225,6 +308,12 @@ class _SnapshotCollector:
         yield counter("vllm:prefix_cache_hits", "Prefix cache hits (in the engine's unit).", h, mn, name)
         yield counter("vllm:num_preemptions", "Cumulative number of preemptions from the engine.",
                       g("num_preemptions"), mn, name)
+        if m.cache_config is not None:
+            info = dict(m.cache_config)
+            fam = GaugeMetricFamily("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
+                                    labels=list(info))
+            fam.add_metric(list(info.values()), 1.0)
+            yield fam
 
 
 # (family, help, stats key, counter?) per replica, labelled by replica id: which replica holds

@@ -68,6 +68,7 @@ class ServerState:
         from ..runtime.generation_config import read_generation_defaults
 
         self.sampling_defaults = read_generation_defaults(generation_config, model.out_dir)
+        self.log_stats_interval: float | None = None  # seconds between stats lines (stats_log.py); None: off
         tmpl_src = load_chat_template(model.out_dir, contract.get("chat_template"), chat_template)
         self.chat_template: ChatTemplate | None = None
         if tmpl_src is not None and importlib.util.find_spec("jinja2") is None:

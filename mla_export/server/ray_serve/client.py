@@ -256,6 +256,7 @@ class RayEngineClient:
     def _observe(self, call: _Call, items: list) -> None:
         now = time.monotonic()
         new_tokens = 0
+        prompt_tokens = 0  # counted when the sequence finishes: only the finishing delta carries it
         for it in items:
             if isinstance(it, Aborted):
                 continue
@@ -272,7 +273,8 @@ class RayEngineClient:
             if it.finished:
                 self.metrics.observe_end(it.finish_reason or "stop", now - call.arrival, len(it.token_ids),
                                          it.num_prompt_tokens)
-        self.metrics.observe_step(now, new_tokens)
+                prompt_tokens += it.num_prompt_tokens
+        self.metrics.observe_step(now, new_tokens, prompt_tokens)
 
     def _finish(self, key: int, call: _Call) -> None:
         if self._calls.pop(key, None) is None:

@@ -30,8 +30,8 @@ from .router import PrefixAffinityRouter
 __all__ = ["build_application", "app_builder", "RaySettings", "ENGINE_DEPLOYMENT", "INGRESS_DEPLOYMENT"]
 
 log = logging.getLogger("mla_export.server")
-# No access log line per call (as `mla-export serve`, whose uvicorn runs with access_log=False);
-# warnings and errors are still logged.
+# No access log line per Ray Serve call (one per engine call between the replicas: noise, not
+# the client's HTTP requests); warnings and errors are still logged.
 _LOGGING = {"enable_access_log": False}
 ENGINE_DEPLOYMENT = "MLAEngine"
 INGRESS_DEPLOYMENT = "OpenAIIngress"

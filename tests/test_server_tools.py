@@ -176,10 +176,12 @@ def test_tool_choice_rules(server, plain_server):
         assert "--enable-auto-tool-choice" in r.json()["error"]["message"]
     r = post(plain_server, tools=TOOLS, tool_choice="none")
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] is not None
+    # "required" and a named function need no parser flags (test_tool_choice.py)
     named = {"type": "function", "function": {"name": "get_weather"}}
+    for choice in ("required", named):
+        r = post(plain_server, tools=TOOLS, tool_choice=choice)
+        assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "length", r.text
     for body, param in [
-        ({"tools": TOOLS, "tool_choice": "required"}, "tool_choice"),
-        ({"tools": TOOLS, "tool_choice": named}, "tool_choice"),
         ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
         ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
         ({"tool_choice": "auto"}, "tool_choice"),

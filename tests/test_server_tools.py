@@ -204,6 +204,24 @@ def test_tool_choice_rules(server, plain_server):
     assert httpx.get(f"{server.base}/health").status_code == 200
 
 
+def test_forced_tool_choice_with_the_parsers_on(server):
+    """With --tool-call-parser and --reasoning-parser set, a forced tool_choice still goes by its
+    constraint (from the first token: no thinking is split out, even with thinking on)."""
+    pick = [{"type": "function", "function": {"name": "pick", "parameters": {
+        "type": "object", "properties": {"c": {"enum": ["a", "b"]}}, "required": ["c"], "additionalProperties": False}}}]
+    c = client(server)
+    for choice, finish in (({"type": "function", "function": {"name": "pick"}}, "stop"), ("required", "tool_calls")):
+        r = c.chat.completions.create(model="tiny", messages=USER, tools=pick, tool_choice=choice, max_tokens=40,
+                                      temperature=0, parallel_tool_calls=False,
+                                      extra_body={"chat_template_kwargs": {"thinking": True},
+                                                  "structured_outputs": {"disable_any_whitespace": True}})
+        ch = r.choices[0]
+        assert ch.finish_reason == finish and ch.message.content == "", ch
+        assert getattr(ch.message, "reasoning_content", None) is None
+        [call] = ch.message.tool_calls
+        assert call.function.name == "pick" and json.loads(call.function.arguments)["c"] in ("a", "b")
+
+
 def test_serve_flags_are_checked():
     from mla_export.cli import main
 

@@ -237,9 +237,13 @@ def test_truncated_forced_output(server):
     r = create(server, tool_choice="required", max_tokens=3)
     ch = r.choices[0]  # the array did not complete: its text comes back, no calls
     assert ch.finish_reason == "length" and ch.message.tool_calls is None and ch.message.content.startswith("[")
+    calls, reason, content = streamed(server, tool_choice="required", max_tokens=3)
+    assert reason == "length" and content == "" and calls == {}  # no call's name was complete
     r = create(server, tool_choice=named("get_weather"), max_tokens=3)
     ch = r.choices[0]  # the named call's arguments are what was generated (vLLM's rule)
     assert ch.finish_reason == "length" and ch.message.tool_calls[0].function.arguments.startswith("{")
+    calls, reason, _ = streamed(server, tool_choice=named("get_weather"), max_tokens=3)
+    assert reason == "length" and calls[0]["arguments"] == ch.message.tool_calls[0].function.arguments
 
 
 # ---- round trip -------------------------------------------------------------------------------------

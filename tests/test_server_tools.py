@@ -176,10 +176,12 @@ def test_tool_choice_rules(server, plain_server):
         assert "--enable-auto-tool-choice" in r.json()["error"]["message"]
     r = post(plain_server, tools=TOOLS, tool_choice="none")
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] is not None
+    # "required" and a named function need no parser flags (test_tool_choice.py)
     named = {"type": "function", "function": {"name": "get_weather"}}
+    for choice in ("required", named):
+        r = post(plain_server, tools=TOOLS, tool_choice=choice)
+        assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "length", r.text
     for body, param in [
-        ({"tools": TOOLS, "tool_choice": "required"}, "tool_choice"),
-        ({"tools": TOOLS, "tool_choice": named}, "tool_choice"),
         ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
         ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
         ({"tool_choice": "auto"}, "tool_choice"),
@@ -200,6 +202,24 @@ def test_tool_choice_rules(server, plain_server):
         r = post(server, **body)
         assert r.status_code == 400 and r.json()["error"]["param"] == param, (body, r.text)
     assert httpx.get(f"{server.base}/health").status_code == 200
+
+
+def test_forced_tool_choice_with_the_parsers_on(server):
+    """With --tool-call-parser and --reasoning-parser set, a forced tool_choice still goes by its
+    constraint (from the first token: no thinking is split out, even with thinking on)."""
+    pick = [{"type": "function", "function": {"name": "pick", "parameters": {
+        "type": "object", "properties": {"c": {"enum": ["a", "b"]}}, "required": ["c"], "additionalProperties": False}}}]
+    c = client(server)
+    for choice, finish in (({"type": "function", "function": {"name": "pick"}}, "stop"), ("required", "tool_calls")):
+        r = c.chat.completions.create(model="tiny", messages=USER, tools=pick, tool_choice=choice, max_tokens=40,
+                                      temperature=0, parallel_tool_calls=False,
+                                      extra_body={"chat_template_kwargs": {"thinking": True},
+                                                  "structured_outputs": {"disable_any_whitespace": True}})
+        ch = r.choices[0]
+        assert ch.finish_reason == finish and ch.message.content == "", ch
+        assert getattr(ch.message, "reasoning_content", None) is None
+        [call] = ch.message.tool_calls
+        assert call.function.name == "pick" and json.loads(call.function.arguments)["c"] in ("a", "b")
 
 
 def test_serve_flags_are_checked():

@@ -55,7 +55,7 @@ class ChatTemplate:
             return self._template.render(**ctx)
         except TemplateError:
             raise
-        except self._jinja_error as e:
+        except (self._jinja_error, TypeError, ValueError) as e:  # e.g. tojson of an undefined value
             raise TemplateError(f"the chat template failed: {e}") from e
 
 

@@ -3,9 +3,11 @@
 - tool_choice "none": the tools are rendered into the prompt, the output is plain text;
 - "auto": needs the server started with --enable-auto-tool-choice and --tool-call-parser,
   else 400 (vLLM's message); tool calls are parsed out of the output;
-- "required" or a named function: vLLM forces these with structured outputs (guided
-  decoding), which this server does not have: 400 naming tool_choice.
-- --reasoning-parser: the thinking is split out of every chat output (reasoning_parsers.py).
+- "required" or a named function: forced as vLLM does, with a JSON-schema constraint
+  (structured outputs) built from the tools (forced_tools.py), whatever the server's flags; the
+  output is read back as tool calls. The constraint holds from the first generated token, so
+  there is no thinking to split out then (--reasoning-parser does not apply).
+- --reasoning-parser: the thinking is split out of every other chat output (reasoning_parsers.py).
 
 `plan(st, req)` checks the request against the server; `plan.template_args()` are the chat
 template's arguments besides the messages; `plan.output(prompt_text)` is the per-choice
@@ -19,6 +21,7 @@ from typing import Callable
 
 from . import protocol as P
 from .chat_output import ChoiceOutput
+from .forced_tools import NamedCall, RequiredCalls
 from .reasoning_parsers import ThinkSplitter, reasoning_splitter
 
 __all__ = ["ChatPlan", "plan"]
@@ -31,12 +34,10 @@ class ChatPlan:
         self.st, self.req = st, req
         tool = req.tool
         self.tool_cls = None
-        if tool is not None and tool.tool_choice != "none":
-            if tool.tool_choice in ("required",) or tool.named:
-                what = "\"required\"" if tool.tool_choice == "required" else "a named function"
-                raise P.bad_request(f"'tool_choice' {what} is not supported by this server: it needs structured "
-                                    "outputs (guided decoding), which are not built yet; use \"auto\" or \"none\"",
-                                    "tool_choice")
+        self.forced = tool is not None and tool.forced
+        if self.forced:  # the request's sampling takes the constraint (tool_request.py built and checked it)
+            req.sampling.structured_outputs = tool.constraint
+        elif tool is not None and tool.tool_choice != "none":
             if not (st.enable_auto_tool_choice and st.tool_parser_cls is not None):
                 raise P.bad_request(AUTO_NEEDS_FLAGS, "tool_choice")
             self.tool_cls = st.tool_parser_cls
@@ -50,6 +51,11 @@ class ChatPlan:
         return args
 
     def output(self, prompt_text: str) -> Callable[[], ChoiceOutput] | None:
+        if self.forced:
+            tool = self.req.tool
+            return lambda: ChoiceOutput(tools=NamedCall(tool.named) if tool.named else RequiredCalls(),
+                                        parallel_tool_calls=tool.parallel_tool_calls,
+                                        forced="named" if tool.named else "required")
         splitter: ThinkSplitter | None = reasoning_splitter(self.st.reasoning_parser, prompt_text,
                                                              self.req.template_kwargs)
         if splitter is None and self.tool_cls is None:

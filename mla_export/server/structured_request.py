@@ -35,8 +35,8 @@ def _type_name(v: Any) -> str:
                                      dict: "object"}.get(type(v), type(v).__name__)
 
 
-def parse_structured_outputs(body: dict) -> StructuredOutputsParams | None:
-    """The request's constraint (None when it has none); a 400 naming the field otherwise."""
+def _collect(body: dict) -> tuple[dict[str, Any], dict[str, str]]:
+    """(StructuredOutputsParams fields the request gives, field -> the request field it came from)."""
     fields: dict[str, Any] = {}  # StructuredOutputsParams field -> value
     source: dict[str, str] = {}  # StructuredOutputsParams field -> the request field it came from
 
@@ -97,8 +97,17 @@ def parse_structured_outputs(body: dict) -> StructuredOutputsParams | None:
         elif kind != "text":
             raise bad_request(f"'response_format.type' must be 'text', 'json_object' or 'json_schema', got {kind!r}",
                               "response_format.type")
+    return fields, source
 
-    kinds = [k for k in ("json", "regex", "choice", "grammar", "json_object") if fields.get(k) not in (None, False)]
+
+def _constraints(fields: dict[str, Any]) -> list[str]:
+    return [k for k in ("json", "regex", "choice", "grammar", "json_object") if fields.get(k) not in (None, False)]
+
+
+def parse_structured_outputs(body: dict) -> StructuredOutputsParams | None:
+    """The request's constraint (None when it has none); a 400 naming the field otherwise."""
+    fields, source = _collect(body)
+    kinds = _constraints(fields)
     if not kinds:  # options alone (or json_object false) constrain nothing, as in vLLM
         return None
     if len(kinds) > 1:
@@ -112,4 +121,28 @@ def parse_structured_outputs(body: dict) -> StructuredOutputsParams | None:
         raise bad_request(f"'{param}': {e.reason}", param) from None
     except ValueError as e:
         raise bad_request(str(e), source[kinds[0]]) from None
+    return params
+
+
+def tool_choice_constraint(body: dict, schema: dict, schema_param: str, what: str) -> StructuredOutputsParams:
+    """The constraint of a forcing tool_choice (`what`: its description): the tools' JSON schema
+    with the request's structured-output options (disable_any_whitespace, ...), as vLLM joins
+    them. A constraint of the request's own cannot join it: a 400 naming its field (vLLM lets
+    the tool's schema replace it silently). A schema llguidance cannot use is a 400 naming
+    `schema_param`."""
+    fields, source = _collect(body)
+    kinds = _constraints(fields)
+    if kinds:
+        param = source[kinds[0]]
+        raise bad_request(f"'{param}' cannot be combined with 'tool_choice' {what}: the tool call's schema is "
+                          "the output's constraint", param)
+    fields = {k: v for k, v in fields.items() if k not in ("json_object",)}
+    try:
+        params = StructuredOutputsParams(**fields, json=schema)
+        grammar_of(params)
+    except StructuredOutputError as e:
+        param = schema_param if e.field == "json" else source.get(e.field, "structured_outputs")
+        raise bad_request(f"'{param}': {e.reason}", param) from None
+    except ValueError as e:
+        raise bad_request(str(e), schema_param) from None
     return params

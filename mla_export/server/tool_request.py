@@ -4,6 +4,7 @@
     tool_choice: "none" | "auto" | "required" | {"type": "function", "function": {"name": ...}}
                  (default "auto" with tools, "none" without, as vLLM)
     parallel_tool_calls: bool (default true; false keeps the first call)
+    ("required" and a named function are forced by a JSON-schema constraint: forced_tools.py)
     messages: assistant `tool_calls` [{"id", "type": "function", "function": {"name", "arguments": JSON text}}],
               role "tool" with `tool_call_id`
 
@@ -51,10 +52,15 @@ class ToolRequest:
     tools: list[dict] | None  # None: no tools
     tool_choice: str | dict  # "none" | "auto" | "required" | {"type": "function", "function": {"name"}}
     parallel_tool_calls: bool = True
+    constraint: object = None  # "required" / named: the StructuredOutputsParams forcing the call (forced_tools.py)
 
     @property
     def named(self) -> str | None:
         return self.tool_choice["function"]["name"] if isinstance(self.tool_choice, dict) else None
+
+    @property
+    def forced(self) -> bool:
+        return self.tool_choice == "required" or isinstance(self.tool_choice, dict)
 
 
 def _check_tool(t, i: int) -> dict:
@@ -93,6 +99,8 @@ def parse_tool_fields(body: dict) -> ToolRequest:
     if dup:
         raise _bad(f"'tools' names must be unique; repeated: {dup}", "tools")
     choice = body.get("tool_choice")
+    if choice == "required" and isinstance(body.get("tools"), list) and not body["tools"]:
+        choice = "none"  # "required" with an empty tools list acts as "none" (OpenAI's rule, which vLLM follows)
     if choice is None:
         choice = "auto" if tools else "none"
     elif isinstance(choice, str):
@@ -115,7 +123,22 @@ def parse_tool_fields(body: dict) -> ToolRequest:
         parallel = True
     elif not isinstance(parallel, bool):
         raise _bad("'parallel_tool_calls' must be a boolean", "parallel_tool_calls")
-    return ToolRequest(tools=tools, tool_choice=choice, parallel_tool_calls=parallel)
+    req = ToolRequest(tools=tools, tool_choice=choice, parallel_tool_calls=parallel)
+    if req.forced:
+        req.constraint = _forcing_constraint(body, req)
+    return req
+
+
+def _forcing_constraint(body: dict, req: ToolRequest):
+    from .forced_tools import forced_schema
+    from .structured_request import tool_choice_constraint
+
+    what = f"naming {req.named!r}" if req.named else '"required"'
+    try:
+        schema, param = forced_schema(req.tools, req.tool_choice, req.parallel_tool_calls)
+    except ValueError as e:
+        raise _bad(str(e), "tools") from None
+    return tool_choice_constraint(body, schema, param, what)
 
 
 def _tool_call(c, p: str) -> dict:

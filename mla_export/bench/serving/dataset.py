@@ -5,7 +5,7 @@ As vLLM's RandomDataset: per request an input length drawn uniformly from
 [floor(L(1-r)), ceil(L(1+r))] where L = --random-input-len minus the special tokens the tokenizer
 adds (BOS), an output length likewise around --random-output-len (at least 1), and an offset; the
 prompt is the run of non-special token ids (offset + i + k) mod |allowed|, decoded to text,
-re-encoded, truncated or padded with random ids, up to 10 times, until the text re-encodes to the
+re-encoded, truncated or padded with random non-special ids, up to 10 times, until the text re-encodes to the
 target length (a byte-level BPE does not always round-trip N ids to N ids)."""
 
 from __future__ import annotations
@@ -49,9 +49,10 @@ def special_ids(tok) -> set[int]:
     return {i for i, t in tok.get_added_tokens_decoder().items() if t.special}
 
 
-def decode_to_target_len(tok, ids: list[int], target: int, rng: np.random.Generator) -> tuple[str, list[int], int]:
-    """(prompt, its ids, residual mismatch): decode, re-encode, cut or pad until the lengths agree."""
-    vocab = tok.get_vocab_size()
+def decode_to_target_len(tok, ids: list[int], target: int, allowed: np.ndarray,
+                         rng: np.random.Generator) -> tuple[str, list[int], int]:
+    """(prompt, its ids, residual mismatch): decode, re-encode, cut or pad until the lengths agree.
+    Pads with non-special ids only: a special token's text would re-encode as that special token."""
     mismatch, tries = 0, MAX_RETRY
     while True:
         prompt = tok.decode(ids, skip_special_tokens=False)
@@ -62,7 +63,7 @@ def decode_to_target_len(tok, ids: list[int], target: int, rng: np.random.Genera
         if len(ids) == target:
             break
         if len(ids) < target:
-            ids = ids + rng.integers(0, vocab, size=target - len(ids)).tolist()
+            ids = ids + allowed[rng.integers(0, allowed.size, size=target - len(ids))].tolist()
         else:
             ids = ids[:target]
         tries -= 1
@@ -96,7 +97,7 @@ def random_requests(tok, num_prompts: int, input_len: int, output_len: int, rang
     out, total_mismatch = [], 0
     for i in range(num_prompts):
         seq = allowed[(int(offsets[i]) + i + np.arange(int(in_lens[i]))) % allowed.size].tolist()
-        prompt, ids, mismatch = decode_to_target_len(tok, seq, int(in_lens[i]), rng)
+        prompt, ids, mismatch = decode_to_target_len(tok, seq, int(in_lens[i]), allowed, rng)
         total_mismatch += mismatch
         out.append(SampleRequest(prompt=prompt, prompt_len=len(ids) + n_special, expected_output_len=int(out_lens[i])))
     return out, total_mismatch

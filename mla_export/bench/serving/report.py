@@ -61,8 +61,9 @@ def _fmt(v) -> str:
 
 
 def markdown(summary: dict, percentiles: list[float]) -> str:
-    """One row per (concurrency, target), medians over rounds [min-max]; one A/B row per concurrency."""
-    p = f"p{percentile_key(percentiles[0])}" if percentiles else None
+    """One row per (concurrency, target), medians over rounds [min-max]; one A/B row per concurrency.
+    The tail columns show the highest of the chosen percentiles."""
+    p = f"p{percentile_key(max(percentiles))}" if percentiles else None
     cols = [("req/s", "request_throughput"), ("out tok/s", "output_throughput"),
             ("total tok/s", "total_token_throughput"), ("TTFT median ms", "median_ttft_ms"),
             ("TPOT median ms", "median_tpot_ms"), ("ITL median ms", "median_itl_ms"),

@@ -279,6 +279,16 @@ def test_cli_refuses_a_missing_tokenizer(tmp_path, capsys):
     assert "--tokenizer" in capsys.readouterr().err
 
 
+def test_an_unreachable_server_is_a_clear_failure(tmp_path, exports, capsys):
+    from server_helpers import free_port
+
+    rc = main(["--tokenizer", str(exports.tiny()), "--base-url", f"http://127.0.0.1:{free_port()}", "--label", "gone",
+               "--num-prompts", "1", "--random-input-len", "8", "--random-output-len", "2",
+               "--result-dir", str(tmp_path)])
+    assert rc == 1 and "gone: cannot reach" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())  # no result file for a run that did not happen
+
+
 # ---- live: the tool against a tiny `mla-export serve` -------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -216,6 +216,15 @@ def _check(value, sch: dict, root: dict, where: str) -> None:
                 _check(item, sch["items"], root, f"{where}[{i}]")
 
 
+# Exports written before logits_indices could return more rows than sequences named its dim (and
+# the logits' rows) "B"; the graphs are the same, only the symbol changed: they load as they are.
+_OLD_DIM_NAMES = {("logits_indices", ("B",)): ["L"], ("logits", ("B", "vocab")): ["L", "vocab"]}
+
+
+def _renamed_dims(name: str, shape: list) -> list:
+    return _OLD_DIM_NAMES.get((name, tuple(shape)), shape)
+
+
 def validate_contract(raw: dict, out_dir: str | Path | None = None) -> None:
     """Schema check, then consistency: I/O lists as graph_io() defines them, files present."""
     root = schema()
@@ -258,7 +267,7 @@ def validate_contract(raw: dict, out_dir: str | Path | None = None) -> None:
         want_in, want_out = graph_io(model["num_layers"], cache["block_size"], cache["row_width"], cache["dtype"], variant,
                                      model["kv_lora_rank"], index_io)
         for label, got, want in (("inputs", inputs, want_in), ("outputs", outputs, want_out)):
-            got_key = [(t["name"], list(t["shape"]), t["dtype"]) for t in got]
+            got_key = [(t["name"], _renamed_dims(t["name"], list(t["shape"])), t["dtype"]) for t in got]
             want_key = [(t.name, list(t.shape), t.dtype) for t in want]
             if got_key != want_key:
                 raise ContractError(f"mla_graph.json: {variant} {label} differ from contract version "

@@ -155,3 +155,16 @@ def test_quantised_row_sizes_agree_with_kv_formats():
             assert cache_layout(kv, r + dr, r)[1] == kv_formats.row_bytes(kv, r, dr), (kv, r, dr)
     with pytest.raises(ContractError, match="multiple of 4"):
         cache_layout("int8", 30 + 8, 30)
+
+
+def test_exports_with_the_older_logits_dim_name_load(export_dir, tmp_path):
+    """Exports written when logits_indices had one row per sequence name its dim (and the logits'
+    rows) "B"; the graphs are the same, so they load as they are."""
+    def old(raw):
+        for io in ("inputs", "outputs"):
+            for t in raw[io] + (raw["portable"][io] if raw["portable"] else []):
+                if t["name"] in ("logits_indices", "logits"):
+                    t["shape"] = ["B"] + list(t["shape"][1:])
+
+    c = load_contract(_broken(export_dir, tmp_path, old))
+    assert c.version == 1

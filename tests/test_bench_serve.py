@@ -189,6 +189,35 @@ def test_client_reports_failures(tok):
     assert not refused.success and refused.error.startswith("HTTP 400") and "max_tokens" in refused.error
 
 
+def test_a_connection_closed_before_any_answer_is_retried_once(tok):
+    """cpp-httplib (llama-server) closes a keep-alive connection after a few requests: the request
+    never reached it, so it is sent again once; a second such failure is reported."""
+    calls = []
+
+    def flaky(times):
+        def handler(request):
+            calls.append(1)
+            if len(calls) <= times:
+                raise httpx.RemoteProtocolError("Server disconnected without sending a response.")
+            return httpx.Response(200, content=b'data: {"choices":[{"text":"a","finish_reason":"stop"}]}\n\n'
+                                               b"data: [DONE]\n\n", headers={"content-type": "text/event-stream"})
+        return httpx.AsyncClient(transport=httpx.MockTransport(handler))
+
+    o = _request(flaky(1), tok)
+    assert o.success and len(calls) == 2
+    calls.clear()
+    o = _request(flaky(2), tok)
+    assert not o.success and "disconnected" in o.error and len(calls) == 2
+
+
+def test_token_id_prompts_send_the_same_tokens(tok):
+    reqs, _ = random_requests(tok, 4, input_len=24, output_len=5, seed=3)
+    for r in reqs:
+        assert r.payload_prompt("text") == r.prompt and r.payload_len("text") == r.prompt_len
+        ids = r.payload_prompt("token-ids")
+        assert ids == tok.encode(r.prompt, add_special_tokens=False).ids and r.payload_len("token-ids") == len(ids)
+
+
 # ---- prompts and arrivals -----------------------------------------------------------------------
 
 def test_random_text_prompts_have_the_target_token_length(tok):

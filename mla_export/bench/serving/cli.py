@@ -16,7 +16,9 @@ from mla_export.bench.serving.metrics import METRICS, percentile_key
 from mla_export.bench.serving.report import markdown, summarize
 from mla_export.bench.serving.runner import ENDPOINT, RunConfig, Target, sweep
 
-PROTOCOL = ("vllm bench serve: random dataset as text prompts, streamed /v1/completions with "
+def protocol(prompt_format: str) -> str:
+    form = "token-id prompts" if prompt_format == "token-ids" else "text prompts"
+    return (f"vllm bench serve: random dataset as {form}, streamed /v1/completions with "
             "stream_options.include_usage, vLLM's metrics and result field names")
 
 
@@ -49,6 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--tokenizer", required=True,
                    help="tokenizer.json or an export directory holding one (the GGUF must share its vocabulary)")
     d.add_argument("--num-prompts", type=int, default=1000)
+    d.add_argument("--prompt-format", choices=("text", "token-ids"), default="text",
+                   help="send the prompts as text (vLLM's client) or as token ids: the same tokens to every "
+                        "server even when its tokenizer splits the text differently (llama.cpp's GGUF "
+                        "pre-tokenizer of a converted checkpoint can); both servers take token-id prompts")
     d.add_argument("--random-input-len", type=int, default=1024)
     d.add_argument("--random-output-len", type=int, default=128)
     d.add_argument("--random-range-ratio", type=float, default=0.0)
@@ -126,7 +132,8 @@ def _config(ap: argparse.ArgumentParser, a) -> tuple[list[Target], RunConfig, li
     cfg = RunConfig(num_prompts=a.num_prompts, input_len=a.random_input_len, output_len=a.random_output_len,
                     range_ratio=a.random_range_ratio, request_rate=a.request_rate, burstiness=a.burstiness,
                     num_warmups=a.num_warmups, ignore_eos=a.ignore_eos, seed=a.seed, percentiles=pcts,
-                    percentile_metrics=pm, extra_body=extra or None, save_detailed=a.save_detailed)
+                    percentile_metrics=pm, extra_body=extra or None, save_detailed=a.save_detailed,
+                    prompt_format=a.prompt_format)
     return targets, cfg, concs
 
 
@@ -164,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(str(e))
     out_dir = Path(a.result_dir)
     out_path = out_dir / (a.result_filename or f"bench_serve-{datetime.now().strftime('%Y%m%d-%H%M%S')}.json")
-    print(f"{PROTOCOL}\ntargets: " + ", ".join(f"{t.label}={t.base_url}" for t in targets)
+    print(f"{protocol(a.prompt_format)}\ntargets: " + ", ".join(f"{t.label}={t.base_url}" for t in targets)
           + f"; concurrencies {concs}; rounds {a.rounds}; {cfg.num_prompts} prompts of "
           f"{cfg.input_len} -> {cfg.output_len} tokens; request rate {cfg.request_rate}")
     try:
@@ -175,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     labels = [t.label for t in targets]
     summary = summarize(runs, labels)
     table = markdown(summary, cfg.percentiles)
-    doc = {"schema": "mla-export bench_serve 1", "protocol": PROTOCOL, "date": datetime.now().isoformat(timespec="seconds"),
+    doc = {"schema": "mla-export bench_serve 1", "protocol": protocol(a.prompt_format), "date": datetime.now().isoformat(timespec="seconds"),
            "machine": machine_info(), "argv": sys.argv[1:] if argv is None else list(argv),
            "config": {"num_prompts": cfg.num_prompts, "random_input_len": cfg.input_len,
                       "random_output_len": cfg.output_len, "random_range_ratio": cfg.range_ratio,
@@ -192,6 +199,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"results: {out_path}")
     if a.markdown:
         Path(a.markdown).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.markdown).write_text(f"# Serving benchmark ({doc['date']})\n\n{PROTOCOL}.\n\n{table}")
+        Path(a.markdown).write_text(f"# Serving benchmark ({doc['date']})\n\n{doc['protocol']}.\n\n{table}")
         print(f"table: {a.markdown}")
     return 0

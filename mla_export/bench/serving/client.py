@@ -31,7 +31,7 @@ class RequestOutput:
     finish_reason: str | None = None
 
 
-def completion_payload(model: str, prompt: str, max_tokens: int, ignore_eos: bool, extra_body: dict | None) -> dict:
+def completion_payload(model: str, prompt: str | list[int], max_tokens: int, ignore_eos: bool, extra_body: dict | None) -> dict:
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
             "stream_options": {"include_usage": True}}
     if ignore_eos:
@@ -48,6 +48,17 @@ def _error_text(status: int, raw: bytes) -> str:
 
 async def stream_completion(client: httpx.AsyncClient, url: str, payload: dict, prompt_len: int, tokenizer,
                             headers: dict | None = None) -> RequestOutput:
+    """One timed request. A pooled connection the server closed before answering (llama-server's
+    cpp-httplib ends a keep-alive connection after a few requests) is retried once on a fresh
+    one: the request never reached the server, and the clock restarts with the retry."""
+    out = await _stream_once(client, url, payload, prompt_len, tokenizer, headers)
+    if out.error.startswith("RemoteProtocolError: Server disconnected without sending a response"):
+        out = await _stream_once(client, url, payload, prompt_len, tokenizer, headers)
+    return out
+
+
+async def _stream_once(client: httpx.AsyncClient, url: str, payload: dict, prompt_len: int, tokenizer,
+                       headers: dict | None = None) -> RequestOutput:
     out = RequestOutput(prompt_len=prompt_len)
     decoder = SSEDecoder()
     usage: dict | None = None

@@ -24,6 +24,15 @@ class SampleRequest:
     prompt: str
     prompt_len: int  # tokens as a server with this tokenizer counts them (its specials included)
     expected_output_len: int
+    prompt_ids: tuple[int, ...] = ()  # the prompt's ids without specials (--prompt-format token-ids sends these)
+
+    def payload_prompt(self, fmt: str):
+        """The `prompt` field: the text, or the token ids (the same tokens to every server,
+        whatever its own tokenizer would make of the text; no special token is added to them)."""
+        return list(self.prompt_ids) if fmt == "token-ids" else self.prompt
+
+    def payload_len(self, fmt: str) -> int:
+        return len(self.prompt_ids) if fmt == "token-ids" else self.prompt_len
 
 
 def load_tokenizer(path: str | Path):
@@ -99,5 +108,6 @@ def random_requests(tok, num_prompts: int, input_len: int, output_len: int, rang
         seq = allowed[(int(offsets[i]) + i + np.arange(int(in_lens[i]))) % allowed.size].tolist()
         prompt, ids, mismatch = decode_to_target_len(tok, seq, int(in_lens[i]), allowed, rng)
         total_mismatch += mismatch
-        out.append(SampleRequest(prompt=prompt, prompt_len=len(ids) + n_special, expected_output_len=int(out_lens[i])))
+        out.append(SampleRequest(prompt=prompt, prompt_len=len(ids) + n_special, expected_output_len=int(out_lens[i]),
+                                 prompt_ids=tuple(ids)))
     return out, total_mismatch

@@ -57,6 +57,7 @@ class RunConfig:
     percentile_metrics: tuple[str, ...] = ("ttft", "tpot", "itl", "e2el")
     extra_body: dict | None = None
     save_detailed: bool = False
+    prompt_format: str = "text"  # "text" | "token-ids"
 
 
 def arrival_times(n: int, rate: float, burstiness: float, rng: np.random.Generator) -> list[float]:
@@ -104,9 +105,10 @@ async def _run_requests(client, url: str, model: str, samples: list[SampleReques
 
     async def one(s: SampleRequest, released: float) -> RequestOutput:
         async with sem:
-            o = await stream_completion(client, url, completion_payload(model, s.prompt, s.expected_output_len,
-                                                                        cfg.ignore_eos, cfg.extra_body),
-                                        s.prompt_len, tokenizer, headers)
+            o = await stream_completion(client, url, completion_payload(model, s.payload_prompt(cfg.prompt_format),
+                                                                        s.expected_output_len, cfg.ignore_eos,
+                                                                        cfg.extra_body),
+                                        s.payload_len(cfg.prompt_format), tokenizer, headers)
         o.client_queue_time = o.start_time - released
         return o
 
@@ -140,7 +142,8 @@ async def run_once(target: Target, samples: list[SampleRequest], warmups: list[S
            "label": target.label, "base_url": target.base_url, "model_id": model, "num_prompts": len(samples),
            "request_rate": "inf" if math.isinf(cfg.request_rate) else cfg.request_rate,
            "burstiness": cfg.burstiness, "max_concurrency": cfg.max_concurrency,
-           "random_input_len": cfg.input_len, "random_output_len": cfg.output_len, "num_warmups": len(warmups)}
+           "random_input_len": cfg.input_len, "random_output_len": cfg.output_len, "num_warmups": len(warmups),
+           "prompt_format": cfg.prompt_format}
     res.update(calculate_metrics(outputs, duration, cfg.percentiles, cfg.percentile_metrics))
     ok = [o for o in outputs if o.success]
     res["output_tokens_from"] = {src: sum(o.output_tokens_from == src for o in ok) for src in ("usage", "tokenizer")}

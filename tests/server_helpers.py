@@ -105,3 +105,11 @@ def start_serve_subprocess(out_dir: Path, *args: str) -> tuple[subprocess.Popen,
 
     wait_until(ready, "mla-export serve to answer /health", READY_DEADLINE_S, 0.1)
     return proc, base
+
+
+def openai_client(srv, **kw):
+    """The official client on a ServerThread: no retries (a test sees every failure), long timeout."""
+    import openai
+
+    kw.setdefault("api_key", "unused")
+    return openai.OpenAI(base_url=f"{srv.base}/v1", max_retries=0, timeout=300, **kw)

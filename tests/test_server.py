@@ -14,7 +14,7 @@ import openai
 import pytest
 from tokenizers import Tokenizer
 
-from server_helpers import ServerThread, metrics, start_serve_subprocess, wait_until
+from server_helpers import ServerThread, metrics, openai_client, start_serve_subprocess, wait_until
 
 PRECISION = "f32"  # the same in the server and the offline engine
 PROMPTS = [
@@ -66,9 +66,7 @@ def small_server(model_dir):
         yield srv
 
 
-def client(srv, **kw) -> openai.OpenAI:
-    kw.setdefault("api_key", "unused")
-    return openai.OpenAI(base_url=f"{srv.base}/v1", max_retries=0, timeout=300, **kw)
+client = openai_client
 
 
 def offline_greedy(offline, prompts, max_tokens):

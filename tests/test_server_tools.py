@@ -24,7 +24,7 @@ import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from tokenizers import Tokenizer
 
-from server_helpers import ServerThread
+from server_helpers import ServerThread, openai_client
 
 PRECISION = "f32"
 MAX_TOKENS = 12
@@ -91,8 +91,7 @@ def plain_server(model_dir):
         yield srv
 
 
-def client(srv) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{srv.base}/v1", api_key="unused", max_retries=0, timeout=300)
+client = openai_client
 
 
 def oracle_ids(model_dir, messages, tools=None, **kw) -> list[int]:

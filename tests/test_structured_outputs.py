@@ -22,7 +22,7 @@ import pytest
 from mla_export import LLM, SamplingParams
 from mla_export.runtime import LLMEngine
 from mla_export.runtime.sampling import GuidedDecodingParams, StructuredOutputsParams
-from server_helpers import ServerThread
+from server_helpers import ServerThread, openai_client
 
 PRECISION = "f32"
 MAX_TOKENS = 80  # more than any of the schemas below takes on the tiny model
@@ -311,8 +311,7 @@ def server(exports):
     assert final["kv_blocks_used"] == 0 and final["num_running"] == 0
 
 
-def client(srv) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{srv.base}/v1", api_key="unused", max_retries=0, timeout=300)
+client = openai_client
 
 
 NO_WHITESPACE = {"structured_outputs": {"disable_any_whitespace": True}}  # joins response_format, as in vLLM

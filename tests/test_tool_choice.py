@@ -22,7 +22,7 @@ import pytest
 
 from mla_export import LLM, SamplingParams
 from mla_export.runtime import LLMEngine
-from server_helpers import ServerThread
+from server_helpers import ServerThread, openai_client
 
 PRECISION = "f32"
 MAX_TOKENS = 96  # more than any forced call below takes on the tiny model
@@ -98,8 +98,7 @@ def server(model_dir):
     assert final["kv_blocks_used"] == 0 and final["num_running"] == 0
 
 
-def client(srv) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{srv.base}/v1", api_key="unused", max_retries=0, timeout=300)
+client = openai_client
 
 
 def create(srv, **kw):

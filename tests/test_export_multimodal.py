@@ -66,6 +66,20 @@ def test_a_text_tower_that_is_not_ours_is_refused(checkpoint, change, message):
         MLAModelConfig.from_dict(raw)
 
 
+@pytest.mark.parametrize("quant, message", [
+    # Mistral's FP8 releases (transformers' conversion script writes this): per-tensor scales
+    (dict(quant_method="fp8", activation_scheme="static", weight_block_size=None,
+          modules_to_not_convert=["model.vision_tower", "model.multi_modal_projector", "lm_head"]),
+     "activation_scheme 'static' is not supported"),
+    (dict(quant_method="fp8", activation_scheme="dynamic", weight_block_size=None), "weight_block_size must be"),
+])
+def test_fp8_without_block_scales_at_the_top_level_is_refused_naming_the_key(checkpoint, quant, message):
+    raw = json.loads((checkpoint / "config.json").read_text())
+    raw["quantization_config"] = quant  # a quantized release says it at the top level, beside text_config
+    with pytest.raises(ConfigError, match=message):
+        MLAModelConfig.from_dict(raw)
+
+
 def test_the_top_level_decides_tied_embeddings(checkpoint):
     raw = json.loads((checkpoint / "config.json").read_text())
     assert MLAModelConfig.from_dict(raw).tie_word_embeddings is False

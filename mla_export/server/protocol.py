@@ -410,9 +410,15 @@ def parse_chat_request(body: dict, defaults: dict | None = None) -> ChatRequest:
         content = m.get("content")
         if isinstance(content, list):  # content parts: only text is supported
             texts = []
-            for part in content:
-                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                    raise bad_request(f"{param}.content: only text parts are supported", f"{param}.content")
+            for j, part in enumerate(content):
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind != "text" or not isinstance(part.get("text"), str):
+                    where = f"{param}.content.[{j}]"
+                    if kind is not None and kind != "text":  # image_url, input_audio, file, ...: never dropped silently
+                        raise bad_request(f"{where}: {kind!r} content is not supported: this server runs the text "
+                                          "model only (a multimodal checkpoint's vision tower is not exported); "
+                                          "send text parts", where)
+                    raise bad_request(f"{where}: a content part must be {{'type': 'text', 'text': <string>}}", where)
                 texts.append(part["text"])
             content = "".join(texts)
         elif content is None:

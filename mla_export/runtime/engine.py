@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,12 +88,18 @@ class LLMEngine:
         enable_prefix_caching: bool = True,
         block_order_seed: int | None = None,  # shuffles the free-block order (tests)
         max_model_len: int | None = None,
+        batch_invariant: bool | None = None,
     ):
         """`max_model_len`: the longest sequence (prompt + output) served. Default: the model's
         max_position_embeddings, or less when the KV cache holds fewer tokens (one sequence must
-        fit the whole cache). Given, it must fit both; the default cache is then sized for it."""
+        fit the whole cache). Given, it must fit both; the default cache is then sized for it. `batch_invariant`: every request's logits
+        independent of the batch it runs in and of how its prompt was chunked or found in the prefix
+        cache (vLLM's batch-invariant mode; runtime/batch_invariance.py); None: on when the
+        environment has vLLM's switch, VLLM_BATCH_INVARIANT=1."""
         if runtime not in RUNTIMES:
             raise ValueError(f"runtime must be one of {RUNTIMES}, got {runtime!r}")
+        if batch_invariant is None:
+            batch_invariant = os.environ.get("VLLM_BATCH_INVARIANT", "0") == "1"
         self.contract, facts = load_model_dir(out_dir)
         self.facts: ModelFacts = facts
         self.tokenizer = facts.load_tokenizer()
@@ -113,7 +120,7 @@ class LLMEngine:
         self.kv_cache = KVCacheManager(num_blocks, facts.block_size, enable_prefix_caching=enable_prefix_caching,
                                        block_order_seed=block_order_seed)
         self.backend = MLABackend(self.contract, num_blocks, runtime=runtime, precision=precision,
-                                  num_threads=num_threads)
+                                  num_threads=num_threads, batch_invariant=batch_invariant)
         self.scheduler = Scheduler(self.kv_cache, max_num_seqs, max_num_batched_tokens)
         self.sampler = Sampler()
         self.structured = StructuredOutputs(self.tokenizer, facts.vocab_size, facts.eos_token_ids)

@@ -25,6 +25,7 @@ from ..ov_op_errors import checked_infer, step_check
 from ..cache_binding import cache_binding
 from ..ov_tensors import shared_tensor
 from ..contract import Contract
+from .batch_invariance import openvino_problem, pin_attention_form_openvino
 from .executor_common import CacheNotInPlaceError, MLAExecutor, check_cache_bindings
 from .memory_plan import check_fits
 from .metadata import METADATA_INPUTS, MLAMetadata
@@ -41,7 +42,7 @@ class OpenVINOMLAExecutor(MLAExecutor):
     who = "the OpenVINO plugin"
 
     def __init__(self, contract: Contract, kv_caches: Sequence[np.ndarray], *, precision: str = "bf16",
-                 num_threads: int | None = None, device: str = "CPU"):
+                 num_threads: int | None = None, device: str = "CPU", batch_invariant: bool = False):
         super().__init__(contract, kv_caches, precision, num_threads)
         core = ov_core()
         path = graph_path(contract)
@@ -57,6 +58,10 @@ class OpenVINOMLAExecutor(MLAExecutor):
         self._bound = [cache_binding(c) for c in self._kv_caches]
         check_cache_bindings(contract, self._bound)
         match_moe_compute(model, precision)
+        if batch_invariant:  # every chunk's attention in one form, whatever its length (batch_invariance.py)
+            if why := openvino_problem(model, precision):
+                raise ValueError(f"batch_invariant: {why}")
+            pin_attention_form_openvino(model)
         # VNNI CPUs (AMX or not): int8 projections in 16-row tiles (qlinear_tiles.py)
         self.tiled_projections = pack_qlinear_tiles(model, self._weights_memory, precision)
         config = {"INFERENCE_PRECISION_HINT": precision, "PERFORMANCE_HINT": "LATENCY"}

@@ -24,7 +24,7 @@ from .detokenizer import IncrementalDetokenizer
 from .kv_cache import KVCacheManager
 from .model_dir import ModelFacts, load_model_dir
 from .request import Request
-from .sampling import Sampler, SamplingParams, rows_logprobs, token_logprobs
+from .sampling import Sampler, SamplingParamError, SamplingParams, rows_logprobs, token_logprobs
 from .scheduler import Scheduler
 from .structured_output import StructuredOutputs
 from .stop_strings import match_stop_strings
@@ -165,7 +165,7 @@ class LLMEngine:
         for name, ids in (("allowed_token_ids", params.allowed_token_ids or ()), ("logit_bias", params.logit_bias or {})):
             outside = [t for t in ids if t >= vocab]
             if outside:  # as vLLM: an id the model cannot produce is a mistake, not something to skip
-                raise ValueError(f"{name}: token id {outside[0]} is outside the vocabulary (size {vocab})")
+                raise SamplingParamError(name, f"{name}: token id {outside[0]} is outside the vocabulary (size {vocab})")
         if params.bad_words and params.bad_words_token_ids is None:
             params = dataclasses.replace(params, bad_words_token_ids=self._bad_words_token_ids(params.bad_words))
         token_ids = self._encode(prompt)

@@ -230,6 +230,8 @@ def _reject_unsupported(body: dict, chat: bool) -> None:
 def _parse_sampling(body: dict, *, chat: bool, defaults: dict | None = None) -> Sampling:
     """`defaults`: the model's generation_config values (SamplingParams names) for fields the
     request does not give (vLLM's --generation-config auto)."""
+    from mla_export.runtime.sampling import token_id_key
+
     from .structured_request import parse_structured_outputs
 
     _reject_unsupported(body, chat)
@@ -306,8 +308,8 @@ def _parse_sampling(body: dict, *, chat: bool, defaults: dict | None = None) -> 
             raise bad_request(f"'logit_bias' must be an object of token id -> bias, got {_type_name(logit_bias)}",
                               "logit_bias")
         for k, v in logit_bias.items():
-            if not (isinstance(k, str) and k.isdigit()):
-                raise bad_request(f"'logit_bias' keys must be token ids, got {k!r}", "logit_bias")
+            if token_id_key(k) is None:
+                raise bad_request(f"'logit_bias' keys must be token ids, got {k[:40]!r}", "logit_bias")
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not -100 <= v <= 100:
                 raise bad_request(f"'logit_bias' values must be numbers in [-100, 100], got {v!r}", "logit_bias")
     if chat and body.get("echo"):  # vLLM's chat echo (repeat the last message) is not built
@@ -340,7 +342,7 @@ def _parse_sampling(body: dict, *, chat: bool, defaults: dict | None = None) -> 
         frequency_penalty=_get_float(body, "frequency_penalty", 0.0, lo=-2.0, hi=2.0),
         repetition_penalty=_get_float(body, "repetition_penalty", d.get("repetition_penalty", 1.0), lo=1e-6, hi=100.0),
         min_p=_get_float(body, "min_p", d.get("min_p", 0.0), lo=0.0, hi=1.0), min_tokens=min_tokens,
-        logit_bias={int(k): float(v) for k, v in logit_bias.items()} if logit_bias else None, logprobs=logprobs,
+        logit_bias={token_id_key(k): float(v) for k, v in logit_bias.items()} if logit_bias else None, logprobs=logprobs,
         include_stop_str_in_output=_get_bool(body, "include_stop_str_in_output", False), echo=echo,
         bad_words=list(bad_words or []), allowed_token_ids=allowed, truncate_prompt_tokens=truncate,
         prompt_logprobs=prompt_logprobs, structured_outputs=structured)

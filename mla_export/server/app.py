@@ -144,7 +144,7 @@ async def chat_completions(request: Request) -> Response:
         try:
             text = st.chat_template.render(req.messages, **chat.template_args())
         except TemplateError as e:
-            raise P.bad_request(f"the chat template rejected the messages: {e}", "messages") from None
+            raise P.bad_request(f"the chat template rejected the request: {e}", e.param) from None
         ids = truncated(st, await st.encode(text, special=False,
                                             truncating=req.sampling.truncate_prompt_tokens is not None), req.sampling)
         if not ids:

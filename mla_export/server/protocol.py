@@ -396,6 +396,41 @@ def parse_completion_request(body: dict, defaults: dict | None = None) -> Comple
 _ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
+# chat_template_kwargs that vLLM refuses too (the template is the server's; the prompt is always text)
+_VLLM_REFUSED_KWARGS = ("chat_template", "tokenize")
+
+
+def _template_kwargs(body: dict) -> tuple[bool, dict]:
+    """(add_generation_prompt, the chat_template_kwargs left as template variables). A name the
+    renderer sets from other fields (messages, tools) or its own helpers is refused naming it;
+    add_generation_prompt is merged with the top-level field (vLLM merges it, the top-level
+    winning: here the two must agree when both are given, so neither is silently ignored)."""
+    from .chat import RENDERER_VARIABLES
+
+    given = "add_generation_prompt" in body and body["add_generation_prompt"] is not None
+    agp = _get_bool(body, "add_generation_prompt", True)
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is None:
+        return agp, {}
+    if not isinstance(kwargs, dict):
+        raise bad_request(f"'chat_template_kwargs' must be an object, got {_type_name(kwargs)}", "chat_template_kwargs")
+    kwargs = dict(kwargs)
+    if "add_generation_prompt" in kwargs:
+        inner = kwargs.pop("add_generation_prompt")
+        param = "chat_template_kwargs.add_generation_prompt"
+        if not isinstance(inner, bool):
+            raise bad_request(f"'{param}' must be a boolean, got {_type_name(inner)}", param)
+        if given and inner != agp:
+            raise bad_request(f"'{param}' ({inner}) contradicts 'add_generation_prompt' ({agp}); give one", param)
+        agp = inner
+    for key in kwargs:
+        if key in RENDERER_VARIABLES or key in _VLLM_REFUSED_KWARGS:
+            where = {"messages": "the request's 'messages'", "tools": "the request's 'tools'"}.get(
+                key, "the server" if key in _VLLM_REFUSED_KWARGS else "the renderer (one of its functions)")
+            raise bad_request(f"'chat_template_kwargs.{key}' is reserved: {where} sets it", f"chat_template_kwargs.{key}")
+    return agp, kwargs
+
+
 def parse_chat_request(body: dict, defaults: dict | None = None) -> ChatRequest:
     model = _get_str(body, "model", None)
     msgs = body.get("messages")
@@ -428,10 +463,7 @@ def parse_chat_request(body: dict, defaults: dict | None = None) -> ChatRequest:
             msg["name"] = m["name"]
         msg.update(message_tool_fields(m, role, param))
         out.append(msg)
-    agp = _get_bool(body, "add_generation_prompt", True)
-    kwargs = body.get("chat_template_kwargs") or {}
-    if not isinstance(kwargs, dict):
-        raise bad_request("'chat_template_kwargs' must be an object", "chat_template_kwargs")
+    agp, kwargs = _template_kwargs(body)
     tool = parse_tool_fields(body)
     return ChatRequest(model=model, messages=out, sampling=_parse_sampling(body, chat=True, defaults=defaults),
                        add_generation_prompt=agp, template_kwargs=kwargs, tool=tool)

@@ -133,3 +133,42 @@ class TestSamplingValuesAsTheyArrive:
             r = _complete(server, max_tokens=3, temperature=0.8, **body)
             assert r.status_code == 200, (body, r.text)
             assert json.dumps(r.json())  # a well-formed answer
+
+
+class TestNoTokenLeft:
+    """Masks that leave no token: greedy took token 0 and sampling drew from a NaN row. Refused at
+    admission when the request's own fields empty the allowed set, else the request ends with an
+    error the moment it happens."""
+
+    def test_refused_at_admission_naming_the_field(self, llm, server):
+        from mla_export import SamplingParams
+        from mla_export.runtime.sampling import SamplingParamError
+
+        eos = min(llm.engine.facts.eos_token_ids)
+        word = llm.tokenizer.decode([300])
+        assert llm.tokenizer.encode(word, add_special_tokens=False).ids == [300]
+        for kw in (dict(allowed_token_ids=[eos], min_tokens=2), dict(allowed_token_ids=[eos, 7], stop_token_ids=[7],
+                                                                     min_tokens=1),
+                   dict(allowed_token_ids=[300], bad_words=[word])):
+            for t in (0.0, 0.8):
+                with pytest.raises(SamplingParamError) as e:
+                    llm.generate("Hello there", SamplingParams(max_tokens=4, temperature=t, **kw))
+                assert e.value.param == "allowed_token_ids"
+            r = _complete(server, max_tokens=4, **kw)
+            assert r.status_code == 400 and r.json()["error"]["param"] == "allowed_token_ids", r.text
+        assert not llm.engine.has_unfinished_requests()
+
+    def test_a_row_masked_later_ends_the_request(self, llm):
+        from mla_export import SamplingParams
+
+        tok = llm.tokenizer
+        # a: its doubled text is two a's (bad word "aa": a banned after an a); b: a one-token bad word
+        letters = [i for i in range(llm.engine.facts.vocab_size) if tok.decode([i]).isalpha()]
+        a = next(i for i in letters if tok.encode(tok.decode([i]) * 2, add_special_tokens=False).ids == [i, i])
+        b = next(i for i in letters if i != a and tok.encode(tok.decode([i]), add_special_tokens=False).ids == [i])
+        for t in (0.0, 0.8):
+            params = SamplingParams(max_tokens=4, temperature=t, seed=0, allowed_token_ids=[a, b],
+                                    bad_words=[tok.decode([b]), tok.decode([a]) * 2])
+            with pytest.raises(RuntimeError, match="no token can be generated"):
+                llm.generate("Hello there", params)
+        assert not llm.engine.has_unfinished_requests()

@@ -28,7 +28,7 @@ import numpy as np
 from .structured_output import GuidedDecodingParams, StructuredOutputsParams
 
 __all__ = ["SamplingParams", "SamplingParamError", "Sampler", "OUTPUT_KINDS", "Logprob", "token_logprobs",
-           "rows_logprobs", "StructuredOutputsParams", "GuidedDecodingParams", "SAMPLING_EPS", "MAX_N", "token_id_key"]
+           "rows_logprobs", "StructuredOutputsParams", "GuidedDecodingParams", "SAMPLING_EPS", "MAX_N", "NO_TOKEN", "token_id_key"]
 
 OUTPUT_KINDS = ("cumulative", "delta", "final_only")
 MAX_LOGPROBS = 20  # top log-probabilities per token (OpenAI's limit)
@@ -40,6 +40,7 @@ SAMPLING_EPS = 1e-5
 MAX_N = 1024  # completions per prompt: each one is a request of its own (the server allows 16)
 _MAX_TOKEN_ID_DIGITS = 18  # a logit_bias key given as text: a longer one is no vocabulary's token id
 _F32_MAX = float(np.finfo(np.float32).max)
+NO_TOKEN = -1  # Sampler.sample's answer for a row with no token left to generate
 
 
 def token_id_key(k) -> int | None:
@@ -288,7 +289,9 @@ class Sampler:
     ) -> np.ndarray:
         """One token id per row of logits [B, vocab]; row b uses params[b] and generators[b].
         histories[b]: (prompt token ids, output token ids) of row b's request, needed by the
-        penalties and min_tokens (processes_logits); eos_token_ids: what min_tokens holds back."""
+        penalties and min_tokens (processes_logits); eos_token_ids: what min_tokens holds back.
+        NO_TOKEN for a row whose processing masked every token (allowed_token_ids all banned by
+        bad_words, or only eos under min_tokens): greedy took token 0 and sampling drew from NaN."""
         if logits.ndim != 2 or logits.shape[0] != len(params) or len(params) != len(generators):
             raise ValueError(f"logits {logits.shape} must have one row per request ({len(params)})")
         # First maximum on ties, as torch.argmax and transformers' greedy search pick. Every row's
@@ -302,6 +305,9 @@ class Sampler:
                     raise ValueError("penalties, logit_bias, allowed_token_ids and min_tokens need the requests' "
                                      "token histories")
                 row = self.process(row, p, *histories[b], eos_token_ids)
+                if not np.isfinite(row).any():
+                    tokens[b] = NO_TOKEN
+                    continue
                 if p.greedy:
                     tokens[b] = int(np.argmax(row))
             if not p.greedy:

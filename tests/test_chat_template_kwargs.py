@@ -59,7 +59,8 @@ class TestChatTemplateKwargs:
         assert r.json()["error"]["param"] == f"chat_template_kwargs.{key}", r.text
 
     def test_add_generation_prompt_is_merged(self, server):
-        on, off = _text(_tokenize(server)), _text(_tokenize(server, chat_template_kwargs={"add_generation_prompt": False}))
+        on = _text(_tokenize(server))
+        off = _text(_tokenize(server, chat_template_kwargs={"add_generation_prompt": False}))
         assert on.endswith("<assistant>") and not off.endswith("<assistant>"), (on, off)
         assert _text(_tokenize(server, add_generation_prompt=False,
                                chat_template_kwargs={"add_generation_prompt": False})) == off

@@ -165,7 +165,8 @@ class LLMEngine:
         for name, ids in (("allowed_token_ids", params.allowed_token_ids or ()), ("logit_bias", params.logit_bias or {})):
             outside = [t for t in ids if t >= vocab]
             if outside:  # as vLLM: an id the model cannot produce is a mistake, not something to skip
-                raise SamplingParamError(name, f"{name}: token id {outside[0]} is outside the vocabulary (size {vocab})")
+                raise SamplingParamError(name, f"{name}: token id {outside[0]} is outside the vocabulary "
+                                               f"(size {vocab})")
         if params.bad_words and params.bad_words_token_ids is None:
             params = dataclasses.replace(params, bad_words_token_ids=self._bad_words_token_ids(params.bad_words))
         self._check_some_token_left(params)

@@ -28,7 +28,8 @@ import numpy as np
 from .structured_output import GuidedDecodingParams, StructuredOutputsParams
 
 __all__ = ["SamplingParams", "SamplingParamError", "Sampler", "OUTPUT_KINDS", "Logprob", "token_logprobs",
-           "rows_logprobs", "StructuredOutputsParams", "GuidedDecodingParams", "SAMPLING_EPS", "MAX_N", "NO_TOKEN", "token_id_key"]
+           "rows_logprobs", "StructuredOutputsParams", "GuidedDecodingParams", "SAMPLING_EPS", "MAX_N", "NO_TOKEN",
+           "token_id_key"]
 
 OUTPUT_KINDS = ("cumulative", "delta", "final_only")
 MAX_LOGPROBS = 20  # top log-probabilities per token (OpenAI's limit)

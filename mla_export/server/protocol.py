@@ -342,7 +342,8 @@ def _parse_sampling(body: dict, *, chat: bool, defaults: dict | None = None) -> 
         frequency_penalty=_get_float(body, "frequency_penalty", 0.0, lo=-2.0, hi=2.0),
         repetition_penalty=_get_float(body, "repetition_penalty", d.get("repetition_penalty", 1.0), lo=1e-6, hi=100.0),
         min_p=_get_float(body, "min_p", d.get("min_p", 0.0), lo=0.0, hi=1.0), min_tokens=min_tokens,
-        logit_bias={token_id_key(k): float(v) for k, v in logit_bias.items()} if logit_bias else None, logprobs=logprobs,
+        logit_bias={token_id_key(k): float(v) for k, v in logit_bias.items()} if logit_bias else None,
+        logprobs=logprobs,
         include_stop_str_in_output=_get_bool(body, "include_stop_str_in_output", False), echo=echo,
         bad_words=list(bad_words or []), allowed_token_ids=allowed, truncate_prompt_tokens=truncate,
         prompt_logprobs=prompt_logprobs, structured_outputs=structured)
@@ -427,7 +428,8 @@ def _template_kwargs(body: dict) -> tuple[bool, dict]:
         if key in RENDERER_VARIABLES or key in _VLLM_REFUSED_KWARGS:
             where = {"messages": "the request's 'messages'", "tools": "the request's 'tools'"}.get(
                 key, "the server" if key in _VLLM_REFUSED_KWARGS else "the renderer (one of its functions)")
-            raise bad_request(f"'chat_template_kwargs.{key}' is reserved: {where} sets it", f"chat_template_kwargs.{key}")
+            raise bad_request(f"'chat_template_kwargs.{key}' is reserved: {where} sets it",
+                              f"chat_template_kwargs.{key}")
     return agp, kwargs
 
 

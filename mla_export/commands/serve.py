@@ -201,28 +201,6 @@ def _check_aliases(args) -> str | None:
     return None
 
 
-def _server_class():
-    import contextlib
-
-    import uvicorn
-
-    class Server(uvicorn.Server):
-        """uvicorn re-raises SIGINT/SIGTERM after a graceful shutdown (so the process dies of the
-        signal); here the command reports the cache state and exits with its own code instead."""
-
-        @contextlib.contextmanager
-        def capture_signals(self):
-            with super().capture_signals():
-                try:
-                    yield
-                finally:
-                    captured = getattr(self, "_captured_signals", None)
-                    if isinstance(captured, list):
-                        captured.clear()
-
-    return Server
-
-
 def run(args) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from mla_export.server.startup import check_port
@@ -294,14 +272,15 @@ def run(args) -> int:
           f"(KV cache {mem['kv_cache_bytes'] / GIB:.2f} GiB {engine.facts.cache_dtype}, weights {weights} GiB), "
           f"chat {'on' if st.chat_template else 'off'}, auth {'on' if args.api_key else 'off'}"
           f"{', batch-invariant' if engine.backend.batch_invariant else ''}", file=sys.stderr)
-    _Server = _server_class()
+    from mla_export.server.draining import DrainingServer
+
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                             timeout_graceful_shutdown=args.shutdown_timeout, lifespan="on",
                             access_log=not args.disable_uvicorn_access_log)
     from mla_export.server.access_log import skip_paths
 
     skip_paths(args.disable_access_log_for_endpoints)
-    server = _Server(config)
+    server = DrainingServer(config, st)
     server.run()
     final = st.final_stats
     if final is None:  # uvicorn never ran the lifespan shutdown (failed start, or forced exit)

@@ -130,8 +130,8 @@ def engine_params(st, s: P.Sampling, prompt_len: int, choice: int):
                               allowed_token_ids=None if s.allowed_token_ids is None else tuple(s.allowed_token_ids),
                               structured_outputs=s.structured_outputs, stop=tuple(s.stop),
                               include_stop_str_in_output=s.include_stop_str_in_output)
-    except ValueError as e:
-        raise P.bad_request(str(e)) from None
+    except ValueError as e:  # SamplingParams' domain check (SamplingParamError names the field)
+        raise P.bad_request(str(e), getattr(e, "param", None)) from None
 
 
 async def start(st, prompt_ids: list[list[int]], s: P.Sampling, prefix: str,
@@ -159,8 +159,8 @@ async def start(st, prompt_ids: list[list[int]], s: P.Sampling, prefix: str,
         raise P.APIError(503, "The server is shutting down.", type="server_error", code="shutting_down") from None
     except EngineDead as e:
         raise P.APIError(503, f"The engine failed: {e}", type="server_error", code="engine_error") from None
-    except ValueError as e:  # the engine's own validation (context, cache capacity, ...)
-        raise P.bad_request(str(e)) from None
+    except ValueError as e:  # the engine's own validation (context, cache capacity, token ids, ...)
+        raise P.bad_request(str(e), getattr(e, "param", None)) from None
     return q, choices, [len(x) for x in prompt_ids]
 
 

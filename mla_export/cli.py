@@ -70,7 +70,7 @@ def _known_options(parser: argparse.ArgumentParser) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="mla-export", description=__doc__.splitlines()[0])
-    parser.add_argument("--version", action="version", version=version_text())
+    _add_top_level_options(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     # Only the chosen subcommand's module is imported (help lists them all by name).
     chosen = next((a for a in argv if not a.startswith("-")), None)
@@ -90,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return EXIT_USAGE
+    extras = _take_positionals(args, extras)
     if extras:
         return _unknown(args.command, chosen_parser, extras)
     from .deps import MissingDependency
@@ -101,6 +102,20 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     except ModuleNotFoundError as e:
         return _missing(e, args.command)
+
+
+def _add_top_level_options(parser: argparse.ArgumentParser) -> None:
+    # -V: optimum-cli's and pip's spelling of --version
+    parser.add_argument("-V", "--version", action="version", version=version_text())
+
+
+def _take_positionals(args, extras: list[str]) -> list[str]:
+    """A command may take a positional that argparse left over because an option came between
+    it and the one before (`export MODEL --weight-format int8 OUT`: argparse fills optional
+    positionals only from the first run of them): the command's `take_positionals(args, extras)`
+    claims what it can and returns the rest."""
+    take = getattr(_command(args.command), "take_positionals", None) if extras else None
+    return take(args, extras) if take is not None else extras
 
 
 def _missing(e: ModuleNotFoundError, command: str) -> int:

@@ -22,6 +22,7 @@ import sys  # noqa: E402
 COMMANDS = {
     "export": "export a DeepSeek-V2/V3 checkpoint to ONNX / OpenVINO IR with the paged latent cache",
     "generate": "generate text from an exported model directory",
+    "chat": "chat with an exported model in the terminal (multi-turn, streaming)",
     "serve": "serve an exported model with an OpenAI-compatible HTTP API",
     "ovms": "lay out an OpenVINO Model Server repository from an export directory",
     "bench": "end-to-end benchmark against llama.cpp, vLLM, optimum-intel and transformers",

@@ -91,7 +91,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return EXIT_USAGE
-    extras = _take_positionals(args, extras)
+    try:
+        extras = _finish_parsing(args, extras)
+    except ValueError as e:
+        print(f"mla-export {args.command}: {e}", file=sys.stderr)
+        return EXIT_USAGE
     if extras:
         return _unknown(args.command, chosen_parser, extras)
     from .deps import MissingDependency
@@ -110,13 +114,14 @@ def _add_top_level_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-V", "--version", action="version", version=version_text())
 
 
-def _take_positionals(args, extras: list[str]) -> list[str]:
-    """A command may take a positional that argparse left over because an option came between
-    it and the one before (`export MODEL --weight-format int8 OUT`: argparse fills optional
-    positionals only from the first run of them): the command's `take_positionals(args, extras)`
-    claims what it can and returns the rest."""
-    take = getattr(_command(args.command), "take_positionals", None) if extras else None
-    return take(args, extras) if take is not None else extras
+def _finish_parsing(args, extras: list[str]) -> list[str]:
+    """A command's `finish_parsing(args, extras)`, where it has one: it settles arguments that
+    depend on each other (a ValueError is the user's error, one line) and may claim a positional
+    that argparse left over because an option came between it and the one before (`export MODEL
+    --weight-format int8 OUT`: argparse fills optional positionals only from their first run);
+    it returns the extras it did not claim."""
+    finish = getattr(_command(args.command), "finish_parsing", None)
+    return finish(args, extras) if finish is not None else extras
 
 
 def _missing(e: ModuleNotFoundError, command: str) -> int:

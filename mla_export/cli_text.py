@@ -19,9 +19,8 @@ KEEP = frozenset("\n\t")
 # overrides and isolates); the other Cf characters (joiners in emoji, soft hyphen) stay.
 BIDI_CONTROLS = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 
-RANDOM_WEIGHTS_NOTE = ("this export's weights are random (the tiny preset or tools/make_checkpoint.py: "
-                       "export.random_weights in mla_graph.json), so its text is noise: it shows that "
-                       "the pipeline runs, not what a model says")
+RANDOM_WEIGHTS_NOTE = ("this model's weights are random (the tiny preset, or a tools/make_checkpoint.py "
+                       "checkpoint), so its text is noise: it shows that the pipeline runs")
 
 
 def _escape(ch: str) -> str:

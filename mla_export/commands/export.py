@@ -71,11 +71,13 @@ def _add_output_arguments(p: argparse.ArgumentParser) -> None:
                    help="export directory (created; written all at once at the end)")
 
 
-def take_positionals(args, extras: list[str]) -> list[str]:
-    """OUT_DIR after options (`export MODEL --weight-format int8 OUT_DIR`), left over by argparse."""
+def finish_parsing(args, extras: list[str]) -> list[str]:
+    """Called by the CLI after parsing: OUT_DIR after options (`export MODEL --weight-format int8
+    OUT_DIR`, left over by argparse) is claimed, and args.out_dir settled from -o or OUT_DIR."""
     if len(extras) == 1 and not extras[0].startswith("-") and args.out_pos is None:
-        args.out_pos = extras[0]
-        return []
+        args.out_pos, extras = extras[0], []
+    if not extras:  # with other unknown arguments the CLI reports those first
+        args.out_dir = _output_dir(args)
     return extras
 
 
@@ -103,11 +105,6 @@ def run(args) -> int:
     from mla_export.export.summary import summary_lines
     from mla_export.export.weights import WeightError
 
-    try:
-        args.out_dir = _output_dir(args)
-    except ValueError as e:
-        print(f"mla-export export: {e}", file=sys.stderr)
-        return EXIT_USAGE
     if args.model_opt is not None:
         if args.model_dir is not None and args.model_dir != args.model_opt:
             print("mla-export export: give the checkpoint once (MODEL_DIR or --model)", file=sys.stderr)

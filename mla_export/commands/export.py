@@ -1,4 +1,4 @@
-"""`mla-export export MODEL_DIR -o OUT_DIR`: a DeepSeek-V2/V3 checkpoint to OpenVINO IR / ONNX
+"""`mla-export export MODEL_DIR -o OUT_DIR` (or `MODEL_DIR OUT_DIR`): a DeepSeek-V2/V3 checkpoint to OpenVINO IR / ONNX
 with the paged latent KV cache (or `--preset tiny` for a built-in random-weight model)."""
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                               description=__doc__.splitlines()[0])
     p.add_argument("model_dir", nargs="?", metavar="MODEL_DIR",
                    help="Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer files)")
-    p.add_argument("-o", "--output", dest="out_dir", required=True, metavar="OUT_DIR",
-                   help="export directory (created; written all at once at the end)")
+    _add_output_arguments(p)
     p.add_argument("--preset", choices=("tiny",), help="export a built-in tiny random-weight DeepseekV3 instead")
     p.add_argument("--format", dest="fmt", choices=("openvino", "onnx", "both"), default="openvino",
                    help="openvino: IR (the runtime's fast path); onnx: model.onnx with the mla_export ops")
@@ -62,6 +61,37 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--trust-remote-code", action="store_true",
                    help="accepted and ignored: the exporter reads config.json and safetensors, it never runs model code")
     return p
+
+
+def _add_output_arguments(p: argparse.ArgumentParser) -> None:
+    # optimum-cli's form `export MODEL OUT_DIR` (and `--model MODEL OUT_DIR`) besides -o OUT_DIR
+    p.add_argument("out_pos", nargs="?", metavar="OUT_DIR",
+                   help="export directory, as the second argument (optimum-cli's form) or with -o")
+    p.add_argument("-o", "--output", dest="out_dir", default=None, metavar="OUT_DIR",
+                   help="export directory (created; written all at once at the end)")
+
+
+def finish_parsing(args, extras: list[str]) -> list[str]:
+    """Called by the CLI after parsing: OUT_DIR after options (`export MODEL --weight-format int8
+    OUT_DIR`, left over by argparse) is claimed, and args.out_dir settled from -o or OUT_DIR."""
+    if len(extras) == 1 and not extras[0].startswith("-") and args.out_pos is None:
+        args.out_pos, extras = extras[0], []
+    if not extras:  # with other unknown arguments the CLI reports those first
+        args.out_dir = _output_dir(args)
+    return extras
+
+
+def _output_dir(args) -> str:
+    """The export directory from -o or the positional OUT_DIR. With --model or --preset, a single
+    positional is OUT_DIR (`optimum-cli export openvino --model M OUT_DIR`)."""
+    if args.out_pos is None and args.model_dir is not None and (args.model_opt is not None or args.preset):
+        args.model_dir, args.out_pos = None, args.model_dir
+    if args.out_pos is not None and args.out_dir is not None and args.out_pos != args.out_dir:
+        raise ValueError(f"give the export directory once: OUT_DIR ({args.out_pos}) or -o ({args.out_dir})")
+    out = args.out_dir or args.out_pos
+    if out is None:
+        raise ValueError("give the export directory: mla-export export MODEL_DIR -o OUT_DIR (or MODEL_DIR OUT_DIR)")
+    return out
 
 
 # optimum-cli's tasks that this export is (it always has the cache, i.e. "with past").

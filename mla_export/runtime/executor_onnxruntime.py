@@ -34,6 +34,7 @@ from ..cache_binding import cache_binding
 from ..contract import Contract, ContractError
 from .batch_invariance import pinned_onnx_bytes
 from .executor_common import CacheNotInPlaceError, MLAExecutor, check_cache_bindings
+from .graph_feeds import graph_feeds
 from .metadata import METADATA_INPUTS, MLAMetadata
 
 __all__ = ["OnnxRuntimeMLAExecutor", "CacheNotInPlaceError", "VARIANTS"]
@@ -128,10 +129,10 @@ class OnnxRuntimeMLAExecutor(MLAExecutor):
 
     def execute(self, metadata: MLAMetadata) -> np.ndarray:
         """Run one step; logits [B, vocab] f32."""
-        feeds = metadata.feeds()
+        feeds = graph_feeds(metadata)  # int32 of the graph's ranks, or a ValueError naming the input
         keep = []  # the OrtValues wrap the metadata arrays (no copy); `feeds` keeps those alive
         for name in METADATA_INPUTS:
-            value = ort_tensors.ortvalue(np.ascontiguousarray(feeds[name], dtype=np.int32))
+            value = ort_tensors.ortvalue(feeds[name])
             keep.append(value)
             self._io.bind_ortvalue_input(name, value)
         # Outputs unallocated every step: onnxruntime allocates them at this step's shapes (a

@@ -27,6 +27,7 @@ from ..ov_tensors import shared_tensor
 from ..contract import Contract
 from .batch_invariance import openvino_problem, pin_attention_form_openvino
 from .executor_common import CacheNotInPlaceError, MLAExecutor, check_cache_bindings
+from .graph_feeds import graph_feeds
 from .memory_plan import check_fits
 from .metadata import METADATA_INPUTS, MLAMetadata
 from .model_dir import graph_path
@@ -93,16 +94,22 @@ class OpenVINOMLAExecutor(MLAExecutor):
 
     def execute(self, metadata: MLAMetadata) -> np.ndarray:
         """Run one step; logits [B, vocab] f32, a view valid until the next call."""
+        feeds = graph_feeds(metadata)  # int32 of the graph's ranks, or a ValueError naming the input
         if self._precheck is not None:  # one thread: a bad step must never reach infer()
-            step_check(metadata.feeds(), **self._precheck)
-        self.bind(metadata)
+            step_check(feeds, **self._precheck)
+        self._copy_in(feeds)
         return self.run()
 
     def bind(self, metadata: MLAMetadata) -> None:
-        """Copy the step's metadata into the executor's own input tensors (bound once at start-up).
-        They hold only T + B * M + 3B int32 values; a tensor is resized only when its shape changes.
-        (Wrapping each step's arrays in fresh shared tensors costs more than copying them.)"""
-        for name, arr in metadata.feeds().items():
+        """Bind the step's metadata without running it (the graph alone is then `run()`)."""
+        self._copy_in(graph_feeds(metadata))
+
+    def _copy_in(self, feeds: dict[str, np.ndarray]) -> None:
+        """Copy the step's int32 metadata (graph_feeds) into the executor's own input tensors
+        (bound once at start-up). They hold only T + B * M + 3B int32 values; a tensor is resized
+        only when its shape changes. (Wrapping each step's arrays in fresh shared tensors costs
+        more than copying them.)"""
+        for name, arr in feeds.items():
             view = self._meta_views.get(name)
             if view is None or view.shape != arr.shape:
                 tensor = self._meta_tensors[name]

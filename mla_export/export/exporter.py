@@ -160,6 +160,8 @@ def export_model(model_dir, out_dir, *, fmt: str = "openvino", portable: bool = 
         raise ExportError(str(e)) from None
     try:
         cleaned = clean_stale(out_dir)
+        for line in cleaned:
+            progress.note(line)
         result = _export_locked(model_dir, out_dir, start=start, fmt=fmt, portable=portable, block_size=block_size,
                                 kv_dtype=kv_dtype, weight_format=weight_format, group_size=group_size, ratio=ratio,
                                 overwrite=overwrite, progress=progress, weight_dtype=weight_dtype, moe_form=moe_form,

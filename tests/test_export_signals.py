@@ -163,3 +163,14 @@ class TestExportSignalsAndRaces:
         assert load_contract(out).cache["block_size"] == 8 and _leftovers(tmp_path) == []
         assert main(["export", str(ckpt), "-o", str(out), "-q", "--block-size", "4", "--overwrite"]) == 0
         assert load_contract(out).cache["block_size"] == 4 and _leftovers(tmp_path) == []
+
+    def test_a_closed_stdout_after_the_export_is_not_a_failure(self, ckpt, tmp_path):
+        # `mla-export export ... | head -1`: the summary cannot be written, the export is in place.
+        out = tmp_path / "out"
+        proc = _export(ckpt, out)
+        proc.stdout.close()
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+        assert _lines(err) == [f"mla-export export: Broken pipe after the export was complete; {out} is in place"]
+        load_contract(out)
+        assert _leftovers(tmp_path) == []

@@ -128,6 +128,14 @@ def _failed(e: BaseException, args, signals, progress) -> int:
     """The exit code and one line for an export that ended with `e` (its partial output removed)."""
     if progress is not None:
         progress.close()
+    if signals.complete and isinstance(e, OSError):  # e.g. stdout closed during the summary: the export is in place
+        if isinstance(e, BrokenPipeError):
+            import os
+
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        print(f"mla-export export: {e.strerror or e} after the export was complete; {args.out_dir} is in place",
+              file=sys.stderr)
+        return 0
     if signals.first is not None and not signals.complete:
         if signals.fired:
             print("mla-export export: terminated (SIGTERM); nothing was written (the partial output was removed)",
@@ -185,14 +193,15 @@ def _run(args, signals) -> int:
                                   block_size=args.block_size, kv_dtype=args.kv_dtype, weight_format=args.weight_format,
                                   group_size=args.group_size, ratio=args.ratio, all_layers=args.all_layers, overwrite=args.overwrite,
                                   progress=progress, moe_form=args.moe_form.replace("-", "_"))
+        signals.armed = False  # done: from here a signal changes nothing
+        progress.phase("done")
+        progress.close()
+        # The time the user waited: from the process's start (imports and the preset included).
+        from mla_export.cli import waited_seconds
+
+        for line in summary_lines(result, wall_seconds=waited_seconds()):
+            print(line)
+        sys.stdout.flush()
     except BaseException as e:  # the exporter removed its partial output before this runs
         return _failed(e, args, signals, progress)
-    signals.armed = False  # done: from here a signal only changes nothing
-    progress.phase("done")
-    progress.close()
-    # The time the user waited: from the process's start (imports and the preset included).
-    from mla_export.cli import waited_seconds
-
-    for line in summary_lines(result, wall_seconds=waited_seconds()):
-        print(line)
     return 0

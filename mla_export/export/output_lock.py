@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import glob
 import json
 import os
 import shutil
@@ -101,7 +102,7 @@ def clean_stale(out_dir: Path) -> list[str]:
     """Remove the partial / old directories of dead exporters beside out_dir (call it holding the
     OutputLock). Returns one description per directory removed or restored."""
     done = []
-    parent, name = out_dir.parent, out_dir.name
+    parent, name = out_dir.parent, glob.escape(out_dir.name)  # a name like "out[1]" is no pattern
     for kind in ("partial", "old"):
         for path in sorted(parent.glob(f".{name}.{kind}-*")):
             if not path.is_dir() or path.is_symlink():  # (owner records match the pattern too)

@@ -3,7 +3,7 @@ digest recorded at export time (mla_graph.json, export.files); one line per file
 mismatch reported (not only the first), exit 1 when any file differs.
 
 Also `add_verify_flag(parser)`: the `--verify sampled|full|none` option of the commands that
-load an export (generate, serve)."""
+load an export (generate, chat, serve)."""
 
 from __future__ import annotations
 

@@ -24,6 +24,7 @@ COMMANDS = {
     "generate": "generate text from an exported model directory",
     "chat": "chat with an exported model in the terminal (multi-turn, streaming)",
     "serve": "serve an exported model with an OpenAI-compatible HTTP API",
+    "verify": "check every byte of an export against the digests recorded at export",
     "ovms": "lay out an OpenVINO Model Server repository from an export directory",
     "bench": "end-to-end benchmark against llama.cpp, vLLM, optimum-intel and transformers",
 }
@@ -69,7 +70,14 @@ def _known_options(parser: argparse.ArgumentParser) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from_argv = argv is None
     argv = sys.argv[1:] if argv is None else argv
+    if from_argv and argv[:1] == ["export"]:
+        # Ctrl-C / SIGTERM from the first moment of an export: one line and 130/143, never a
+        # traceback from an import (mla_export/export_signals.py).
+        from .export_signals import install_first
+
+        install_first()
     parser = argparse.ArgumentParser(prog="mla-export", description=__doc__.splitlines()[0])
     _add_top_level_options(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -98,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     if extras:
         return _unknown(args.command, chosen_parser, extras)
+    args.whole_process = from_argv  # the command may own the process's signals until it exits
     from .deps import MissingDependency
 
     try:

@@ -40,7 +40,7 @@ from .json_file import read_json
 __all__ = ["CONTRACT_FILE", "CONTRACT_VERSION", "Contract", "ContractError", "TensorSpec", "graph_io", "cache_layout",
            "index_cache_layout",
            "CACHE_DTYPES",
-           "load_contract", "validate_contract", "schema", "normalize_dtype"]
+           "load_contract", "read_contract", "validate_contract", "schema", "normalize_dtype"]
 
 CONTRACT_FILE = "mla_graph.json"
 CONTRACT_VERSION = 1
@@ -225,8 +225,10 @@ def _renamed_dims(name: str, shape: list) -> list:
     return _OLD_DIM_NAMES.get((name, tuple(shape)), shape)
 
 
-def validate_contract(raw: dict, out_dir: str | Path | None = None) -> None:
-    """Schema check, then consistency: I/O lists as graph_io() defines them, files present."""
+def validate_contract(raw: dict, out_dir: str | Path | None = None, verify: str | None = None) -> None:
+    """Schema check, then consistency: I/O lists as graph_io() defines them, files present and,
+    with out_dir, each one's size and digest as recorded (verify: sampled | full | none, default
+    $MLA_EXPORT_VERIFY or sampled; see export_files.py)."""
     root = schema()
     _check(raw, root, root, "mla_graph.json")
     cache, model = raw["cache"], raw["model"]
@@ -287,11 +289,11 @@ def validate_contract(raw: dict, out_dir: str | Path | None = None) -> None:
         missing = [f for f in listed if not (Path(out_dir) / f).is_file()]
         if missing:
             raise ContractError(f"{out_dir}: file(s) listed in mla_graph.json are missing: {', '.join(missing)}")
-        recorded = raw["export"].get("files")
-        if recorded:
-            from .export_files import check_files
+        from .export_files import check_files
 
-            check_files(out_dir, {n: v for n, v in recorded.items() if n in listed})
+        # Every listed file must be recorded: a contract without export.files is refused, not
+        # loaded unchecked (unless verify is "none").
+        check_files(out_dir, raw["export"].get("files"), listed, verify)
 
 
 def _first_difference(got: list, want: list) -> str:
@@ -420,16 +422,25 @@ class Contract:
                                     f"{self.model[key]}: the graph and mla_graph.json belong to different models")
 
 
-def load_contract(out_dir: str | Path) -> Contract:
-    """Read and validate OUT_DIR/mla_graph.json (files listed must exist)."""
+def load_contract(out_dir: str | Path, verify: str | None = None) -> Contract:
+    """Read and validate OUT_DIR/mla_graph.json (files listed must exist and match their recorded
+    digests: verify = sampled | full | none, default $MLA_EXPORT_VERIFY or sampled)."""
+    out_dir = Path(out_dir)
+    raw = read_contract(out_dir)
+    validate_contract(raw, out_dir, verify)
+    return Contract(raw, out_dir)
+
+
+def read_contract(out_dir: str | Path) -> dict:
+    """OUT_DIR/mla_graph.json parsed and version-checked, not validated (`mla-export verify`
+    validates its structure, then checks every file itself to report all mismatches)."""
     out_dir = Path(out_dir)
     path = out_dir / CONTRACT_FILE
     raw = read_json(path, ContractError, f"; is {out_dir} an `mla-export export` output directory?")
     if isinstance(raw, dict) and isinstance(raw.get("version"), int) and raw["version"] != CONTRACT_VERSION:
         raise ContractError(f"{path}: contract version {raw['version']}, this mla-export reads version "
                             f"{CONTRACT_VERSION}; export the model again")
-    validate_contract(raw, out_dir)
-    return Contract(raw, out_dir)
+    return raw
 
 
 _NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")

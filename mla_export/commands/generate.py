@@ -50,6 +50,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=int, default=None,
                    help="longest sequence served (default: the model's context, or what the KV cache holds if less)")
     p.add_argument("--runtime", choices=("openvino", "onnxruntime"), default="openvino")
+    from mla_export.commands.verify import add_verify_flag
+
+    add_verify_flag(p)
     from mla_export.cli_hints import add_foreign_flags
 
     # llama.cpp flags that argparse would read as -n/-s/-t with a value attached, or as an
@@ -138,7 +141,7 @@ def run(args, stdout=None) -> int:
                                 top_k=args.top_k, seed=args.seed, ignore_eos=args.ignore_eos, output_kind="delta",
                                 stop=tuple(args.stop or ()))
         engine = LLMEngine(out_dir, runtime=args.runtime, precision=args.precision, num_threads=args.threads,
-                           max_num_seqs=1, max_model_len=args.max_model_len)
+                           max_num_seqs=1, max_model_len=args.max_model_len, verify=args.verify)
         if engine.max_model_len < engine.facts.max_model_len:
             print(f"mla-export generate: max_model_len {engine.max_model_len} tokens (the model has "
                   f"{engine.facts.max_model_len})", file=sys.stderr)

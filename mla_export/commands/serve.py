@@ -77,6 +77,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--batch-invariant", action="store_true", default=os.environ.get("VLLM_BATCH_INVARIANT") == "1",
                    help="every request's output independent of the batch it runs in and of prefix-cache hits "
                         "(attention in one form; default: $VLLM_BATCH_INVARIANT=1; see docs/SERVING.md)")
+    from mla_export.commands.verify import add_verify_flag
+
+    add_verify_flag(p)
     p.add_argument("--api-key", default=os.environ.get("MLA_EXPORT_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on /v1/* (default: $MLA_EXPORT_API_KEY, else none)")
     p.add_argument("--chat-template", default=None,
@@ -240,7 +243,7 @@ def run(args) -> int:
                            kv_cache_memory=args.kv_cache_memory, max_num_seqs=args.max_num_seqs,
                            max_num_batched_tokens=args.max_num_batched_tokens,
                            enable_prefix_caching=not args.no_prefix_caching, max_model_len=args.max_model_len,
-                           batch_invariant=args.batch_invariant)
+                           batch_invariant=args.batch_invariant, verify=args.verify)
     except (FileNotFoundError, ValueError) as e:
         print(f"mla-export serve: {e}", file=sys.stderr)
         return 2

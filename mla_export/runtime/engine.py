@@ -89,18 +89,22 @@ class LLMEngine:
         block_order_seed: int | None = None,  # shuffles the free-block order (tests)
         max_model_len: int | None = None,
         batch_invariant: bool | None = None,
+        verify: str | None = None,
     ):
         """`max_model_len`: the longest sequence (prompt + output) served. Default: the model's
         max_position_embeddings, or less when the KV cache holds fewer tokens (one sequence must
         fit the whole cache). Given, it must fit both; the default cache is then sized for it. `batch_invariant`: every request's logits
         independent of the batch it runs in and of how its prompt was chunked or found in the prefix
         cache (vLLM's batch-invariant mode; runtime/batch_invariance.py); None: on when the
-        environment has vLLM's switch, VLLM_BATCH_INVARIANT=1."""
+        environment has vLLM's switch, VLLM_BATCH_INVARIANT=1.
+        `verify`: the export's files against their recorded digests before anything is compiled:
+        "sampled" (~4 MiB read per file), "full" (every byte) or "none"; default
+        $MLA_EXPORT_VERIFY, else sampled (docs/SAFETY.md has the costs)."""
         if runtime not in RUNTIMES:
             raise ValueError(f"runtime must be one of {RUNTIMES}, got {runtime!r}")
         if batch_invariant is None:
             batch_invariant = os.environ.get("VLLM_BATCH_INVARIANT", "0") == "1"
-        self.contract, facts = load_model_dir(out_dir)
+        self.contract, facts = load_model_dir(out_dir, verify)
         self.facts: ModelFacts = facts
         self.tokenizer = facts.load_tokenizer()
         if max_model_len is not None:

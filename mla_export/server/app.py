@@ -151,7 +151,7 @@ async def chat_completions(request: Request) -> Response:
             raise P.bad_request("the rendered chat prompt is empty", "messages")
         output = chat.output(text)
         return await respond(st, request, "/v1/chat/completions", [ids], req.sampling, chat=True,
-                             chat_output=output, decode=chat.decode)
+                             chat_output=output, decode=chat.decode, chat_echo=req.echo_text)
 
     return await _guarded(request, "/v1/chat/completions", build)
 

@@ -312,9 +312,7 @@ def _parse_sampling(body: dict, *, chat: bool, defaults: dict | None = None) -> 
                 raise bad_request(f"'logit_bias' keys must be token ids, got {k[:40]!r}", "logit_bias")
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not -100 <= v <= 100:
                 raise bad_request(f"'logit_bias' values must be numbers in [-100, 100], got {v!r}", "logit_bias")
-    if chat and body.get("echo"):  # vLLM's chat echo (repeat the last message) is not built
-        raise bad_request("'echo' is not supported for chat completions by this server", "echo")
-    echo = False if chat else _get_bool(body, "echo", False)
+    echo = False if chat else _get_bool(body, "echo", False)  # chat's echo: ChatRequest.echo_text
     prompt_logprobs = _get_int(body, "prompt_logprobs", None, lo=0, hi=20)
     if prompt_logprobs is not None and stream:
         raise bad_request("'prompt_logprobs' is not supported with 'stream': true (ask for them non-streamed)",
@@ -366,6 +364,10 @@ class ChatRequest:
     add_generation_prompt: bool = True
     template_kwargs: dict = field(default_factory=dict)
     tool: ToolRequest | None = None  # tools, tool_choice, parallel_tool_calls
+    # vLLM's chat `echo`: the last message's content put before each reply when that message has
+    # the reply's role (assistant, or the last message's own without add_generation_prompt): a
+    # partial answer the model continues comes back whole. None: echo off.
+    echo_text: str | None = None
 
 
 def parse_completion_request(body: dict, defaults: dict | None = None) -> CompletionRequest:
@@ -473,8 +475,12 @@ def parse_chat_request(body: dict, defaults: dict | None = None) -> ChatRequest:
         out.append(msg)
     agp, kwargs = _template_kwargs(body)
     tool = parse_tool_fields(body)
+    echo_text = None
+    if _get_bool(body, "echo", False):
+        reply_role = "assistant" if agp else out[-1]["role"]
+        echo_text = (out[-1]["content"] or "") if out[-1]["role"] == reply_role else ""
     return ChatRequest(model=model, messages=out, sampling=_parse_sampling(body, chat=True, defaults=defaults),
-                       add_generation_prompt=agp, template_kwargs=kwargs, tool=tool)
+                       add_generation_prompt=agp, template_kwargs=kwargs, tool=tool, echo_text=echo_text)
 
 
 # ---- response bodies ----------------------------------------------------------------------------

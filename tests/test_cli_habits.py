@@ -136,7 +136,6 @@ print("exit", code)
     (["tqdm"], ["export", "--preset", "tiny", "-o", "{tmp}/out"], "export"),
     (["onnxruntime"], ["generate", "{model}", "--prompt-ids", "1,2", "--runtime", "onnxruntime"], "onnxruntime"),
     (["uvicorn"], ["serve", "{model}"], "serve"),
-    (["jinja2"], ["generate", "{model}", "-p", "hi", "--chat"], "serve"),
 ])
 def test_missing_optional_package_is_one_line_naming_the_extra(tmp_path, tiny_model, blocked, argv, extra):
     argv = [a.format(tmp=tmp_path, model=tiny_model) for a in argv]

@@ -68,7 +68,7 @@ def test_hub_id_says_download_first(capsys, tmp_path, monkeypatch, command, argv
     monkeypatch.chdir(tmp_path)  # no such directory here
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert "huggingface-cli download deepseek-ai/DeepSeek-V2-Lite --local-dir DeepSeek-V2-Lite" in err, err
+    assert "hf download deepseek-ai/DeepSeek-V2-Lite --local-dir DeepSeek-V2-Lite" in err, err
     assert "then pass" in err
 
 

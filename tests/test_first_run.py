@@ -56,6 +56,13 @@ class TestRandomWeightsAreSaid:
         assert f"mla-export generate: note: {RANDOM_WEIGHTS_NOTE}" in proc.stderr.splitlines()
         assert "random" not in proc.stdout
 
+    def test_chat_says_so_before_the_first_reply(self, tiny):
+        out, _ = tiny
+        proc = subprocess.run([sys.executable, "-m", "mla_export.cli", "chat", str(out), "-p", "Hi", "-st", "-n", "4"],
+                              cwd=REPO, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr
+        assert f"mla-export chat: note: {RANDOM_WEIGHTS_NOTE}" in proc.stderr.splitlines()
+
     def test_a_checkpoint_without_the_mark_is_not_called_random(self, exports):
         """transformers' save_pretrained writes no mark: no note (the text may be a real model's)."""
         _, out = exports.model("deepseek_v3")

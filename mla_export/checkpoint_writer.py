@@ -22,7 +22,20 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-__all__ = ["write_random_checkpoint", "tensor_shapes", "save_safetensors"]
+__all__ = ["write_random_checkpoint", "tensor_shapes", "save_safetensors", "RANDOM_WEIGHTS_METADATA",
+           "says_random_weights"]
+
+# The safetensors metadata every random-weight checkpoint writer here puts in its files (this
+# module, the tiny preset, mla_export/bench/checkpoint.py): the weights themselves say they are
+# random, so an export made from them records it (contract export.random_weights) and
+# `generate` can say that its text is noise, whatever directory the files were copied to.
+RANDOM_WEIGHTS_KEY = "mla_export_random_weights"
+RANDOM_WEIGHTS_METADATA = {"format": "pt", RANDOM_WEIGHTS_KEY: "true"}
+
+
+def says_random_weights(metadata) -> bool:
+    """Whether a safetensors `__metadata__` object carries the random-weights mark."""
+    return isinstance(metadata, dict) and metadata.get(RANDOM_WEIGHTS_KEY) == "true"
 
 _ARCH = {"deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM"}
 _ST_DTYPES = {np.dtype("<f4"): "F32", np.dtype("<f2"): "F16", np.dtype(ml_dtypes.bfloat16): "BF16",
@@ -124,5 +137,5 @@ def write_random_checkpoint(out_dir, model_type: str, seed: int, config: dict, d
     (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     gen = {"bos_token_id": cfg.get("bos_token_id"), "eos_token_id": cfg.get("eos_token_id")}
     (out / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
-    save_safetensors(out / "model.safetensors", tensors)
+    save_safetensors(out / "model.safetensors", tensors, metadata=RANDOM_WEIGHTS_METADATA)
     return out

@@ -30,9 +30,9 @@ HINTS: dict[str, dict[str, str]] = {
         "--device": _CPU_ONLY,
         "--dtype": "use --weight-format {auto,f32,f16,bf16,int8,int4} for the stored weights, --kv-dtype {f16,bf16,f32,int8,fp8} for the cache",
         "--kv-cache-dtype": "use --kv-dtype {f16,bf16,f32,int8,fp8} (the cache format is fixed at export)",
-        "--cache_dir": "the Hub is not used: download with `huggingface-cli download ID --local-dir DIR` and pass DIR",
-        "--cache-dir": "the Hub is not used: download with `huggingface-cli download ID --local-dir DIR` and pass DIR",
-        "--revision": "the Hub is not used: `huggingface-cli download ID --revision REV --local-dir DIR`, then pass DIR",
+        "--cache_dir": "the Hub is not used: download with `hf download ID --local-dir DIR` and pass DIR",
+        "--cache-dir": "the Hub is not used: download with `hf download ID --local-dir DIR` and pass DIR",
+        "--revision": "the Hub is not used: `hf download ID --revision REV --local-dir DIR`, then pass DIR",
     },
     "serve": {
         "--tensor-parallel-size": "one CPU process: use --threads N for the inference threads",
@@ -51,8 +51,8 @@ HINTS: dict[str, dict[str, str]] = {
         "--seed": "pass 'seed' in each request instead",
         "--max-logprobs": "logprobs are not returned by this server",
         "--load-format": "the model is the export directory's OpenVINO IR; drop it",
-        "--download-dir": "the Hub is not used: `huggingface-cli download ID --local-dir DIR`, export DIR, serve the export",
-        "--revision": "the Hub is not used: `huggingface-cli download ID --revision REV --local-dir DIR`",
+        "--download-dir": "the Hub is not used: `hf download ID --local-dir DIR`, export DIR, serve the export",
+        "--revision": "the Hub is not used: `hf download ID --revision REV --local-dir DIR`",
         "--generation-config": "sampling defaults come from each request",
         "--max-model-len": _CONTEXT + "; size the KV cache with --kv-cache-memory or --num-blocks",
     },
@@ -92,10 +92,10 @@ def hub_id_message(text: str, command: str) -> str:
     local = text.split("/")[-1]
     if command == "export":
         return (f"{text}: no such directory; if it is a Hugging Face Hub id, note that mla-export does not "
-                f"download models: download it first with `huggingface-cli download {text} --local-dir {local}`, "
+                f"download models: download it first with `hf download {text} --local-dir {local}`, "
                 f"then pass the directory: `mla-export export {local} -o out/{local}`")
     return (f"{text}: no such directory; if it is a Hugging Face Hub id, note that `mla-export {command}` runs "
-            f"an export directory: download the checkpoint first with `huggingface-cli download {text} "
+            f"an export directory: download the checkpoint first with `hf download {text} "
             f"--local-dir {local}`, export it with `mla-export export {local} -o out/{local}`, then pass out/{local}")
 
 

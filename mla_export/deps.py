@@ -23,7 +23,6 @@ EXTRA_OF = {
     "onnxruntime": "onnxruntime",
     "starlette": "serve",
     "uvicorn": "serve",
-    "jinja2": "serve",
     "prometheus_client": "serve",
     "ray": "ray",
     "matplotlib": "bench",

@@ -8,6 +8,7 @@ import io
 import pytest
 
 from mla_export.cli import main
+from mla_export.cli_text import terminal_safe
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +59,7 @@ def test_generate_prints_text_before_the_last_step(model_dir, llm, monkeypatch):
     assert writes[0] < steps[-1], "no text was printed before the last engine step"
     assert len([i for i in writes if i < steps[-1]]) >= 5  # not one burst at the end
     expected = llm.generate("The quick brown fox", max_tokens=24, temperature=0.0, ignore_eos=True)[0]
-    assert out.getvalue() == expected.text + "\n"  # the pieces add up to the whole text
+    assert out.getvalue() == terminal_safe(expected.text) + "\n"  # the pieces add up to the whole text
 
 
 def _args(model_dir, argv):
@@ -82,7 +83,7 @@ def test_generate_chat_equals_llm_chat_and_transformers_template(model_dir, llm,
     assert out.prompt_token_ids == list(hf_ids)
     assert main(["generate", str(model_dir), "--chat", "--system", "Be brief.", "-p", "What is the capital of France?",
                  "-n", "6", "--precision", "f32"]) == 0
-    assert capsys.readouterr().out == out.text + "\n"
+    assert capsys.readouterr().out == terminal_safe(out.text) + "\n"  # control characters escaped for the terminal
     # A batch of conversations, and a template passed in.
     two = llm.chat([messages, messages[1:]], max_tokens=3, temperature=0.0)
     assert two[0].token_ids == out.token_ids[:3] and len(two) == 2

@@ -10,6 +10,7 @@ import textwrap
 import pytest
 
 from mla_export.cli import main
+from mla_export.cli_text import terminal_safe
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +40,7 @@ def test_generate_text_prompt_prints_the_continuation(out_dir, capsys):
     assert expected.prompt_token_ids[0] == 0  # the tokenizer adds BOS
     assert main(["generate", str(out_dir), "--prompt", "The quick brown fox", "--max-tokens", "6",
                  "--precision", "f32"]) == 0
-    assert capsys.readouterr().out == expected.text + "\n"
+    assert capsys.readouterr().out == terminal_safe(expected.text) + "\n"  # control characters escaped
 
 
 def test_generate_errors_exit_2(tmp_path, out_dir, capsys):

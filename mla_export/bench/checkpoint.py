@@ -29,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..checkpoint_writer import RANDOM_WEIGHTS_METADATA
+
 __all__ = ["SHAPES", "TensorSpec", "checkpoint_config", "tensor_specs", "write_checkpoint", "size_bytes",
            "CheckpointWriteError"]
 
@@ -243,7 +245,7 @@ def _plan_shards(specs: list[TensorSpec], elem: int, max_shard_bytes: int) -> li
 
 
 def _header(tensors: list[TensorSpec], st_dtype: str, elem: int) -> bytes:
-    h, off = {"__metadata__": {"format": "pt"}}, 0
+    h, off = {"__metadata__": dict(RANDOM_WEIGHTS_METADATA)}, 0  # exports of it say their weights are random
     for t in tensors:
         n = t.numel * elem
         h[t.name] = {"dtype": st_dtype, "shape": list(t.shape), "data_offsets": [off, off + n]}

@@ -68,6 +68,10 @@ def run(args, stdin=None, stdout=None) -> int:
         print(f"mla-export chat: {e}", file=sys.stderr)
         return 2
     chat = Conversation(engine, prompter, params, args.system, stdout)
+    if engine.facts.random_weights:  # the tiny preset: its replies are noise, and it says so first
+        from mla_export.cli_text import RANDOM_WEIGHTS_NOTE
+
+        print(f"mla-export chat: note: {RANDOM_WEIGHTS_NOTE}", file=sys.stderr)
     interactive = stdin.isatty()
     if interactive:
         _line_editing()

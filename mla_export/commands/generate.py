@@ -131,6 +131,7 @@ def _out_dir(args) -> str:
 
 
 def run(args, stdout=None) -> int:
+    from mla_export.cli_text import RANDOM_WEIGHTS_NOTE, terminal_safe
     from mla_export.runtime import LLMEngine, SamplingParams
 
     out = stdout or sys.stdout
@@ -145,6 +146,8 @@ def run(args, stdout=None) -> int:
         if engine.max_model_len < engine.facts.max_model_len:
             print(f"mla-export generate: max_model_len {engine.max_model_len} tokens (the model has "
                   f"{engine.facts.max_model_len})", file=sys.stderr)
+        if engine.facts.random_weights:
+            print(f"mla-export generate: note: {RANDOM_WEIGHTS_NOTE}", file=sys.stderr)
         prompt = _prompt(args, engine)
         start = time.perf_counter()
         engine.add_request("cli", prompt, params)
@@ -166,8 +169,8 @@ def run(args, stdout=None) -> int:
             finish_reason = o.finish_reason
             if stream:  # as it comes: text, or the ids when the model has no tokenizer
                 piece = o.new_text if engine.tokenizer is not None else "".join(f"{t} " for t in o.new_token_ids)
-                if piece:
-                    out.write(piece)
+                if piece:  # control characters escaped: never raw bytes to the terminal
+                    out.write(terminal_safe(piece))
                     out.flush()
     end = time.perf_counter()
 

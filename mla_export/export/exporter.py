@@ -201,6 +201,7 @@ def _export_locked(model_dir: Path, out_dir: Path, *, start: float, fmt, portabl
     reader = CheckpointReader(model_dir, fp8_block=cfg.fp8_block, prefixes=cfg.weight_prefixes)
     # A multimodal checkpoint's vision tower and projector, not exported (text only): the summary says so
     left_out = reader.left_out() if cfg.weight_prefixes else None
+    random_weights = reader.random_weights()  # recorded so that generate can say its text is noise
     # Phase weights in checkpoint bytes (see progress.py): layers, then head + save, then the IR.
     layer_bytes = [reader.nbytes(f"model.layers.{i}.") for i in range(cfg.num_layers)]
     rest_bytes = max(reader.nbytes() - sum(layer_bytes), 0)  # embedding, final norm, lm_head
@@ -267,7 +268,7 @@ def _export_locked(model_dir: Path, out_dir: Path, *, start: float, fmt, portabl
                         int4_group_sizes=sorted(wformat.stats.get("int4_group_sizes", []), reverse=True),
                         int4_ratio=wformat.ratio if wformat.fmt == "int4" else None,
                         int4_all_layers=wformat.all_layers if wformat.fmt == "int4" else None,
-                        moe_form=moe_form, left_out=left_out,
+                        moe_form=moe_form, left_out=left_out, random_weights=random_weights,
                         exporter_version=__version__, source=str(model_dir.resolve()),
                         seconds=round(time.time() - start, 3), files=describe_files(tmp, tied)))
         (tmp / CONTRACT_FILE).write_text(json.dumps(contract, indent=2) + "\n")

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import shlex
+
+from ..cli_text import RANDOM_WEIGHTS_NOTE
 from ..kv_formats import row_bytes
 from .exporter import KV_DTYPES, ExportResult
 
-__all__ = ["summary_lines"]
+__all__ = ["summary_lines", "next_lines"]
 
 
 def _size(n: float) -> str:
@@ -38,9 +41,25 @@ def summary_lines(result: ExportResult, wall_seconds: float | None = None) -> li
     ]
     if c["export"].get("left_out"):
         lines.append(_left_out_line(c["export"]["left_out"]))
+    if c["export"].get("random_weights"):
+        lines.append(f"note: {RANDOM_WEIGHTS_NOTE}")
     lines += _resident_lines(c["export"], result)
     lines += [f"  {name:<24} {_size(size):>10}" for name, size in result.files.items()]
-    return lines
+    return lines + next_lines(result)
+
+
+def next_lines(result: ExportResult) -> list[str]:
+    """The commands to run next on this export (the summary's last lines)."""
+    out = shlex.quote(str(result.out_dir))
+    if not result.contract.get("tokenizer"):  # no tokenizer: the model takes and gives token ids only
+        prompt = "--prompt-ids 1,2,3"
+    elif result.contract.get("chat_template"):
+        prompt = "--chat --prompt 'Tell me a story.'"
+    else:
+        prompt = "--prompt 'Once upon a time'"
+    return ["next:",
+            f"  mla-export generate {out} {prompt} --max-tokens 32",
+            f"  mla-export serve {out} --port 8000      # OpenAI-compatible API (docs/SERVING.md)"]
 
 
 def _left_out_line(left_out: dict) -> str:

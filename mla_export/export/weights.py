@@ -63,7 +63,7 @@ class SafetensorsFile:
             raise WeightError(f"{self.path}: not a readable safetensors file ({e})") from e
         self._start = 8 + n
         self._data_size = size - self._start
-        header.pop("__metadata__", None)
+        self.metadata = header.pop("__metadata__", None)  # e.g. the random-weights mark (checkpoint_writer.py)
         self.entries: dict[str, tuple[str, tuple[int, ...], int, int]] = {}
         for name, info in header.items():
             try:
@@ -285,6 +285,13 @@ class CheckpointReader:
         for f in self._open.values():
             f.close()
         self._open.clear()
+
+    def random_weights(self) -> bool:
+        """Whether a shard this checkpoint reads says its weights are random (the mark the
+        random-weight writers put in the safetensors metadata: checkpoint_writer.py)."""
+        from ..checkpoint_writer import says_random_weights
+
+        return any(says_random_weights(self._handle(p).metadata) for p in sorted(set(self._where.values())))
 
     def nbytes(self, prefix: str = "") -> int:
         """Stored bytes of the tensors whose names start with `prefix` (from the headers only;

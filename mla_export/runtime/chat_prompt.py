@@ -1,6 +1,6 @@
 """A chat conversation -> prompt token ids, with the export's chat template (Hugging Face
 conventions, rendered by `mla_export.server.chat.ChatTemplate`), for `LLM.chat()` and
-`mla-export generate --chat`. Needs jinja2 (the `serve` extra)."""
+`mla-export generate --chat`. Needs jinja2 (a base dependency)."""
 
 from __future__ import annotations
 

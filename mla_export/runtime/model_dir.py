@@ -22,6 +22,7 @@ class ModelFacts:
     eos_token_ids: frozenset[int]
     tokenizer_path: Path | None
     kv_lora_rank: int = 0  # r: where int8/fp8 rows split into codes and k_pe
+    random_weights: bool = False  # export.random_weights: its text is noise (generate says so)
 
     def load_tokenizer(self):
         if self.tokenizer_path is None:
@@ -59,5 +60,6 @@ def load_model_dir(out_dir: str | Path, verify: str | None = None) -> tuple[Cont
         eos_token_ids=frozenset(model["eos_token_ids"]),
         tokenizer_path=contract.tokenizer_path(),
         kv_lora_rank=model["kv_lora_rank"],
+        random_weights=contract.raw["export"].get("random_weights", False),  # a boolean (the schema); absent: an older export
     )
     return contract, facts

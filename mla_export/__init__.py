@@ -19,7 +19,9 @@ _LIB_DIR = Path(__file__).resolve().parent / "lib"
 
 def _find_library(stem: str) -> Path | None:
     """The installed shared library `lib<stem>.so` inside the package (wheel or editable)."""
-    env = os.environ.get("MLA_EXPORT_LIB_DIR")
+    from . import envs
+
+    env = envs.MLA_EXPORT_LIB_DIR
     dirs = [Path(env)] if env else []
     dirs.append(_LIB_DIR)
     # Editable installs (scikit-build-core) place built files in site-packages/mla_export/lib

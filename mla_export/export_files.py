@@ -25,6 +25,8 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from . import envs
+
 __all__ = ["digest", "full_digest", "describe_files", "check_files", "verify_files", "verify_mode",
            "VERIFY_MODES", "VERIFY_ENV", "FULL_DIGEST_ALGORITHM"]
 
@@ -108,12 +110,7 @@ def describe_files(out_dir: str | Path, names) -> dict:
 def verify_mode(mode: str | None) -> str:
     """The load-time check: `mode` if given, else $MLA_EXPORT_VERIFY, else "sampled"."""
     if mode is None:
-        env = os.environ.get(VERIFY_ENV, "").strip()
-        if not env:
-            return "sampled"
-        if env not in VERIFY_MODES:
-            raise ValueError(f"{VERIFY_ENV} must be one of {', '.join(VERIFY_MODES)}, got {env!r}")
-        return env
+        return envs.get(VERIFY_ENV) or "sampled"
     if mode not in VERIFY_MODES:
         raise ValueError(f"verify must be one of {', '.join(VERIFY_MODES)}, got {mode!r}")
     return mode

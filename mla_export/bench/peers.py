@@ -23,6 +23,7 @@ import os
 import re
 from pathlib import Path
 
+from .. import envs
 from .common import error_tail, log, parse_result, sh, sh_rss
 from .setup_peers import SCRIPTS, setup_command
 
@@ -31,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 
 # ------------------------------------------------------------------------------------------- llama.cpp
 def llamacpp_dir(arg: str | None) -> tuple[Path | None, str | None]:
-    d = Path(arg or os.environ.get("MLA_LLAMACPP_PEER", Path.home() / ".cache/mla-peers/llamacpp"))
+    d = Path(arg or envs.get("MLA_LLAMACPP_PEER") or Path.home() / ".cache/mla-peers/llamacpp")
     need = [d / "bin/llama-batched-bench", d / "convert.py", d / "venv/bin/python"]
     missing = [str(p.relative_to(d)) for p in need if not p.exists()]
     if missing:
@@ -114,7 +115,7 @@ def run_llamacpp(d: Path, gguf: Path, prompt_len: int, batch: int, new_tokens: i
 
 # ------------------------------------------------------------------------------------------------ vLLM
 def vllm_python(arg: str | None) -> tuple[str | None, str | None]:
-    py = Path(arg or os.environ.get("MLA_VLLM_PYTHON", Path.home() / ".cache/mla-peers/vllm-engine/venv/bin/python"))
+    py = Path(arg or envs.get("MLA_VLLM_PYTHON") or Path.home() / ".cache/mla-peers/vllm-engine/venv/bin/python")
     if not py.exists():
         return None, (f"vLLM engine peer not found (no {py}); set it up with `{setup_command('vllm')}`, "
                       "or pass --vllm-python PYTHON")
@@ -145,7 +146,7 @@ def run_vllm(py: str, script: str, ckpt: Path, prompts_file: Path, new_tokens: i
 # --------------------------------------------------------------------------------------------- optimum
 def optimum_python(arg: str | None) -> tuple[str | None, str | None]:
     """(python, None) when the optimum peer env is usable, else (None, reason)."""
-    py = Path(arg) if arg else Path(os.environ.get("MLA_OPTIMUM_PEER", Path.home() / ".cache/mla-peers/optimum")) / "venv/bin/python"
+    py = Path(arg) if arg else Path(envs.get("MLA_OPTIMUM_PEER") or Path.home() / ".cache/mla-peers/optimum") / "venv/bin/python"
     if not py.exists():
         return None, (f"optimum peer not found (no {py}); set it up with `{setup_command('optimum')}`, "
                       "or pass --optimum-python PYTHON")
@@ -161,7 +162,7 @@ def optimum_python(arg: str | None) -> tuple[str | None, str | None]:
 
 
 def optimum_export_script() -> Path:
-    return Path(os.environ.get("MLA_OPTIMUM_SCRIPT", SCRIPTS / "optimum/make_and_export.py"))
+    return Path(envs.get("MLA_OPTIMUM_SCRIPT") or SCRIPTS / "optimum/make_and_export.py")
 
 
 def optimum_export(py: str, ckpt: Path, out: Path, weight_format: str, env: dict) -> str | None:

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import re
 import sys
 from pathlib import Path
+
+from mla_export import envs
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
           "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -74,13 +75,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--precision", choices=("bf16", "f32"), default="bf16", help="CPU inference precision (default bf16)")
     p.add_argument("--threads", type=_positive, default=None, help="inference threads (default: the plugin's)")
     p.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
-    p.add_argument("--batch-invariant", action="store_true", default=os.environ.get("VLLM_BATCH_INVARIANT") == "1",
+    p.add_argument("--batch-invariant", action="store_true", default=envs.VLLM_BATCH_INVARIANT,
                    help="every request's output independent of the batch it runs in and of prefix-cache hits "
                         "(attention in one form; default: $VLLM_BATCH_INVARIANT=1; see docs/SERVING.md)")
     from mla_export.commands.verify import add_verify_flag
 
     add_verify_flag(p)
-    p.add_argument("--api-key", default=os.environ.get("MLA_EXPORT_API_KEY"),
+    p.add_argument("--api-key", default=envs.MLA_EXPORT_API_KEY,
                    help="require 'Authorization: Bearer KEY' on /v1/* (default: $MLA_EXPORT_API_KEY, else none)")
     p.add_argument("--chat-template", default=None,
                    help="a Jinja2 chat template file overriding the model directory's")
@@ -129,11 +130,7 @@ def parser_settings(args) -> dict:
 
 def _log_stats_interval_default() -> float:
     """vLLM's VLLM_LOG_STATS_INTERVAL when it is a positive number of seconds, else 10."""
-    try:
-        v = float(os.environ.get("VLLM_LOG_STATS_INTERVAL", "10"))
-    except ValueError:
-        return 10.0
-    return v if v > 0 else 10.0
+    return envs.VLLM_LOG_STATS_INTERVAL
 
 
 def _positive_seconds(text: str) -> float:

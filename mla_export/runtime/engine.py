@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
+from .. import envs
 from .backend import RUNTIMES, MLABackend
 from .cache_layout import CacheLayout
 from .detokenizer import IncrementalDetokenizer
@@ -103,7 +103,7 @@ class LLMEngine:
         if runtime not in RUNTIMES:
             raise ValueError(f"runtime must be one of {RUNTIMES}, got {runtime!r}")
         if batch_invariant is None:
-            batch_invariant = os.environ.get("VLLM_BATCH_INVARIANT", "0") == "1"
+            batch_invariant = envs.VLLM_BATCH_INVARIANT
         self.contract, facts = load_model_dir(out_dir, verify)
         self.facts: ModelFacts = facts
         self.tokenizer = facts.load_tokenizer()

@@ -10,8 +10,9 @@ would otherwise end in the kernel's OOM killer rather than a message.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+
+from .. import envs
 
 __all__ = ["InsufficientMemoryError", "resident_weight_bytes", "compiled_need_bytes", "available_bytes", "check_fits", "native_float_types",
            "SKIP_ENV"]
@@ -85,7 +86,7 @@ def check_fits(export: dict, precision: str, weights_file: Path, native: set[str
     size = weights_file.stat().st_size if weights_file.is_file() else 0
     need = compiled_need_bytes(export, precision, size, native)
     have = available_bytes()
-    if have is not None and need > have and os.environ.get(SKIP_ENV) != "1":
+    if have is not None and need > have and not envs.get(SKIP_ENV):
         gib = 1 << 30
         fmt = export.get("weight_format", export.get("weight_dtype", "?"))
         hint = ("export with --weight-format int4 (0.5 byte per weight) or a smaller cache"

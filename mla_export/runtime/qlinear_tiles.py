@@ -25,11 +25,11 @@ rewrite (tests; slower where the CPU has no VNNI kernel for it).
 from __future__ import annotations
 
 import mmap
-import os
 
 import numpy as np
 import openvino as ov
 
+from .. import envs
 from ..cpu_flags import cpu_flags
 
 __all__ = ["rows4_to_tile16", "tile16_to_rows4", "want_tile16", "pack_qlinear_tiles"]
@@ -66,10 +66,10 @@ def tile16_to_rows4(codes: np.ndarray) -> np.ndarray:
 
 def want_tile16(precision: str) -> bool:
     """Whether this process rewrites int8 MlaQLinear codes in 16-row tiles (see the module doc)."""
-    forced = os.environ.get("MLA_EXPORT_QLINEAR_TILES", "")
-    if forced in ("0", "1"):
-        return forced == "1"
-    if precision != "bf16" or os.environ.get("MLA_EXPORT_ISA", "") in ("avx2", "generic"):
+    forced = envs.MLA_EXPORT_QLINEAR_TILES
+    if forced is not None:
+        return forced
+    if precision != "bf16" or envs.MLA_EXPORT_ISA in ("avx2", "generic"):
         return False
     flags = cpu_flags()
     return "avx512_vnni" in flags

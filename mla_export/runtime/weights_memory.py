@@ -20,18 +20,19 @@ and the way to let the kernel evict weights under memory pressure instead of swa
 from __future__ import annotations
 
 import mmap
-import os
 from pathlib import Path
 
 import numpy as np
 import openvino as ov
+
+from .. import envs
 
 _READ_CHUNK = 64 << 20  # bytes per read call: bounded, so a short read is reported where it happened
 
 
 def use_file_mapping() -> bool:
     """Whether the user asked for OpenVINO's own file mapping (MLA_EXPORT_WEIGHTS_MMAP=1)."""
-    return os.environ.get("MLA_EXPORT_WEIGHTS_MMAP", "0") == "1"
+    return envs.MLA_EXPORT_WEIGHTS_MMAP
 
 
 def read_weights(bin_path: Path) -> tuple[mmap.mmap, int]:

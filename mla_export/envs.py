@@ -1,0 +1,108 @@
+"""Every environment variable mla-export reads, in one table (as vLLM's envs.py): its name, who
+reads it (this package's Python, the C++ kernels, the benchmark's peers), its default and what
+it does. Python reads them only through here: `envs.MLA_EXPORT_VERIFY` (the parsed value, read
+at the moment of the call). A value that does not parse is a ValueError naming the variable,
+never a silent default. docs/ENVIRONMENT.md is this table for readers;
+tests/test_envs.py keeps the two, and every getenv of the C++ sources, in step.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Callable
+
+__all__ = ["EnvVar", "VARIABLES", "get"]
+
+
+def _flag(name: str, text: str) -> bool:
+    if text not in ("0", "1"):
+        raise ValueError(f"{name} must be 0 or 1, got {text!r}")
+    return text == "1"
+
+
+def _choice(*allowed: str) -> Callable[[str, str], str]:
+    def parse(name: str, text: str) -> str:
+        text = text.strip()
+        if text not in allowed:
+            raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {text!r}")
+        return text
+    return parse
+
+
+def _tristate(name: str, text: str) -> bool | None:
+    return None if text == "" else _flag(name, text)
+
+
+def _text(name: str, text: str) -> str:
+    return text
+
+
+def _positive_seconds_or_default(name: str, text: str) -> float:
+    # vLLM reads it leniently (its own default for what does not parse); the server does the same
+    try:
+        v = float(text)
+    except ValueError:
+        return 10.0
+    return v if v > 0 else 10.0
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    name: str
+    reader: str  # "python" (read through this module), "kernels" (the C++ ops' getenv), "bench"
+    default: Any  # the value when unset or empty
+    parse: Callable[[str, str], Any]
+    doc: str
+
+
+_VARS = [
+    EnvVar("MLA_EXPORT_LIB_DIR", "python", None, _text,
+           "Directory holding libmla_export_ov.so / libmla_export_ort.so to load instead of the installed ones."),
+    EnvVar("MLA_EXPORT_VERIFY", "python", None, _choice("sampled", "full", "none"),
+           "The load-time check of an export's files when no --verify / verify= is given: sampled (default), "
+           "full (every byte against its SHA-256), none (sizes only)."),
+    EnvVar("MLA_EXPORT_WEIGHTS_MMAP", "python", False, _flag,
+           "1: OpenVINO maps the weights file itself instead of reading it into huge-page memory."),
+    EnvVar("MLA_EXPORT_SKIP_MEMORY_CHECK", "python", False, _flag,
+           "1: load even when the weights and cache look larger than the memory available."),
+    EnvVar("MLA_EXPORT_QLINEAR_TILES", "python", None, _tristate,
+           "0/1: force int8 MlaQLinear codes into the 4-row layout (0) or the 16-row tiles (1); unset: "
+           "tiles on VNNI CPUs under a bf16 hint."),
+    EnvVar("MLA_EXPORT_API_KEY", "python", None, _text,
+           "`serve`'s --api-key default: requests to /v1/* need 'Authorization: Bearer KEY'."),
+    EnvVar("VLLM_BATCH_INVARIANT", "python", False, _flag,
+           "vLLM's switch, honoured: 1 = batch-invariant mode (serve --batch-invariant, "
+           "LLM(batch_invariant=True)) when not given explicitly."),
+    EnvVar("VLLM_LOG_STATS_INTERVAL", "python", 10.0, _positive_seconds_or_default,
+           "Seconds between `serve`'s stats lines (vLLM's variable; not a positive number: 10)."),
+    EnvVar("MLA_EXPORT_ISA", "kernels", None, _choice("avx512", "avx2", "generic"),
+           "Force the kernels' vector table; one this build or CPU cannot run is an error. Python reads it "
+           "too (no 16-row tiles for avx2/generic)."),
+    EnvVar("MLA_EXPORT_AMX", "kernels", None, _choice("0", "1"),
+           "0: never use AMX tiles (the AVX-512 paths instead), on a CPU that has them."),
+    EnvVar("MLA_EXPORT_AVX512_BF16", "kernels", None, _choice("0", "1"),
+           "0: never use AVX512-BF16 dot products in attention's bf16 decode rows."),
+    EnvVar("MLA_EXPORT_ORT_THREADS", "kernels", None, _text,
+           "onnxruntime custom ops' thread count when the session gives none (default: the CPU's)."),
+    EnvVar("MLA_LLAMACPP_PEER", "bench", None, _text, "`bench`: the llama.cpp peer's directory."),
+    EnvVar("MLA_VLLM_PYTHON", "bench", None, _text, "`bench`: the python of the vLLM CPU peer's venv."),
+    EnvVar("MLA_OPTIMUM_PEER", "bench", None, _text, "`bench`: the optimum-intel peer's directory."),
+    EnvVar("MLA_OPTIMUM_SCRIPT", "bench", None, _text, "`bench`: the optimum-intel peer's export script."),
+]
+VARIABLES: dict[str, EnvVar] = {v.name: v for v in _VARS}
+
+
+def get(name: str) -> Any:
+    """The variable's parsed value now (its default when unset or empty)."""
+    var = VARIABLES[name]
+    text = os.environ.get(name, "")
+    if text == "":
+        return var.default
+    return var.parse(name, text)
+
+
+def __getattr__(name: str) -> Any:
+    if name in VARIABLES:
+        return get(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

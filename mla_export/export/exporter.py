@@ -25,11 +25,12 @@ from ..contract import CONTRACT_FILE, make_contract
 from ..export_files import describe_files
 from .graph import WEIGHT_DTYPES, WeightFormat
 from .quantize import CODE_FORMATS, INT_FORMATS, WEIGHT_FORMATS
-from .model import ONNX_DATA, ONNX_FILES, build_onnx, plan_weights
+from .model import LAYOUTS, ONNX_DATA, ONNX_FILES, build_onnx, plan_weights
 from .moe import MOE_FORMS, fused_form_problem
 from .progress import IR_SHARE, ExportProgress
 from .safety import replace_dir
 from .tokenizer_files import copy_tokenizer_files
+from .weight_bounds import check_weights_hold
 from .weights import CheckpointReader
 
 __all__ = ["ExportError", "ExportResult", "export_model", "FORMATS"]
@@ -156,6 +157,7 @@ def export_model(model_dir, out_dir, *, fmt: str = "openvino", portable: bool = 
                              all_layers)
     moe_form = _moe_form(moe_form, cfg, wformat)
     reader = CheckpointReader(model_dir, fp8_block=cfg.fp8_block, prefixes=cfg.weight_prefixes)
+    check_weights_hold(cfg, reader, LAYOUTS[cfg.block["layout"]][1])  # before any loop over the config's layers
     # Phase weights in checkpoint bytes (see progress.py): layers, then head + save, then the IR.
     layer_bytes = [reader.nbytes(f"model.layers.{i}.") for i in range(cfg.num_layers)]
     rest_bytes = max(reader.nbytes() - sum(layer_bytes), 0)  # embedding, final norm, lm_head

@@ -31,7 +31,7 @@ MAX_FFN = 1 << 20
 # refused above this (Mistral 4 at its full 1M context and dr 64: 512 MiB).
 MAX_ROPE_TABLE_BYTES = 2 << 30
 
-_INT, _NUM, _BOOL = "integer", "number", "boolean"
+_INT, _NUM, _BOOL, _STR = "integer", "number", "boolean", "string"
 # key: (JSON type, least, most); numbers are also required finite. None (JSON null) is read by
 # config.py as "the family's default" for every key but q_lora_rank, so null is not checked here.
 KEYS = {
@@ -77,6 +77,8 @@ KEYS = {
     "scale_emb": (_NUM, 0, 1e6),
     "scale_depth": (_NUM, 0, 1e6),
     "dim_model_base": (_NUM, 0, MAX_DIM),
+    "dtype": (_STR, None, None),  # the weights' float type (the export's default weight format)
+    "torch_dtype": (_STR, None, None),
     "attention_bias": (_BOOL, None, None),
     "mlp_bias": (_BOOL, None, None),
     "tie_word_embeddings": (_BOOL, None, None),
@@ -122,6 +124,10 @@ def _check(where: str, value, rule: tuple, exclusive: bool, error) -> None:
     if kind == _BOOL:
         if not isinstance(value, bool):
             raise error(f"config.json: {where} must be true or false, got {show(value)}")
+        return
+    if kind == _STR:
+        if not isinstance(value, str):
+            raise error(f"config.json: {where} must be a string, got {show(value)}")
         return
     if kind == _INT:
         ok = isinstance(value, int) and not isinstance(value, bool)

@@ -264,7 +264,8 @@ def validate_contract(raw: dict, out_dir: str | Path | None = None) -> None:
                      ("eos_token_ids", model["eos_token_ids"])):
         bad = next((i for i in ids if not 0 <= i < vocab), None)
         if bad is not None:  # an id the graph can never produce: generation would never stop at it
-            raise ContractError(f"mla_graph.json: model.{key} holds {show(bad)}, outside the vocabulary [0, {vocab})")
+            raise ContractError(f"mla_graph.json: model.{key} holds {show(bad)}, outside the vocabulary "
+                                f"(model.vocab_size {vocab})")
     if cache["row_width"] != model["kv_lora_rank"] + model["qk_rope_head_dim"]:
         raise ContractError(f"mla_graph.json: cache.row_width {cache['row_width']} != kv_lora_rank + "
                             f"qk_rope_head_dim ({model['kv_lora_rank']} + {model['qk_rope_head_dim']})")

@@ -307,7 +307,7 @@ def _token_ids(d: dict, key: str, vocab: int) -> tuple[int, ...]:
         if isinstance(i, bool) or not isinstance(i, int):
             raise ConfigError(f"config.json: {key} must be an integer or a list of integers, got {show(v)}")
         if not 0 <= i < vocab:
-            raise ConfigError(f"config.json: {key} {i} is outside the vocabulary [0, {vocab})")
+            raise ConfigError(f"config.json: {key} {i} is outside the vocabulary [0, {vocab}) (vocab_size {vocab})")
     return tuple(ids)
 
 
@@ -343,11 +343,14 @@ def _rope_config(d: dict, rope_dim: int, max_pos: int) -> RopeConfig:
     if rope_type == "longrope":
         return _longrope(d, params, float(theta), dim, max_pos)
     if rope_type != "yarn":
-        raise ConfigError(f"rope type {rope_type!r} is not supported (these MLA models use 'default', 'yarn' "
-                          "or 'longrope')")
+        block = "rope_scaling" if d.get("rope_scaling") else "rope_parameters"
+        raise ConfigError(f"config.json: {block}.rope_type {show(rope_type)} is not supported (these MLA models use "
+                          "'default', 'yarn' or 'longrope')")
     orig = d.get("original_max_position_embeddings")
     if orig is None:
-        orig = params.get("original_max_position_embeddings", max_pos)
+        orig = params.get("original_max_position_embeddings")
+    if orig is None:  # null as absent (transformers' default: the model's own context)
+        orig = max_pos
     factor = params.get("factor")
     if factor is None:  # transformers derives it from the two lengths then
         factor = max_pos / orig
@@ -369,7 +372,8 @@ def _longrope(d: dict, params: dict, theta: float, dim: int, max_pos: int) -> Ro
     and long ones beyond; cos/sin scaled by sqrt(1 + log(factor) / log(original)) (transformers)."""
     orig = params.get("original_max_position_embeddings", d.get("original_max_position_embeddings"))
     if isinstance(orig, bool) or not isinstance(orig, int) or orig <= 1:
-        raise ConfigError(f"config.json: longrope needs original_max_position_embeddings > 1, got {orig!r}")
+        raise ConfigError(f"config.json: rope_parameters (longrope) needs original_max_position_embeddings > 1, "
+                          f"got {show(orig)}")
     factors = {}
     for key in ("short_factor", "long_factor"):
         v = params.get(key)

@@ -51,7 +51,10 @@ def _expected(cfg: MLAModelConfig) -> list[tuple[str, tuple[int, ...], str]]:
         m = f"model.layers.{moe}.mlp"
         out += [(f"{m}.gate.weight", (cfg.moe.n_routed_experts, hidden), "n_routed_experts, hidden_size"),
                 (f"{m}.experts.0.gate_proj.weight", (cfg.moe.moe_intermediate_size, hidden),
-                 "moe_intermediate_size, hidden_size")]
+                 "moe_intermediate_size, hidden_size"),
+                (f"{m}.shared_experts.gate_proj.weight",
+                 (cfg.moe.moe_intermediate_size * cfg.moe.n_shared_experts, hidden),
+                 "n_shared_experts, moe_intermediate_size, hidden_size")]
     return out
 
 
@@ -66,12 +69,28 @@ def check_weights_hold(cfg: MLAModelConfig, reader: CheckpointReader, sublayers:
     if missing is not None:
         raise ConfigError(f"config.json: {key} {cfg.raw.get(key, layers)} means {layers} decoder layers, but the "
                           f"weights hold {len(held)} (no tensor under model.layers.{missing}.)")
+    a = "model.layers.0.self_attn"
+    if cfg.q_lora_rank is None and reader.has(f"{a}.q_a_proj.weight") and not reader.has(f"{a}.q_proj.weight"):
+        raise ConfigError("config.json: q_lora_rank is null (a full-rank q_proj), but the weights hold the low-rank "
+                          f"{a}.q_a_proj / q_b_proj")
+    if cfg.q_lora_rank is not None and reader.has(f"{a}.q_proj.weight") and not reader.has(f"{a}.q_a_proj.weight"):
+        raise ConfigError(f"config.json: q_lora_rank is {cfg.q_lora_rank} (a low-rank q_a_proj / q_b_proj), but the "
+                          f"weights hold a full-rank {a}.q_proj (q_lora_rank: null)")
+    if cfg.block["layout"] == "standard":
+        _check_mlp_kinds(cfg, reader, layers)
+    moe = next((i for i, t in enumerate(cfg.mlp_layer_types) if t == "moe"), None)
+    if cfg.moe is not None and moe is not None and cfg.block["layout"] == "standard":
+        shared = reader.has(f"model.layers.{moe}.mlp.shared_experts.gate_proj.weight")
+        if shared != bool(cfg.moe.n_shared_experts):
+            raise ConfigError(f"config.json: n_shared_experts is {cfg.moe.n_shared_experts}, but the weights hold "
+                              f"{'shared experts' if shared else 'none'} in layer {moe}'s MoE block")
     for name, want, keys in _expected(cfg):
         if reader.has(name) and reader.shape(name) != want:
             raise ConfigError(f"config.json: {keys} disagree with the weights: {name} is {list(reader.shape(name))}, "
                               f"the config implies {list(want)}")
-    if cfg.block["layout"] != "standard":
-        return
+
+
+def _check_mlp_kinds(cfg: MLAModelConfig, reader: CheckpointReader, layers: int) -> None:
     for i, kind in enumerate(cfg.mlp_layer_types[:layers]):
         p = f"model.layers.{i}.mlp"
         dense, moe = reader.has(f"{p}.gate_proj.weight"), reader.has(f"{p}.gate.weight")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .config_values import MAX_ROPE_TABLE_BYTES, check_values, rope_table_bytes, show
+from .config_values import check_values, show
 from .families import Block, SparseAttention, family as _family, supported_model_types
 from .families.wrappers import unwrap
 from .json_file import read_json
@@ -243,11 +243,6 @@ class MLAModelConfig:
             raise ConfigError(f"config.json: hidden_act {show(d['hidden_act'])} is not supported (these MLA models use 'silu')")
         if ints["qk_rope_head_dim"] % 2:
             raise ConfigError(f"qk_rope_head_dim must be even, got {ints['qk_rope_head_dim']}")
-        table = rope_table_bytes(ints["max_position_embeddings"], ints["qk_rope_head_dim"])
-        if table > MAX_ROPE_TABLE_BYTES:
-            raise ConfigError(f"config.json: max_position_embeddings {ints['max_position_embeddings']} with "
-                              f"qk_rope_head_dim {ints['qk_rope_head_dim']} needs RoPE tables of {table / 2**30:.1f} GiB "
-                              f"in the graph; at most {MAX_ROPE_TABLE_BYTES / 2**30:.0f} GiB are exported")
         rope = _rope_config(d, fam.rope_head_dim(d, ints), ints["max_position_embeddings"])
         if rope.dim != ints["qk_rope_head_dim"]:
             raise ConfigError(f"RoPE rotates {rope.dim} values (partial_rotary_factor) but qk_rope_head_dim is "

@@ -152,14 +152,49 @@ class TestConfigBoundary:
             MLAModelConfig.from_dict(raw)
         assert time.perf_counter() - t < 1.0
 
-    def test_rope_tables_bounded_by_their_bytes(self):
-        """A context the table limit cannot hold at this rope width is refused by its size, before
-        any table is computed (2**22 positions x 4096 rotated dims would be 128 GiB)."""
-        raw = dict(tiny_config("deepseek_v3"), model_type="deepseek_v3", max_position_embeddings=2 ** 22,
-                   qk_rope_head_dim=4096)
-        with pytest.raises(ConfigError, match=r"max_position_embeddings 4194304 with qk_rope_head_dim 4096 needs "
-                                              r"RoPE tables of 128\.0 GiB"):
-            MLAModelConfig.from_dict(raw)
+    def test_rope_tables_sized_by_what_the_export_holds(self, checkpoint, tmp_path):
+        """The RoPE tables have one row per position the export holds: --max-model-len sizes them
+        (and the contract, and MlaStepCheck) below config.json's maximum; more than the config's
+        maximum is refused."""
+        import onnx
+
+        from mla_export.export import ExportError, export_model
+
+        export_model(checkpoint, tmp_path / "out", fmt="onnx", max_model_len=64)
+        assert load_contract(tmp_path / "out").model["max_position_embeddings"] == 64
+        graph = onnx.load(str(tmp_path / "out" / "model.onnx"), load_external_data=False).graph
+        assert [list(t.dims) for t in graph.initializer if t.name == "rope.cos"] == [[64, 16]]
+        check = next(n for n in graph.node if n.op_type == "MlaStepCheck")
+        assert {a.name: a.i for a in check.attribute}["max_positions"] == 64
+        with pytest.raises(ExportError, match=r"--max-model-len must be an integer from 1 to the model's "
+                                              r"max_position_embeddings \(512\), got 513"):
+            export_model(checkpoint, tmp_path / "out2", fmt="onnx", max_model_len=513)
+
+    def test_max_model_len_flag(self, checkpoint, tmp_path, capsys):
+        from mla_export.cli import main
+
+        assert main(["export", str(checkpoint), "-o", str(tmp_path / "out"), "--format", "onnx", "-q",
+                     "--max-model-len", "100"]) == 0
+        assert load_contract(tmp_path / "out").model["max_position_embeddings"] == 100
+        assert main(["export", str(checkpoint), "-o", str(tmp_path / "out2"), "--max-model-len", "0", "-q"]) == 2
+        assert "--max-model-len must be an integer from 1" in capsys.readouterr().err
+
+    def test_rope_tables_bounded_by_their_bytes(self, checkpoint, tmp_path):
+        """A context whose tables would exceed the limit at this rope width is refused by their
+        size before any is computed (2**22 positions x 4096 rotated dims: 128 GiB), naming the
+        flag that exports a shorter one; with it the export goes on (here to the weights' check)."""
+        from mla_export.export import ExportError, export_model
+
+        model = tmp_path / "model"
+        shutil.copytree(checkpoint, model)
+        raw = json.loads((model / "config.json").read_text())
+        raw.update(max_position_embeddings=2 ** 22, qk_rope_head_dim=4096)
+        (model / "config.json").write_text(json.dumps(raw))
+        with pytest.raises(ExportError, match=r"4194304 positions at qk_rope_head_dim 4096 need RoPE tables of "
+                                              r"128\.0 GiB .* pass a shorter --max-model-len"):
+            export_model(model, tmp_path / "out", fmt="onnx")
+        with pytest.raises(ConfigError, match="kv_lora_rank, qk_rope_head_dim, hidden_size disagree with the weights"):
+            export_model(model, tmp_path / "out", fmt="onnx", max_model_len=4096)
 
     def test_one_bos_id_in_a_list_is_that_id(self):
         """`bos_token_id: [5]` was kept as a list, and the export died at its very end (the contract

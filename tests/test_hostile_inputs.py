@@ -196,6 +196,23 @@ class TestConfigBoundary:
         with pytest.raises(ConfigError, match="kv_lora_rank, qk_rope_head_dim, hidden_size disagree with the weights"):
             export_model(model, tmp_path / "out", fmt="onnx", max_model_len=4096)
 
+    @pytest.mark.parametrize("text, what", [
+        ("[" * 100_000 + "]" * 100_000, "nested deeper than the parser allows"),  # was: RecursionError
+        ('{"num_hidden_layers": ' + "9" * 5000 + "}", "not readable as JSON"),  # was: ValueError (int digits)
+        ('{"model_type": "deepseek_v3"}\xff', "not readable as JSON"),
+    ])
+    def test_unparseable_config_is_one_error(self, tmp_path, text, what):
+        (tmp_path / "config.json").write_bytes(text.encode("latin-1"))
+        with pytest.raises(ConfigError, match=what) as e:
+            MLAModelConfig.from_dir(tmp_path)
+        assert str(e.value).startswith(f"{tmp_path / 'config.json'}: ")
+
+    def test_oversized_config_is_refused_unread(self, tmp_path):
+        with open(tmp_path / "config.json", "wb") as f:
+            f.truncate(65 << 20)  # sparse: no 65 MiB written
+        with pytest.raises(ConfigError, match=r"config\.json: 68157440 bytes, more than the 64 MiB"):
+            MLAModelConfig.from_dir(tmp_path)
+
     def test_one_bos_id_in_a_list_is_that_id(self):
         """`bos_token_id: [5]` was kept as a list, and the export died at its very end (the contract
         takes an integer)."""

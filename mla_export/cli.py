@@ -22,7 +22,9 @@ import sys  # noqa: E402
 COMMANDS = {
     "export": "export a DeepSeek-V2/V3 checkpoint to ONNX / OpenVINO IR with the paged latent cache",
     "generate": "generate text from an exported model directory",
+    "chat": "chat with an exported model in the terminal (multi-turn, streaming)",
     "serve": "serve an exported model with an OpenAI-compatible HTTP API",
+    "verify": "check every byte of an export against the digests recorded at export",
     "ovms": "lay out an OpenVINO Model Server repository from an export directory",
     "bench": "end-to-end benchmark against llama.cpp, vLLM, optimum-intel and transformers",
 }
@@ -68,9 +70,16 @@ def _known_options(parser: argparse.ArgumentParser) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from_argv = argv is None
     argv = sys.argv[1:] if argv is None else argv
+    if from_argv and argv[:1] == ["export"]:
+        # Ctrl-C / SIGTERM from the first moment of an export: one line and 130/143, never a
+        # traceback from an import (mla_export/export_signals.py).
+        from .export_signals import install_first
+
+        install_first()
     parser = argparse.ArgumentParser(prog="mla-export", description=__doc__.splitlines()[0])
-    parser.add_argument("--version", action="version", version=version_text())
+    _add_top_level_options(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     # Only the chosen subcommand's module is imported (help lists them all by name).
     chosen = next((a for a in argv if not a.startswith("-")), None)
@@ -90,8 +99,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return EXIT_USAGE
+    try:
+        extras = _finish_parsing(args, extras)
+    except ValueError as e:
+        print(f"mla-export {args.command}: {e}", file=sys.stderr)
+        return EXIT_USAGE
     if extras:
         return _unknown(args.command, chosen_parser, extras)
+    args.whole_process = from_argv  # the command may own the process's signals until it exits
     from .deps import MissingDependency
 
     try:
@@ -101,6 +116,21 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     except ModuleNotFoundError as e:
         return _missing(e, args.command)
+
+
+def _add_top_level_options(parser: argparse.ArgumentParser) -> None:
+    # -V: optimum-cli's and pip's spelling of --version
+    parser.add_argument("-V", "--version", action="version", version=version_text())
+
+
+def _finish_parsing(args, extras: list[str]) -> list[str]:
+    """A command's `finish_parsing(args, extras)`, where it has one: it settles arguments that
+    depend on each other (a ValueError is the user's error, one line) and may claim a positional
+    that argparse left over because an option came between it and the one before (`export MODEL
+    --weight-format int8 OUT`: argparse fills optional positionals only from their first run);
+    it returns the extras it did not claim."""
+    finish = getattr(_command(args.command), "finish_parsing", None)
+    return finish(args, extras) if finish is not None else extras
 
 
 def _missing(e: ModuleNotFoundError, command: str) -> int:

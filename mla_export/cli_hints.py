@@ -66,10 +66,8 @@ HINTS: dict[str, dict[str, str]] = {
         "--n-gpu-layers": _CPU_ONLY,
         "--gpu-layers": _CPU_ONLY,
         "--device": _CPU_ONLY,
-        "-f": 'read the file into --prompt: --prompt "$(cat FILE)"',
-        "--file": 'read the file into --prompt: --prompt "$(cat FILE)"',
-        "-i": "use --chat for one turn with the chat template; `mla-export serve` for a conversation",
-        "--interactive": "use --chat for one turn with the chat template; `mla-export serve` for a conversation",
+        "-i": "for a conversation in the terminal: `mla-export chat OUT_DIR`; --chat is one turn",
+        "--interactive": "for a conversation in the terminal: `mla-export chat OUT_DIR`; --chat is one turn",
         "--repeat-penalty": "no repetition penalty here; use --temperature / --top-p / --top-k",
         "--min-p": "no min-p sampling here; use --top-p / --top-k",
         "--mlock": "drop it (the weights are memory-mapped by OpenVINO)",
@@ -77,6 +75,9 @@ HINTS: dict[str, dict[str, str]] = {
         "--tokenizer": "the tokenizer is the one copied into the export directory at export time",
     },
 }
+
+# `chat` takes generate's llama.cpp habits (it is llama-cli's conversation mode)
+HINTS["chat"] = {flag: hint for flag, hint in HINTS["generate"].items() if flag not in ("-i", "--interactive")}
 
 # A Hub id: "org/name" (one slash, no path-like start). Only said when no such path exists.
 _HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")

@@ -42,7 +42,7 @@ from .json_file import read_json
 __all__ = ["CONTRACT_FILE", "CONTRACT_VERSION", "Contract", "ContractError", "TensorSpec", "graph_io", "cache_layout",
            "index_cache_layout",
            "CACHE_DTYPES",
-           "load_contract", "validate_contract", "schema", "normalize_dtype"]
+           "load_contract", "read_contract", "validate_contract", "schema", "normalize_dtype"]
 
 CONTRACT_FILE = "mla_graph.json"
 CONTRACT_VERSION = 1
@@ -254,8 +254,10 @@ class _key:
         return False
 
 
-def validate_contract(raw: dict, out_dir: str | Path | None = None) -> None:
-    """Schema check, then consistency: I/O lists as graph_io() defines them, files present."""
+def validate_contract(raw: dict, out_dir: str | Path | None = None, verify: str | None = None) -> None:
+    """Schema check, then consistency: I/O lists as graph_io() defines them, files present and,
+    with out_dir, each one's size and digest as recorded (verify: sampled | full | none, default
+    $MLA_EXPORT_VERIFY or sampled; see export_files.py)."""
     root = schema()
     _check(raw, root, root, "mla_graph.json")
     cache, model = raw["cache"], raw["model"]
@@ -331,12 +333,12 @@ def validate_contract(raw: dict, out_dir: str | Path | None = None) -> None:
         if missing:
             raise ContractError(f"mla_graph.json: {', '.join(k for k, _ in missing)}: file(s) listed are missing: "
                                 f"{', '.join(f for _, f in missing)} (not in {out_dir})")
-        recorded = raw["export"].get("files")
-        if recorded:
-            from .export_files import check_files
+        from .export_files import check_files
 
-            with _key("export.files"):
-                check_files(out_dir, {n: v for n, v in recorded.items() if n in listed})
+        # Every listed file must be recorded: a contract without export.files is refused, not
+        # loaded unchecked (unless verify is "none").
+        with _key("export.files"):
+            check_files(out_dir, raw["export"].get("files"), listed, verify)
 
 
 def _first_difference(got: list, want: list) -> str:
@@ -465,19 +467,28 @@ class Contract:
                                     f"{self.model[key]}: the graph and mla_graph.json belong to different models")
 
 
-def load_contract(out_dir: str | Path) -> Contract:
-    """Read and validate OUT_DIR/mla_graph.json (files listed must exist)."""
+def load_contract(out_dir: str | Path, verify: str | None = None) -> Contract:
+    """Read and validate OUT_DIR/mla_graph.json (files listed must exist and match their recorded
+    digests: verify = sampled | full | none, default $MLA_EXPORT_VERIFY or sampled)."""
+    out_dir = Path(out_dir)
+    raw = read_contract(out_dir)
+    try:
+        validate_contract(raw, out_dir, verify)
+    except ContractError as e:  # every loading error names the file (validate_contract's say "mla_graph.json")
+        raise ContractError(_in_file(out_dir / CONTRACT_FILE, str(e))) from None
+    return Contract(raw, out_dir)
+
+
+def read_contract(out_dir: str | Path) -> dict:
+    """OUT_DIR/mla_graph.json parsed and version-checked, not validated (`mla-export verify`
+    validates its structure, then checks every file itself to report all mismatches)."""
     out_dir = Path(out_dir)
     path = out_dir / CONTRACT_FILE
     raw = read_json(path, ContractError, f"; is {out_dir} an `mla-export export` output directory?")
     if isinstance(raw, dict) and _type_ok(raw.get("version"), "integer") and raw["version"] != CONTRACT_VERSION:
         raise ContractError(f"{path}: contract version {show(raw['version'])}, this mla-export reads version "
                             f"{CONTRACT_VERSION}; export the model again")
-    try:
-        validate_contract(raw, out_dir)
-    except ContractError as e:  # every loading error names the file (validate_contract's say "mla_graph.json")
-        raise ContractError(_in_file(path, str(e))) from None
-    return Contract(raw, out_dir)
+    return raw
 
 
 def _in_file(path: Path, message: str) -> str:

@@ -105,8 +105,9 @@ def _index(name: str, x) -> np.ndarray:
     a = np.asarray(x)
     if a.dtype not in (np.int32, np.int64):
         raise TypeError(f"input '{name}' must be int32 or int64, got {a.dtype}")
-    # The CPU plugin converts i64 inputs of a custom op to i32 anyway; range-check first so a
-    # large value is reported instead of wrapped.
+    # Indices past int32 are refused here already (the graph's index inputs are int32); the ops
+    # themselves also read an i64 input as given, past the CPU plugin's narrowing Convert
+    # (read_i64_indices in mla_ops.cpp), so a large value is never wrapped.
     if a.dtype == np.int64 and a.size and (a.max() > np.iinfo(np.int32).max or a.min() < np.iinfo(np.int32).min):
         raise ValueError(f"input '{name}' holds a value outside the int32 range")
     return np.ascontiguousarray(a)

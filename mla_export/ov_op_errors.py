@@ -67,12 +67,16 @@ def checked_infer(request) -> None:
 def step_check(feeds: dict, *, num_blocks: int, block_size: int, row_width: int, num_layers: int, vocab_size: int,
                max_positions: int) -> None:
     """The graph's MlaStepCheck on a step's int32 metadata, outside any graph; raises OpError.
-    (The OpenVINO executor runs it before a single-thread infer(): see mla_ops.cpp.)"""
+    (The OpenVINO executor runs it before a single-thread infer() on the arrays of
+    runtime/graph_feeds.py: see mla_ops.cpp.) Nothing is cast here: a cast to int32 could turn
+    an invalid value into a valid one."""
     import numpy as np
 
     names = ("input_ids", "positions", "slot_mapping", "query_start_loc", "seq_lens", "block_tables", "logits_indices")
-    arrays = [np.ascontiguousarray(feeds[n], dtype=np.int32) for n in names]
+    arrays = [np.ascontiguousarray(feeds[n]) for n in names]
     for n, a in zip(names, arrays):
+        if a.dtype != np.int32:
+            raise OpError(f"MlaStepCheck: input '{n}' must be int32, got {a.dtype}")
         if a.ndim != (2 if n == "block_tables" else 1):
             raise OpError(f"MlaStepCheck: input '{n}' must have rank {2 if n == 'block_tables' else 1}, got shape "
                           f"{list(a.shape)}")

@@ -12,8 +12,8 @@ Start the servers (2 cores each here, 16 sequences in flight at most, loopback o
     ~/.cache/mla-peers/llamacpp/bin/llama-server -m MODEL.gguf --host 127.0.0.1 --port 8080 \\
         -c 18432 -np 16 -t 2          # -c: 16 slots x (1024 prompt + 128 output) tokens
 
-(llama-server: `bash tools/peers/llamacpp/setup_llamacpp_peer.sh` then
-`bash tools/peers/llamacpp/build_llama_server.sh`; the GGUF from `llamacpp/convert.py`, see
+(llama-server: `bash mla_export/bench/peer_setup/llamacpp/setup_llamacpp_peer.sh` then
+`bash mla_export/bench/peer_setup/llamacpp/build_llama_server.sh`; the GGUF from `llamacpp/convert.py` there, see
 tools/peers/README.md.) Then one invocation measures both, alternately, at every concurrency:
 
     python tools/bench_serve.py --tokenizer EXPORT \\

@@ -121,7 +121,7 @@ const MoeIsa& moe_isa() {
 const char* moe_isa_name() { return moe_isa().name; }
 
 MoeCompute moe_compute_from_name(const char* op, const std::string& name) {
-    if (name == "f32" || name.empty()) return MoeCompute::f32;
+    if (name == "f32") return MoeCompute::f32;
     if (name == "bf16") return MoeCompute::bf16;
     throw Error(std::string(op) + ": attribute 'compute' must be f32 or bf16, got '" + name + "'");
 }

@@ -45,7 +45,10 @@ std::vector<std::pair<size_t, const char*>> int4_zero_point_inputs(MoeBits bits)
 // FullyConnected does with its dynamic quantization and llama.cpp with its Q8 activations; f32 with
 // the portable table and on AVX-512 CPUs without VNNI.
 enum class MoeCompute { f32, bf16 };
-// An op's `compute` attribute: "f32" (or absent) | "bf16", else mla::Error naming op.
+// An op's `compute` attribute, the one check of it for both runtimes' ops (MlaMoeExperts,
+// MlaQLinear, MlaPagedAttention, MlaIndexerTopK): exactly "f32" | "bf16", else mla::Error naming
+// the op. An absent attribute is "f32": each runtime's wrapper passes that default itself, so a
+// present but empty value ("") is refused like any other.
 MoeCompute moe_compute_from_name(const char* op, const std::string& name);
 
 void moe_experts(const MoeInputs& in, MoeBits bits, const TensorView& out, const Threading& threading,

@@ -166,12 +166,13 @@ int64_t int_attr(const OrtApi& api, const OrtKernelInfo* info, const char* name,
     return value;
 }
 
-// An optional string attribute ("" when absent).
-std::string string_attr(const OrtApi& api, const OrtKernelInfo* info, const char* op, const char* name) {
+// An optional string attribute (`fallback` when absent; a present one as it is, even "").
+std::string string_attr(const OrtApi& api, const OrtKernelInfo* info, const char* op, const char* name,
+                        const char* fallback = "") {
     size_t size = 0;
     if (OrtStatus* st = api.KernelInfoGetAttribute_string(info, name, nullptr, &size)) {
         api.ReleaseStatus(st);
-        return "";
+        return fallback;
     }
     std::string value(size, '\0');
     if (OrtStatus* st = api.KernelInfoGetAttribute_string(info, name, value.data(), &size)) {
@@ -180,6 +181,12 @@ std::string string_attr(const OrtApi& api, const OrtKernelInfo* info, const char
     }
     value.resize(size > 0 ? size - 1 : 0);  // size counts the terminating NUL
     return value;
+}
+
+// The optional string attribute 'compute' by the kernels' one check (the OpenVINO ops use the
+// same): absent = "f32", as in OpenVINO; any other value than "f32" or "bf16" (even "") is refused.
+mla::MoeCompute compute_attr(const OrtApi& api, const OrtKernelInfo* info, const char* op) {
+    return mla::moe_compute_from_name(op, string_attr(api, info, op, "compute", "f32"));
 }
 
 // The cache's row format from the optional string attribute 'kv_dtype' (absent = "": by the
@@ -337,7 +344,7 @@ struct AttentionKernel {
         : scale_(float_attr(api, info, "MlaPagedAttention", "scale")),
           form_(int_attr(api, info, "form", 0)),
           kv_dtype_(kv_dtype_attr(api, info, "MlaPagedAttention")),
-          bf16_products_(mla::moe_compute_from_name("MlaPagedAttention", string_attr(api, info, "MlaPagedAttention", "compute")) ==
+          bf16_products_(compute_attr(api, info, "MlaPagedAttention") ==
                          mla::MoeCompute::bf16),
           num_threads_(num_threads) {
         if (form_ < 0 || form_ > 2)
@@ -395,7 +402,7 @@ struct IndexerKernel {
     IndexerKernel(const OrtApi& api, const OrtKernelInfo* info, int num_threads)
         : topk_(int_attr(api, info, "topk", 0)),
           kv_dtype_(kv_dtype_attr(api, info, "MlaIndexerTopK")),
-          bf16_products_(mla::moe_compute_from_name("MlaIndexerTopK", string_attr(api, info, "MlaIndexerTopK", "compute")) ==
+          bf16_products_(compute_attr(api, info, "MlaIndexerTopK") ==
                          mla::MoeCompute::bf16),
           num_threads_(num_threads) {
         if (topk_ < 1) throw mla::Error("MlaIndexerTopK attribute 'topk' must be >= 1, got " + std::to_string(topk_));
@@ -494,7 +501,7 @@ struct StepCheckOp : Ort::CustomOpBase<StepCheckOp, StepCheckKernel, /*WithStatu
 struct MoeExpertsKernel {
     MoeExpertsKernel(const OrtApi& api, const OrtKernelInfo* info, int num_threads)
         : bits_{int_attr(api, info, "w13_bits", 0), int_attr(api, info, "w2_bits", 0)},
-          compute_(mla::moe_compute_from_name("MlaMoeExperts", string_attr(api, info, "MlaMoeExperts", "compute"))),
+          compute_(compute_attr(api, info, "MlaMoeExperts")),
           num_threads_(num_threads) {
         for (auto [name, b] : {std::make_pair("w13_bits", bits_.w13), std::make_pair("w2_bits", bits_.w2)})
             if (!mla::weight_bits_valid(b))
@@ -538,7 +545,7 @@ struct MoeExpertsOp : MlaOp<MoeExpertsOp, MoeExpertsKernel> {
 struct QLinearKernel {
     QLinearKernel(const OrtApi& api, const OrtKernelInfo* info, int num_threads)
         : bits_(int_attr(api, info, "bits", 0)),
-          compute_(mla::moe_compute_from_name("MlaQLinear", string_attr(api, info, "MlaQLinear", "compute"))),
+          compute_(compute_attr(api, info, "MlaQLinear")),
           num_threads_(num_threads) {
         const std::string layout = string_attr(api, info, "MlaQLinear", "layout");
         tile16_ = mla::qlinear_tile16_from_name(layout.empty() ? "rows4" : layout);

@@ -2,9 +2,11 @@
 
 #include <openvino/core/parallel.hpp>
 #include <openvino/op/constant.hpp>
+#include <openvino/op/convert.hpp>
 
 #include <atomic>
 #include <cstring>
+#include <initializer_list>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -141,6 +143,31 @@ void check_kv_dtype(const ov::Node* node, const std::string& kv_dtype) {
     }
 }
 
+// The compute attribute, by the kernels' one check (the onnxruntime ops use the same).
+void check_compute(const ov::Node* node, const std::string& compute) {
+    try {
+        mla::moe_compute_from_name(node->get_type_name(), compute);
+    } catch (const mla::Error& e) {
+        NODE_VALIDATION_CHECK(node, false, e.what());
+    }
+}
+
+// OpenVINO's CPU plugin runs i64 as i32: when it compiles a model it puts a Convert(i64 -> i32)
+// between an i64 model input and its consumers, which wraps a value beyond int32 (2**32 + k
+// becomes k) before any op sees it, so an invalid index would run as a valid one. The index
+// inputs listed here read past such a narrowing Convert instead: the kernels take i64 indices and
+// range-check them (as onnxruntime hands them over), so a value that does not fit is refused,
+// naming the input. For any index that fits, the values are the same either way.
+void read_i64_indices(ov::Node* node, std::initializer_list<size_t> inputs) {
+    for (const size_t i : inputs) {
+        if (i >= node->get_input_size()) continue;  // an optional input that is not there
+        const auto convert = ov::as_type_ptr<ov::op::v0::Convert>(node->get_input_node_shared_ptr(i));
+        if (convert && convert->get_input_element_type(0) == ov::element::i64 &&
+            convert->get_output_element_type(0) == ov::element::i32)
+            node->input(i).replace_source_output(convert->input_value(0));
+    }
+}
+
 void check_inputs(const ov::Node* node, size_t required, size_t optional = 1) {
     const size_t n = node->get_input_size();
     NODE_VALIDATION_CHECK(node, n >= required && n <= required + optional, node->get_type_name(), " takes ", required,
@@ -160,6 +187,7 @@ MlaCacheWrite::MlaCacheWrite(const ov::OutputVector& args, std::string kv_dtype)
 
 void MlaCacheWrite::validate_and_infer_types() {
     NODE_VALIDATION_CHECK(this, get_input_size() == 4, "MlaCacheWrite takes 4 inputs, got ", get_input_size());
+    read_i64_indices(this, {3});  // slot_mapping
     check_kv_dtype(this, m_kv_dtype);
     set_output_type(0, ov::element::i32, ov::PartialShape{1});
 }
@@ -195,6 +223,7 @@ MlaPagedDecode::MlaPagedDecode(const ov::OutputVector& args, float scale, int64_
 
 void MlaPagedDecode::validate_and_infer_types() {
     check_inputs(this, 4);
+    read_i64_indices(this, {2, 3});  // block_tables, seq_lens
     check_kv_dtype(this, m_kv_dtype);
     NODE_VALIDATION_CHECK(this, m_kv_lora_rank > 0, "MlaPagedDecode attribute 'kv_lora_rank' must be positive, got ",
                           m_kv_lora_rank);
@@ -237,11 +266,11 @@ MlaPagedAttention::MlaPagedAttention(const ov::OutputVector& args, float scale, 
 
 void MlaPagedAttention::validate_and_infer_types() {
     check_inputs(this, 8, 2);
+    read_i64_indices(this, {5, 6, 7, 9});  // query_start_loc, seq_lens, block_tables, topk_indices
     check_kv_dtype(this, m_kv_dtype);
     NODE_VALIDATION_CHECK(this, m_form >= 0 && m_form <= 2, "MlaPagedAttention attribute 'form' must be 0 (auto), ",
                           "1 (absorbed) or 2 (expanded), got ", m_form);
-    NODE_VALIDATION_CHECK(this, m_compute == "f32" || m_compute == "bf16",
-                          "MlaPagedAttention attribute 'compute' must be f32 or bf16, got '", m_compute, "'");
+    check_compute(this, m_compute);
     const auto& qn = get_input_partial_shape(0);
     const auto& wuv = get_input_partial_shape(4);
     ov::PartialShape out = ov::PartialShape::dynamic(3);
@@ -290,10 +319,10 @@ MlaIndexerTopK::MlaIndexerTopK(const ov::OutputVector& args, int64_t topk, std::
 
 void MlaIndexerTopK::validate_and_infer_types() {
     check_inputs(this, 6);
+    read_i64_indices(this, {3, 4, 5});  // query_start_loc, seq_lens, block_tables
     check_kv_dtype(this, m_kv_dtype);
     NODE_VALIDATION_CHECK(this, m_topk >= 1, "MlaIndexerTopK attribute 'topk' must be >= 1, got ", m_topk);
-    NODE_VALIDATION_CHECK(this, m_compute == "f32" || m_compute == "bf16",
-                          "MlaIndexerTopK attribute 'compute' must be f32 or bf16, got '", m_compute, "'");
+    check_compute(this, m_compute);
     const auto& q = get_input_partial_shape(0);
     ov::Dimension tokens = ov::Dimension::dynamic();
     if (q.rank().is_static() && q.rank().get_length() == 3) tokens = q[0];
@@ -392,12 +421,12 @@ MlaMoeExperts::MlaMoeExperts(const ov::OutputVector& args, int64_t w13_bits, int
 
 void MlaMoeExperts::validate_and_infer_types() {
     NODE_VALIDATION_CHECK(this, get_input_size() == 9, "MlaMoeExperts takes 9 inputs, got ", get_input_size());
+    read_i64_indices(this, {1});  // topk_ids
     NODE_VALIDATION_CHECK(this, mla::weight_bits_valid(m_w13_bits), "MlaMoeExperts attribute 'w13_bits' must be ",
                           mla::kWeightBitsExpected, ", got ", m_w13_bits);
     NODE_VALIDATION_CHECK(this, mla::weight_bits_valid(m_w2_bits), "MlaMoeExperts attribute 'w2_bits' must be ",
                           mla::kWeightBitsExpected, ", got ", m_w2_bits);
-    NODE_VALIDATION_CHECK(this, m_compute == "f32" || m_compute == "bf16",
-                          "MlaMoeExperts attribute 'compute' must be f32 or bf16, got '", m_compute, "'");
+    check_compute(this, m_compute);
     try {
         m_zp.update(*this, mla::int4_zero_point_inputs(mla::MoeBits{m_w13_bits, m_w2_bits}));
     } catch (const mla::Error& e) {
@@ -447,8 +476,7 @@ void MlaQLinear::validate_and_infer_types() {
     NODE_VALIDATION_CHECK(this, get_input_size() == 4, "MlaQLinear takes 4 inputs, got ", get_input_size());
     NODE_VALIDATION_CHECK(this, mla::weight_bits_valid(m_bits), "MlaQLinear attribute 'bits' must be ",
                           mla::kWeightBitsExpected, ", got ", m_bits);
-    NODE_VALIDATION_CHECK(this, m_compute == "f32" || m_compute == "bf16",
-                          "MlaQLinear attribute 'compute' must be f32 or bf16, got '", m_compute, "'");
+    check_compute(this, m_compute);
     NODE_VALIDATION_CHECK(this, m_layout == "rows4" || (m_layout == "tile16" && m_bits == 8),
                           "MlaQLinear attribute 'layout' must be rows4, or tile16 with bits 8; got '", m_layout,
                           "' with bits ", m_bits);

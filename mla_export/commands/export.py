@@ -1,4 +1,4 @@
-"""`mla-export export MODEL_DIR -o OUT_DIR`: a DeepSeek-V2/V3 checkpoint to OpenVINO IR / ONNX
+"""`mla-export export MODEL_DIR -o OUT_DIR` (or `MODEL_DIR OUT_DIR`): a DeepSeek-V2/V3 checkpoint to OpenVINO IR / ONNX
 with the paged latent KV cache (or `--preset tiny` for a built-in random-weight model)."""
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                               description=__doc__.splitlines()[0])
     p.add_argument("model_dir", nargs="?", metavar="MODEL_DIR",
                    help="Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer files)")
-    p.add_argument("-o", "--output", dest="out_dir", required=True, metavar="OUT_DIR",
-                   help="export directory (created; written all at once at the end)")
+    _add_output_arguments(p)
     p.add_argument("--preset", choices=("tiny",), help="export a built-in tiny random-weight DeepseekV3 instead")
     p.add_argument("--format", dest="fmt", choices=("openvino", "onnx", "both"), default="openvino",
                    help="openvino: IR (the runtime's fast path); onnx: model.onnx with the mla_export ops")
@@ -67,17 +66,105 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
+def _add_output_arguments(p: argparse.ArgumentParser) -> None:
+    # optimum-cli's form `export MODEL OUT_DIR` (and `--model MODEL OUT_DIR`) besides -o OUT_DIR
+    p.add_argument("out_pos", nargs="?", metavar="OUT_DIR",
+                   help="export directory, as the second argument (optimum-cli's form) or with -o")
+    p.add_argument("-o", "--output", dest="out_dir", default=None, metavar="OUT_DIR",
+                   help="export directory (created; written all at once at the end)")
+
+
+def finish_parsing(args, extras: list[str]) -> list[str]:
+    """Called by the CLI after parsing: OUT_DIR after options (`export MODEL --weight-format int8
+    OUT_DIR`, left over by argparse) is claimed, and args.out_dir settled from -o or OUT_DIR."""
+    if len(extras) == 1 and not extras[0].startswith("-") and args.out_pos is None:
+        args.out_pos, extras = extras[0], []
+    if not extras:  # with other unknown arguments the CLI reports those first
+        args.out_dir = _output_dir(args)
+    return extras
+
+
+def _output_dir(args) -> str:
+    """The export directory from -o or the positional OUT_DIR. With --model or --preset, a single
+    positional is OUT_DIR (`optimum-cli export openvino --model M OUT_DIR`)."""
+    if args.out_pos is None and args.model_dir is not None and (args.model_opt is not None or args.preset):
+        args.model_dir, args.out_pos = None, args.model_dir
+    if args.out_pos is not None and args.out_dir is not None and args.out_pos != args.out_dir:
+        raise ValueError(f"give the export directory once: OUT_DIR ({args.out_pos}) or -o ({args.out_dir})")
+    out = args.out_dir or args.out_pos
+    if out is None:
+        raise ValueError("give the export directory: mla-export export MODEL_DIR -o OUT_DIR (or MODEL_DIR OUT_DIR)")
+    return out
+
+
 # optimum-cli's tasks that this export is (it always has the cache, i.e. "with past").
 TASKS = ("auto", "text-generation", "text-generation-with-past")
 
 
 def run(args) -> int:
+    """Every exit of the command: 0 (the export is in place, even when a signal arrived after it
+    was), 2 (a user error, one line), 1 (an OS error, one line), 130/143 (SIGINT/SIGTERM before
+    the export was in place: one line, the partial output removed). The signal handlers go in
+    before anything slow is imported (mla_export/export_signals.py)."""
+    from mla_export.export_signals import export_signals
+
+    with export_signals(final=getattr(args, "whole_process", False)) as signals:
+        try:
+            try:
+                signals.armed = True
+                if signals.first is not None:  # arrived while the arguments were parsed
+                    signals.raised = True
+                    raise KeyboardInterrupt
+                code = _run(args, signals)
+            finally:
+                signals.armed = False
+        except BaseException as e:  # a signal raised while the error above was being handled
+            return _failed(e, args, signals, None)
+        if signals.first is not None and signals.complete and code == 0:
+            name = "SIGTERM" if signals.fired else "SIGINT"
+            print(f"mla-export export: {name} arrived after the export was complete; {args.out_dir} is in place",
+                  file=sys.stderr)
+        return code
+
+
+def _failed(e: BaseException, args, signals, progress) -> int:
+    """The exit code and one line for an export that ended with `e` (its partial output removed)."""
+    if progress is not None:
+        progress.close()
+    if signals.complete and isinstance(e, OSError):  # e.g. stdout closed during the summary: the export is in place
+        if isinstance(e, BrokenPipeError):
+            import os
+
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        print(f"mla-export export: {e.strerror or e} after the export was complete; {args.out_dir} is in place",
+              file=sys.stderr)
+        return 0
+    if signals.first is not None and not signals.complete:
+        if signals.fired:
+            print("mla-export export: terminated (SIGTERM); nothing was written (the partial output was removed)",
+                  file=sys.stderr)
+            return 143
+        print("mla-export export: interrupted; nothing was written (the partial output was removed)", file=sys.stderr)
+        return 130
     from mla_export.config import ConfigError
     from mla_export.contract import ContractError
-    from mla_export.export import ExportError, export_model
-    from mla_export.export.summary import summary_lines
+    from mla_export.export import ExportError
     from mla_export.export.weights import WeightError
 
+    if isinstance(e, (ConfigError, WeightError, ExportError, ContractError)):
+        print(f"mla-export export: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    if isinstance(e, KeyboardInterrupt):  # raised by something else than our handler
+        print("mla-export export: interrupted; nothing was written (the partial output was removed)", file=sys.stderr)
+        return 130
+    if isinstance(e, OSError):  # disk full, permissions, ...
+        print(f"mla-export export: {e.strerror or e} ({e.filename or args.out_dir}); nothing was written",
+              file=sys.stderr)
+        return 1
+    raise e
+
+
+def _run(args, signals) -> int:
     if args.model_opt is not None:
         if args.model_dir is not None and args.model_dir != args.model_opt:
             print("mla-export export: give the checkpoint once (MODEL_DIR or --model)", file=sys.stderr)
@@ -91,14 +178,14 @@ def run(args) -> int:
     if args.model_dir is not None and looks_like_hub_id(args.model_dir):
         print(f"mla-export export: {hub_id_message(args.model_dir, 'export')}", file=sys.stderr)
         return EXIT_USAGE
-    from mla_export.export.progress import ExportProgress, TqdmProgress
-
-    progress = ExportProgress() if args.quiet else TqdmProgress()
-    from mla_export.export.safety import Terminated, sigterm_unwinds
-
-    signals = None
+    progress = None
     try:
-        with sigterm_unwinds() as signals, tempfile.TemporaryDirectory(prefix="mla-export-preset-") as preset_dir:
+        from mla_export.export import export_model
+        from mla_export.export.progress import ExportProgress, TqdmProgress
+        from mla_export.export.summary import summary_lines
+
+        progress = ExportProgress() if args.quiet else TqdmProgress()
+        with tempfile.TemporaryDirectory(prefix="mla-export-preset-") as preset_dir:
             model_dir = args.model_dir
             if args.preset:
                 from mla_export.presets import PRESETS
@@ -110,29 +197,15 @@ def run(args) -> int:
                                   group_size=args.group_size, ratio=args.ratio, all_layers=args.all_layers, overwrite=args.overwrite,
                                   progress=progress, moe_form=args.moe_form.replace("-", "_"),
                                   max_model_len=args.max_model_len)
-    except BaseException as e:  # the exporter removed its partial output before this runs
+        signals.armed = False  # done: from here a signal changes nothing
+        progress.phase("done")
         progress.close()
-        if isinstance(e, Terminated) or (signals is not None and signals.fired):
-            print("mla-export export: terminated (SIGTERM); nothing was written (the partial output was removed)",
-                  file=sys.stderr)
-            return 143
-        if isinstance(e, (ConfigError, WeightError, ExportError, ContractError)):
-            print(f"mla-export export: {e}", file=sys.stderr)
-            return EXIT_USAGE
-        if isinstance(e, KeyboardInterrupt) or (signals is not None and signals.interrupted):
-            print("mla-export export: interrupted; nothing was written (the partial output was removed)",
-                  file=sys.stderr)
-            return 130
-        if isinstance(e, OSError):  # disk full, permissions, ...
-            print(f"mla-export export: {e.strerror or e} ({e.filename or args.out_dir}); nothing was written",
-                  file=sys.stderr)
-            return 1
-        raise
-    progress.phase("done")
-    progress.close()
-    # The time the user waited: from the process's start (imports and the preset included).
-    from mla_export.cli import waited_seconds
+        # The time the user waited: from the process's start (imports and the preset included).
+        from mla_export.cli import waited_seconds
 
-    for line in summary_lines(result, wall_seconds=waited_seconds()):
-        print(line)
+        for line in summary_lines(result, wall_seconds=waited_seconds()):
+            print(line)
+        sys.stdout.flush()
+    except BaseException as e:  # the exporter removed its partial output before this runs
+        return _failed(e, args, signals, progress)
     return 0

@@ -2,8 +2,9 @@
 
 Text is printed as it is generated (one flush per token: the engine's incremental
 detokenizer gives each token's new text); `--json` prints one report at the end instead.
-llama.cpp's spellings work as aliases (-p, -n/--n-predict, --temp, -t, -s, -m,
--cnv/--conversation, -sys/--system-prompt); vLLM's --dtype maps to --precision."""
+llama.cpp's spellings work as aliases (-p, -f/--file, -n/--n-predict, --temp, -t, -s, -m,
+-cnv/--conversation, -st/--single-turn, -sys/--system-prompt); vLLM's --dtype maps to
+--precision. A conversation of several turns is `mla-export chat` (commands/chat.py)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("-p", "--prompt", help="prompt text (needs the model's tokenizer); with --chat, the user message")
     src.add_argument("--prompt-ids", help="prompt token ids, comma-separated: 1,2,3")
+    add_prompt_options(p, src)
     p.add_argument("--chat", "-cnv", "--conversation", action="store_true",
                    help="apply the export's chat template to --prompt as one user turn (needs jinja2)")
     p.add_argument("--system", "-sys", "--system-prompt", default=None, help="a system message for --chat")
@@ -48,6 +50,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=int, default=None,
                    help="longest sequence served (default: the model's context, or what the KV cache holds if less)")
     p.add_argument("--runtime", choices=("openvino", "onnxruntime"), default="openvino")
+    from mla_export.commands.verify import add_verify_flag
+
+    add_verify_flag(p)
     from mla_export.cli_hints import add_foreign_flags
 
     # llama.cpp flags that argparse would read as -n/-s/-t with a value attached, or as an
@@ -56,17 +61,53 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
+def add_prompt_options(p: argparse.ArgumentParser, src) -> None:
+    """Options `generate` shares with `chat` (commands/chat.py): the prompt from a file, stop
+    strings, the chat template, llama-cli's single turn. Defined as options (not left to
+    cli_hints) also so that argparse never reads -st as -s with the value "t"."""
+    src.add_argument("-f", "--file", metavar="FILE",
+                     help="read the prompt from FILE (llama-cli's -f; one trailing newline dropped as it does)")
+    p.add_argument("--stop", action="append", default=None, metavar="TEXT",
+                   help="stop when the output contains TEXT (not printed); repeat for several (needs a tokenizer)")
+    p.add_argument("--chat-template", default=None, metavar="FILE|TEMPLATE",
+                   help="a Jinja2 chat template, as a file or the template text, instead of the export's")
+    p.add_argument("-st", "--single-turn", action="store_true",
+                   help="llama-cli's single-turn conversation: one chat turn, then exit (here: the same as --chat)")
+
+
+def read_prompt_file(args) -> None:
+    """`-f FILE` into args.prompt (as llama-cli reads it: the file's text less one trailing newline)."""
+    if getattr(args, "file", None) is None:
+        return
+    try:
+        with open(args.file, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise ValueError(f"-f {args.file}: no such file") from None
+    except IsADirectoryError:
+        raise ValueError(f"-f {args.file}: a directory, not a prompt file") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"-f {args.file}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise ValueError(f"-f {args.file}: {e.strerror or e}") from None
+    args.prompt = text[:-1] if text.endswith("\n") else text
+    if not args.prompt:
+        raise ValueError(f"-f {args.file}: the file is empty")
+
+
 def _prompt(args, engine):
-    if args.chat:
+    if args.chat or args.single_turn:
         if args.prompt is None:
-            raise ValueError("--chat takes the user message as --prompt text")
+            raise ValueError("--chat takes the user message as --prompt text (or -f FILE)")
         from mla_export.runtime.chat_prompt import ChatPrompter
 
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
             {"role": "user", "content": args.prompt}]
-        return ChatPrompter(engine).prompt_ids(messages)
+        return ChatPrompter(engine, args.chat_template).prompt_ids(messages)
     if args.system is not None:
         raise ValueError("--system is used only with --chat")
+    if args.chat_template is not None:
+        raise ValueError("--chat-template is used only with --chat (or -st)")
     if args.prompt is not None:
         return args.prompt
     try:
@@ -95,10 +136,12 @@ def run(args, stdout=None) -> int:
     out = stdout or sys.stdout
     try:
         out_dir = _out_dir(args)
+        read_prompt_file(args)
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                                top_k=args.top_k, seed=args.seed, ignore_eos=args.ignore_eos, output_kind="delta")
+                                top_k=args.top_k, seed=args.seed, ignore_eos=args.ignore_eos, output_kind="delta",
+                                stop=tuple(args.stop or ()))
         engine = LLMEngine(out_dir, runtime=args.runtime, precision=args.precision, num_threads=args.threads,
-                           max_num_seqs=1, max_model_len=args.max_model_len)
+                           max_num_seqs=1, max_model_len=args.max_model_len, verify=args.verify)
         if engine.max_model_len < engine.facts.max_model_len:
             print(f"mla-export generate: max_model_len {engine.max_model_len} tokens (the model has "
                   f"{engine.facts.max_model_len})", file=sys.stderr)

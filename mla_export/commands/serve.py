@@ -74,6 +74,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--precision", choices=("bf16", "f32"), default="bf16", help="CPU inference precision (default bf16)")
     p.add_argument("--threads", type=_positive, default=None, help="inference threads (default: the plugin's)")
     p.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
+    p.add_argument("--batch-invariant", action="store_true", default=os.environ.get("VLLM_BATCH_INVARIANT") == "1",
+                   help="every request's output independent of the batch it runs in and of prefix-cache hits "
+                        "(attention in one form; default: $VLLM_BATCH_INVARIANT=1; see docs/SERVING.md)")
+    from mla_export.commands.verify import add_verify_flag
+
+    add_verify_flag(p)
     p.add_argument("--api-key", default=os.environ.get("MLA_EXPORT_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on /v1/* (default: $MLA_EXPORT_API_KEY, else none)")
     p.add_argument("--chat-template", default=None,
@@ -198,28 +204,6 @@ def _check_aliases(args) -> str | None:
     return None
 
 
-def _server_class():
-    import contextlib
-
-    import uvicorn
-
-    class Server(uvicorn.Server):
-        """uvicorn re-raises SIGINT/SIGTERM after a graceful shutdown (so the process dies of the
-        signal); here the command reports the cache state and exits with its own code instead."""
-
-        @contextlib.contextmanager
-        def capture_signals(self):
-            with super().capture_signals():
-                try:
-                    yield
-                finally:
-                    captured = getattr(self, "_captured_signals", None)
-                    if isinstance(captured, list):
-                        captured.clear()
-
-    return Server
-
-
 def run(args) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from mla_export.server.startup import check_port
@@ -258,7 +242,8 @@ def run(args) -> int:
         engine = LLMEngine(out_dir, precision=args.precision, num_threads=args.threads, num_blocks=args.num_blocks,
                            kv_cache_memory=args.kv_cache_memory, max_num_seqs=args.max_num_seqs,
                            max_num_batched_tokens=args.max_num_batched_tokens,
-                           enable_prefix_caching=not args.no_prefix_caching, max_model_len=args.max_model_len)
+                           enable_prefix_caching=not args.no_prefix_caching, max_model_len=args.max_model_len,
+                           batch_invariant=args.batch_invariant, verify=args.verify)
     except (FileNotFoundError, ValueError) as e:
         print(f"mla-export serve: {e}", file=sys.stderr)
         return 2
@@ -288,15 +273,17 @@ def run(args) -> int:
           f"(model {engine.facts.max_model_len}, KV cache {stats['kv_blocks_total'] * stats['kv_block_size']}), "
           f"{stats['kv_blocks_total']} KV blocks of {stats['kv_block_size']} tokens "
           f"(KV cache {mem['kv_cache_bytes'] / GIB:.2f} GiB {engine.facts.cache_dtype}, weights {weights} GiB), "
-          f"chat {'on' if st.chat_template else 'off'}, auth {'on' if args.api_key else 'off'}", file=sys.stderr)
-    _Server = _server_class()
+          f"chat {'on' if st.chat_template else 'off'}, auth {'on' if args.api_key else 'off'}"
+          f"{', batch-invariant' if engine.backend.batch_invariant else ''}", file=sys.stderr)
+    from mla_export.server.draining import DrainingServer
+
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                             timeout_graceful_shutdown=args.shutdown_timeout, lifespan="on",
                             access_log=not args.disable_uvicorn_access_log)
     from mla_export.server.access_log import skip_paths
 
     skip_paths(args.disable_access_log_for_endpoints)
-    server = _Server(config)
+    server = DrainingServer(config, st)
     server.run()
     final = st.final_stats
     if final is None:  # uvicorn never ran the lifespan shutdown (failed start, or forced exit)

@@ -27,7 +27,9 @@ def settings_from_args(args, out_dir: Path):
 
     engine_kwargs = {"precision": args.precision, "num_threads": args.threads, "num_blocks": args.num_blocks,
                      "kv_cache_memory": args.kv_cache_memory, "max_num_batched_tokens": args.max_num_batched_tokens,
-                     "enable_prefix_caching": not args.no_prefix_caching, "max_model_len": args.max_model_len}
+                     "enable_prefix_caching": not args.no_prefix_caching, "max_model_len": args.max_model_len,
+                     "batch_invariant": args.batch_invariant,
+                     "verify": args.verify}  # each replica checks its node's copy of the export
     chat_template = args.chat_template
     if chat_template is not None and Path(chat_template).is_file():  # the replicas may be on other nodes
         chat_template = Path(chat_template).read_text(encoding="utf-8")

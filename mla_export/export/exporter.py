@@ -10,11 +10,9 @@ weights file; a graph that was only the IR's source is deleted after the convers
 from __future__ import annotations
 
 import json
-import os
 import resource
+import secrets
 import shutil
-import signal
-import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -29,7 +27,9 @@ from .quantize import CODE_FORMATS, INT_FORMATS, WEIGHT_FORMATS
 from .model import LAYOUTS, ONNX_DATA, ONNX_FILES, build_onnx, plan_weights
 from .moe import MOE_FORMS, fused_form_problem
 from .progress import IR_SHARE, ExportProgress
-from .safety import replace_dir
+from .output_lock import OutputBusy, OutputLock, clean_stale, remove_owner, write_owner
+from ..export_signals import signals_held
+from .safety import commit
 from .tokenizer_files import copy_tokenizer_files
 from .weight_bounds import check_weights_hold
 from .weights import CheckpointReader
@@ -53,6 +53,7 @@ class ExportResult:
     seconds: float
     files: dict = field(default_factory=dict)  # file name -> bytes
     peak_rss_mb: float = 0.0
+    cleaned: list = field(default_factory=list)  # stale partial exports of dead exporters removed first
 
 
 def _checkpoint_dtype(cfg: MLAModelConfig) -> str:
@@ -171,6 +172,48 @@ def export_model(model_dir, out_dir, *, fmt: str = "openvino", portable: bool = 
         raise ExportError(f"--block-size must be a positive integer, got {block_size!r}")
     if not model_dir.is_dir():
         raise ExportError(f"{model_dir}: no such checkpoint directory")
+    if not out_dir.name or out_dir.name in (".", ".."):
+        raise ExportError(f"-o {out_dir}: name the export directory itself")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    # One exporter per output path, from here to the end (a second one fails at once instead of
+    # replacing this one's output); under the lock, partials left by killed exporters go first.
+    lock = OutputLock(out_dir)
+    try:
+        with signals_held():  # taken and recorded whole, or not at all
+            lock.acquire()
+    except OutputBusy as e:
+        raise ExportError(str(e)) from None
+    try:
+        cleaned = clean_stale(out_dir)
+        for line in cleaned:
+            progress.note(line)
+        result = _export_locked(model_dir, out_dir, start=start, fmt=fmt, portable=portable, block_size=block_size,
+                                kv_dtype=kv_dtype, weight_format=weight_format, group_size=group_size, ratio=ratio,
+                                overwrite=overwrite, progress=progress, weight_dtype=weight_dtype, moe_form=moe_form,
+                                all_layers=all_layers, max_model_len=max_model_len)
+    finally:
+        with signals_held():
+            lock.release()
+    result.cleaned = cleaned
+    return result
+
+
+def _partial_dir(out_dir: Path) -> Path:
+    """A new `.NAME.partial-*` directory beside out_dir, its owner recorded before it exists (a
+    SIGKILL at any moment leaves nothing the next export cannot judge: output_lock.py)."""
+    while True:
+        tmp = out_dir.parent / f".{out_dir.name}.partial-{secrets.token_hex(4)}"
+        write_owner(tmp)
+        try:
+            tmp.mkdir()  # the umask's mode: the export is an ordinary directory
+            return tmp
+        except FileExistsError:
+            continue
+
+
+def _export_locked(model_dir: Path, out_dir: Path, *, start: float, fmt, portable, block_size, kv_dtype,
+                   weight_format, group_size, ratio, overwrite, progress, weight_dtype, moe_form,
+                   all_layers, max_model_len) -> ExportResult:
     _check_out_dir(out_dir, overwrite)
     cfg = _positions(MLAModelConfig.from_dir(model_dir), max_model_len)
     if portable and cfg.sparse:
@@ -181,6 +224,8 @@ def export_model(model_dir, out_dir, *, fmt: str = "openvino", portable: bool = 
                              all_layers)
     moe_form = _moe_form(moe_form, cfg, wformat)
     reader = CheckpointReader(model_dir, fp8_block=cfg.fp8_block, prefixes=cfg.weight_prefixes)
+    # A multimodal checkpoint's vision tower and projector, not exported (text only): the summary says so
+    left_out = reader.left_out() if cfg.weight_prefixes else None
     check_weights_hold(cfg, reader, LAYOUTS[cfg.block["layout"]][1])  # before any loop over the config's layers
     # Phase weights in checkpoint bytes (see progress.py): layers, then head + save, then the IR.
     layer_bytes = [reader.nbytes(f"model.layers.{i}.") for i in range(cfg.num_layers)]
@@ -193,20 +238,13 @@ def export_model(model_dir, out_dir, *, fmt: str = "openvino", portable: bool = 
         progress.advance(layer_bytes[done - 1], f"layer {min(done + 1, total)}/{total}" if done < total
                          else "lm_head, writing the ONNX graph")
 
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
     _check_disk(out_dir, reader, wformat, portable)
     tmp = None
     try:
         # Signals held while the directory is made and named: an interrupt in between would leave
         # it behind (the handlers run as soon as they are released, inside this try).
-        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-        try:
-            tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, held)
-        umask = os.umask(0)
-        os.umask(umask)
-        tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private; the export is an ordinary directory
+        with signals_held():
+            tmp = _partial_dir(out_dir)
         want_ir, want_onnx = fmt in ("openvino", "both"), fmt in ("onnx", "both")
         # The IR's source graph: model.onnx itself, or its own graph where the IR differs from it:
         # the gather_matmul MoE form (only OpenVINO runs it), and lm_head next to the fused MoE op,
@@ -255,7 +293,7 @@ def export_model(model_dir, out_dir, *, fmt: str = "openvino", portable: bool = 
                         int4_group_sizes=sorted(wformat.stats.get("int4_group_sizes", []), reverse=True),
                         int4_ratio=wformat.ratio if wformat.fmt == "int4" else None,
                         int4_all_layers=wformat.all_layers if wformat.fmt == "int4" else None,
-                        moe_form=moe_form,
+                        moe_form=moe_form, left_out=left_out,
                         exporter_version=__version__, source=str(model_dir.resolve()),
                         seconds=round(time.time() - start, 3), files=describe_files(tmp, tied)))
         (tmp / CONTRACT_FILE).write_text(json.dumps(contract, indent=2) + "\n")
@@ -264,10 +302,13 @@ def export_model(model_dir, out_dir, *, fmt: str = "openvino", portable: bool = 
 
             Contract(contract, tmp).validate_openvino_model(ir_model)  # the IR's real I/O, checked once here
         sizes = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
-        replace_dir(tmp, out_dir)  # never a moment with neither the old nor the new export
+        _check_out_dir(out_dir, overwrite)  # again: something other than an exporter may have written there
+        commit(tmp, out_dir)  # never a moment with neither the old nor the new export
     except BaseException:
         if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
+            with signals_held():  # a signal now must not leave half a partial behind
+                shutil.rmtree(tmp, ignore_errors=True)
+                remove_owner(tmp)
         raise
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return ExportResult(out_dir, contract, time.time() - start, sizes, peak_mb)

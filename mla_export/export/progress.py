@@ -25,7 +25,8 @@ IR_SHARE = 0.1
 
 class ExportProgress:
     """What export_model reports: `plan(total)` once (units: checkpoint bytes), then
-    `advance(units, what)` as phases complete and `phase(what)` when a silent phase starts."""
+    `advance(units, what)` as phases complete and `phase(what)` when a silent phase starts;
+    `note(text)` for a line shown even without a display (stderr)."""
 
     def plan(self, total: float) -> None:
         pass
@@ -35,6 +36,10 @@ class ExportProgress:
 
     def advance(self, units: float, what: str | None = None) -> None:
         pass
+
+    def note(self, text: str) -> None:
+        """Something the user must hear of even with no progress display (a stale partial removed)."""
+        print(f"mla-export export: {text}", file=sys.stderr, flush=True)
 
     def close(self) -> None:
         pass
@@ -64,6 +69,9 @@ class TqdmProgress(ExportProgress):
         if what is not None:
             self._bar.set_description_str(what, refresh=False)
         self._bar.update(units)
+
+    def note(self, text: str) -> None:
+        self._bar.write(f"mla-export export: {text}", file=sys.stderr)
 
     def close(self) -> None:
         self._stop.set()

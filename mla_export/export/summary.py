@@ -36,9 +36,21 @@ def summary_lines(result: ExportResult, wall_seconds: float | None = None) -> li
         + (f" (of which {_size(index_bytes)} indexer keys)" if index else "")
         + f" vs {_size(expanded)} per-head expanded ({expanded / latent:.1f}x smaller)",
     ]
+    if c["export"].get("left_out"):
+        lines.append(_left_out_line(c["export"]["left_out"]))
     lines += _resident_lines(c["export"], result)
     lines += [f"  {name:<24} {_size(size):>10}" for name, size in result.files.items()]
     return lines
+
+
+def _left_out_line(left_out: dict) -> str:
+    """A multimodal checkpoint: only its text tower was exported."""
+    def count(n: int) -> str:
+        return f"{n / 1e6:.1f}M" if n >= 100_000 else str(n)
+
+    parts = ", ".join(f"{module} ({g['tensors']} tensors, {count(g['params'])} params)"
+                      for module, g in left_out.items())
+    return f"text tower only: left out {parts}; image inputs are not supported"
 
 
 def _weights_line(export: dict) -> str:

@@ -142,6 +142,7 @@ class CheckpointReader:
         self.fp8_block = fp8_block
         self._where: dict[str, Path] = {}
         self._stored: dict[str, str] = {}  # our name -> the name in the file, where they differ
+        self._left_out: dict[str, Path] = {}  # a text-tower read: the tensors it leaves out -> their shard
         self._open: dict[Path, SafetensorsFile] = {}
         index = self.model_dir / "model.safetensors.index.json"
         if index.is_file():
@@ -181,7 +182,26 @@ class CheckpointReader:
         if not any(n.startswith("model.layers.") for n in where):
             raise WeightError(f"{self.model_dir}: no text-tower layers under any of "
                               f"{[c for _, cs in prefixes for c in cs]}")
+        kept = set(stored.values())
+        self._left_out = {n: p for n, p in self._where.items() if n not in kept}
         self._where, self._stored = where, stored
+
+    def left_out(self) -> dict[str, dict]:
+        """What a text-tower read leaves out (the vision tower, the projector, anything else
+        outside the tower's prefixes), by module: {"vision_tower": {"tensors": n, "params": p}, ...}
+        (from the headers only; FP8 scales are not parameters). Empty for a plain checkpoint."""
+        out: dict[str, dict] = {}
+        for name, path in self._left_out.items():
+            entry = self._handle(path).entries.get(name)
+            if entry is None:
+                raise WeightError(f"tensor {name!r} is listed in the index but missing from {path.name}")
+            parts = name.split(".")
+            module = ".".join(parts[:2] if parts[0] == "model" and len(parts) > 2 else parts[:1])
+            g = out.setdefault(module, {"tensors": 0, "params": 0})
+            g["tensors"] += 1
+            if not name.endswith(FP8_SCALE_SUFFIX):
+                g["params"] += int(np.prod(entry[1], dtype=np.int64))
+        return dict(sorted(out.items()))
 
     def _real(self, name: str) -> str:
         return self._stored.get(name, name)

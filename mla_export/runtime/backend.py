@@ -23,6 +23,7 @@ from typing import Sequence
 
 import numpy as np
 
+from . import batch_invariance
 from ..contract import Contract
 from .cache_layout import CacheLayout, get_kv_cache_shape
 from .metadata import MLAMetadata, MLAMetadataBuilder
@@ -51,14 +52,22 @@ class MLABackend:
     """The caches of an exported model, its metadata builder and the executor of one runtime."""
 
     def __init__(self, contract: Contract, num_blocks: int, *, runtime: str = "openvino", precision: str = "bf16",
-                 num_threads: int | None = None):
+                 num_threads: int | None = None, batch_invariant: bool = False):
+        """batch_invariant: each sequence's logits the same whatever else is in the step and however its
+        prompt was cut into chunks (batch_invariance.py says what that pins and what it refuses)."""
+        if not isinstance(batch_invariant, bool):
+            raise ValueError(f"batch_invariant must be True or False, got {batch_invariant!r}")
+        if batch_invariant and (why := batch_invariance.problem(contract, precision, runtime)):
+            raise ValueError(f"batch_invariant: {why}")
         model, cache = contract.model, contract.cache
         self.layout = CacheLayout.of(contract)
         impl = executor_class(runtime)  # the runtime name is checked before any memory is taken
         self.kv_caches = self.layout.allocate(num_blocks)
         self.builder = MLAMetadataBuilder(cache["block_size"], num_blocks, model["max_position_embeddings"],
                                           model["vocab_size"])
-        self.executor = impl(contract, self.kv_caches, precision=precision, num_threads=num_threads)
+        self.batch_invariant = batch_invariant
+        extra = {"batch_invariant": True} if batch_invariant else {}
+        self.executor = impl(contract, self.kv_caches, precision=precision, num_threads=num_threads, **extra)
 
     def execute(self, seq_lens: Sequence[int], query_lens: Sequence[int], block_tables: Sequence[Sequence[int]],
                 new_token_ids, num_logits: Sequence[int] | None = None) -> np.ndarray:
@@ -75,7 +84,8 @@ class MLABackend:
             copy_blocks(self.kv_caches, src_to_dst)
 
     def describe(self) -> str:
-        return self.executor.describe()
+        note = "; batch-invariant (attention pinned absorbed)" if self.batch_invariant else ""
+        return self.executor.describe() + note
 
 
 def copy_blocks(kv_caches: Sequence[np.ndarray], src_to_dst) -> None:

@@ -10,13 +10,32 @@ __all__ = ["ChatPrompter", "check_messages"]
 
 
 def check_messages(messages, where: str = "messages") -> list[dict]:
-    """A conversation: a non-empty list of {"role": str, "content": str} dicts."""
+    """A conversation: a non-empty list of {"role": str, "content": str} dicts; a content given as
+    OpenAI-style parts is joined when every part is text, and refused naming the first other part
+    (an image would otherwise be dropped without a word: the exported model reads text only)."""
     if not isinstance(messages, (list, tuple)) or not messages:
         raise ValueError(f"{where} must be a non-empty list of {{'role': ..., 'content': ...}} dicts")
+    out = []
     for i, m in enumerate(messages):
+        if isinstance(m, dict) and isinstance(m.get("content"), list):
+            m = dict(m, content=_text_of_parts(m["content"], f"{where}[{i}]['content']"))
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
             raise ValueError(f"{where}[{i}] must be a dict with string 'role' and 'content', got {m!r}")
-    return [dict(m) for m in messages]
+        out.append(dict(m))
+    return out
+
+
+def _text_of_parts(parts: list, where: str) -> str:
+    texts = []
+    for j, part in enumerate(parts):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind != "text" or not isinstance(part.get("text"), str):
+            if kind is not None and kind != "text":
+                raise ValueError(f"{where}[{j}]: {kind!r} content is not supported: the exported model reads text "
+                                 "only (a multimodal checkpoint's vision tower is not exported)")
+            raise ValueError(f"{where}[{j}] must be {{'type': 'text', 'text': <string>}}, got {part!r}")
+        texts.append(part["text"])
+    return "".join(texts)
 
 
 class ChatPrompter:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +25,7 @@ from .detokenizer import IncrementalDetokenizer
 from .kv_cache import KVCacheManager
 from .model_dir import ModelFacts, load_model_dir
 from .request import Request
-from .sampling import Sampler, SamplingParams, rows_logprobs, token_logprobs
+from .sampling import NO_TOKEN, Sampler, SamplingParamError, SamplingParams, rows_logprobs, token_logprobs
 from .scheduler import Scheduler
 from .structured_output import StructuredOutputs
 from .stop_strings import match_stop_strings
@@ -87,13 +88,23 @@ class LLMEngine:
         enable_prefix_caching: bool = True,
         block_order_seed: int | None = None,  # shuffles the free-block order (tests)
         max_model_len: int | None = None,
+        batch_invariant: bool | None = None,
+        verify: str | None = None,
     ):
         """`max_model_len`: the longest sequence (prompt + output) served. Default: the model's
         max_position_embeddings, or less when the KV cache holds fewer tokens (one sequence must
-        fit the whole cache). Given, it must fit both; the default cache is then sized for it."""
+        fit the whole cache). Given, it must fit both; the default cache is then sized for it. `batch_invariant`: every request's logits
+        independent of the batch it runs in and of how its prompt was chunked or found in the prefix
+        cache (vLLM's batch-invariant mode; runtime/batch_invariance.py); None: on when the
+        environment has vLLM's switch, VLLM_BATCH_INVARIANT=1.
+        `verify`: the export's files against their recorded digests before anything is compiled:
+        "sampled" (~4 MiB read per file), "full" (every byte) or "none"; default
+        $MLA_EXPORT_VERIFY, else sampled (docs/SAFETY.md has the costs)."""
         if runtime not in RUNTIMES:
             raise ValueError(f"runtime must be one of {RUNTIMES}, got {runtime!r}")
-        self.contract, facts = load_model_dir(out_dir)
+        if batch_invariant is None:
+            batch_invariant = os.environ.get("VLLM_BATCH_INVARIANT", "0") == "1"
+        self.contract, facts = load_model_dir(out_dir, verify)
         self.facts: ModelFacts = facts
         self.tokenizer = facts.load_tokenizer()
         if max_model_len is not None:
@@ -113,7 +124,7 @@ class LLMEngine:
         self.kv_cache = KVCacheManager(num_blocks, facts.block_size, enable_prefix_caching=enable_prefix_caching,
                                        block_order_seed=block_order_seed)
         self.backend = MLABackend(self.contract, num_blocks, runtime=runtime, precision=precision,
-                                  num_threads=num_threads)
+                                  num_threads=num_threads, batch_invariant=batch_invariant)
         self.scheduler = Scheduler(self.kv_cache, max_num_seqs, max_num_batched_tokens)
         self.sampler = Sampler()
         self.structured = StructuredOutputs(self.tokenizer, facts.vocab_size, facts.eos_token_ids)
@@ -165,9 +176,11 @@ class LLMEngine:
         for name, ids in (("allowed_token_ids", params.allowed_token_ids or ()), ("logit_bias", params.logit_bias or {})):
             outside = [t for t in ids if t >= vocab]
             if outside:  # as vLLM: an id the model cannot produce is a mistake, not something to skip
-                raise ValueError(f"{name}: token id {outside[0]} is outside the vocabulary (size {vocab})")
+                raise SamplingParamError(name, f"{name}: token id {outside[0]} is outside the vocabulary "
+                                               f"(size {vocab})")
         if params.bad_words and params.bad_words_token_ids is None:
             params = dataclasses.replace(params, bad_words_token_ids=self._bad_words_token_ids(params.bad_words))
+        self._check_some_token_left(params)
         token_ids = self._encode(prompt)
         if len(token_ids) > self.max_model_len:
             raise ValueError(f"the prompt has {len(token_ids)} tokens, more than the model's context ({self.max_model_len})")
@@ -186,6 +199,19 @@ class LLMEngine:
             req.detokenizer = IncrementalDetokenizer(self.tokenizer)
         self._requests[request_id] = req
         self.scheduler.add(req)
+
+    def _check_some_token_left(self, params: SamplingParams) -> None:
+        """allowed_token_ids that bad_words (one-token words: always banned) or min_tokens (eos and
+        stop_token_ids held back) empty at the first step: a 400, not a request that fails once
+        it runs (the sampler's NO_TOKEN still ends one whose masks meet later)."""
+        if params.allowed_token_ids is None:
+            return
+        allowed = set(params.allowed_token_ids) - {s[0] for s in params.bad_words_token_ids or () if len(s) == 1}
+        if not allowed:
+            raise SamplingParamError("allowed_token_ids", "allowed_token_ids: bad_words ban every one of them")
+        if params.min_tokens and not allowed - set(self.facts.eos_token_ids) - set(params.stop_token_ids):
+            raise SamplingParamError("allowed_token_ids", f"allowed_token_ids: min_tokens={params.min_tokens} holds "
+                                                          "back eos and stop_token_ids, and they are all that is left")
 
     def _bad_words_token_ids(self, words) -> tuple[tuple[int, ...], ...]:
         """vLLM's SamplingParams.update_from_tokenizer: each word as encoded alone and, when that
@@ -261,6 +287,11 @@ class LLMEngine:
         now = time.time()
         for j, (i, token) in enumerate(zip(rows, sampled.tolist())):
             req = reqs[i]
+            if token == NO_TOKEN:
+                outputs.append(self._fail(req, "no token can be generated: the request's allowed_token_ids, "
+                                               "bad_words and min_tokens (which holds back eos and stop_token_ids) "
+                                               "leave none"))
+                continue
             if req.params.logprobs is not None:
                 self._record_logprobs(req, picked[j], token)
             req.append_output(token)

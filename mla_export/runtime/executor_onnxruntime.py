@@ -32,7 +32,9 @@ import numpy as np
 from .. import ort_ops_path, ort_tensors
 from ..cache_binding import cache_binding
 from ..contract import Contract, ContractError
+from .batch_invariance import pinned_onnx_bytes
 from .executor_common import CacheNotInPlaceError, MLAExecutor, check_cache_bindings
+from .graph_feeds import graph_feeds
 from .metadata import METADATA_INPUTS, MLAMetadata
 
 __all__ = ["OnnxRuntimeMLAExecutor", "CacheNotInPlaceError", "VARIANTS"]
@@ -84,7 +86,7 @@ class OnnxRuntimeMLAExecutor(MLAExecutor):
     who = "onnxruntime"
 
     def __init__(self, contract: Contract, kv_caches: Sequence[np.ndarray], *, precision: str = "bf16",
-                 num_threads: int | None = None, variant: str = "auto"):
+                 num_threads: int | None = None, variant: str = "auto", batch_invariant: bool = False):
         super().__init__(contract, kv_caches, precision, num_threads)
         ort = _ort()
         self.variant, self._reason = choose_variant(contract, variant)
@@ -102,8 +104,15 @@ class OnnxRuntimeMLAExecutor(MLAExecutor):
             path = contract.graph_path("onnx_portable")
             log.warning("onnxruntime: running %s with %s; caches are returned and copied back every step",
                         path.name, self._reason)
-        self.session = ort.InferenceSession(str(path), sess_options=so, providers=["CPUExecutionProvider"])
         self.graph_file = path.name
+        model = str(path)
+        if batch_invariant:
+            if self.variant != "custom":
+                raise ValueError(f"batch_invariant needs the custom-op graph ({self._reason}): the portable "
+                                 "graph's attention is made of onnxruntime's own ops, not checked for it")
+            model = pinned_onnx_bytes(path)  # the weights stay in the export's external data files
+            so.add_session_config_entry("session.model_external_initializers_file_folder_path", str(path.parent))
+        self.session = ort.InferenceSession(model, sess_options=so, providers=["CPUExecutionProvider"])
         io_variant = "custom" if self.variant == "custom" else "portable"
         contract.validate_model_io([(i.name, i.shape, i.type) for i in self.session.get_inputs()],
                                    [(o.name, o.shape, o.type) for o in self.session.get_outputs()], io_variant)
@@ -120,10 +129,10 @@ class OnnxRuntimeMLAExecutor(MLAExecutor):
 
     def execute(self, metadata: MLAMetadata) -> np.ndarray:
         """Run one step; logits [B, vocab] f32."""
-        feeds = metadata.feeds()
+        feeds = graph_feeds(metadata)  # int32 of the graph's ranks, or a ValueError naming the input
         keep = []  # the OrtValues wrap the metadata arrays (no copy); `feeds` keeps those alive
         for name in METADATA_INPUTS:
-            value = ort_tensors.ortvalue(np.ascontiguousarray(feeds[name], dtype=np.int32))
+            value = ort_tensors.ortvalue(feeds[name])
             keep.append(value)
             self._io.bind_ortvalue_input(name, value)
         # Outputs unallocated every step: onnxruntime allocates them at this step's shapes (a

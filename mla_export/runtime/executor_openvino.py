@@ -25,7 +25,9 @@ from ..ov_op_errors import checked_infer, step_check
 from ..cache_binding import cache_binding
 from ..ov_tensors import shared_tensor
 from ..contract import Contract
+from .batch_invariance import openvino_problem, pin_attention_form_openvino
 from .executor_common import CacheNotInPlaceError, MLAExecutor, check_cache_bindings
+from .graph_feeds import graph_feeds
 from .memory_plan import check_fits
 from .metadata import METADATA_INPUTS, MLAMetadata
 from .model_dir import graph_path
@@ -41,7 +43,7 @@ class OpenVINOMLAExecutor(MLAExecutor):
     who = "the OpenVINO plugin"
 
     def __init__(self, contract: Contract, kv_caches: Sequence[np.ndarray], *, precision: str = "bf16",
-                 num_threads: int | None = None, device: str = "CPU"):
+                 num_threads: int | None = None, device: str = "CPU", batch_invariant: bool = False):
         super().__init__(contract, kv_caches, precision, num_threads)
         core = ov_core()
         path = graph_path(contract)
@@ -57,6 +59,10 @@ class OpenVINOMLAExecutor(MLAExecutor):
         self._bound = [cache_binding(c) for c in self._kv_caches]
         check_cache_bindings(contract, self._bound)
         match_moe_compute(model, precision)
+        if batch_invariant:  # every chunk's attention in one form, whatever its length (batch_invariance.py)
+            if why := openvino_problem(model, precision):
+                raise ValueError(f"batch_invariant: {why}")
+            pin_attention_form_openvino(model)
         # VNNI CPUs (AMX or not): int8 projections in 16-row tiles (qlinear_tiles.py)
         self.tiled_projections = pack_qlinear_tiles(model, self._weights_memory, precision)
         config = {"INFERENCE_PRECISION_HINT": precision, "PERFORMANCE_HINT": "LATENCY"}
@@ -88,16 +94,22 @@ class OpenVINOMLAExecutor(MLAExecutor):
 
     def execute(self, metadata: MLAMetadata) -> np.ndarray:
         """Run one step; logits [B, vocab] f32, a view valid until the next call."""
+        feeds = graph_feeds(metadata)  # int32 of the graph's ranks, or a ValueError naming the input
         if self._precheck is not None:  # one thread: a bad step must never reach infer()
-            step_check(metadata.feeds(), **self._precheck)
-        self.bind(metadata)
+            step_check(feeds, **self._precheck)
+        self._copy_in(feeds)
         return self.run()
 
     def bind(self, metadata: MLAMetadata) -> None:
-        """Copy the step's metadata into the executor's own input tensors (bound once at start-up).
-        They hold only T + B * M + 3B int32 values; a tensor is resized only when its shape changes.
-        (Wrapping each step's arrays in fresh shared tensors costs more than copying them.)"""
-        for name, arr in metadata.feeds().items():
+        """Bind the step's metadata without running it (the graph alone is then `run()`)."""
+        self._copy_in(graph_feeds(metadata))
+
+    def _copy_in(self, feeds: dict[str, np.ndarray]) -> None:
+        """Copy the step's int32 metadata (graph_feeds) into the executor's own input tensors
+        (bound once at start-up). They hold only T + B * M + 3B int32 values; a tensor is resized
+        only when its shape changes. (Wrapping each step's arrays in fresh shared tensors costs
+        more than copying them.)"""
+        for name, arr in feeds.items():
             view = self._meta_views.get(name)
             if view is None or view.shape != arr.shape:
                 tensor = self._meta_tensors[name]

@@ -19,10 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-import numpy as np
-
 from .engine import LLMEngine
 from .generation_config import read_generation_defaults
+from .prompts import engine_prompts
 from .sampling import SamplingParams
 
 __all__ = ["LLM", "CompletionOutput", "RequestOutput"]
@@ -147,12 +146,13 @@ class LLM:
     def generate(self, prompts, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
                  use_tqdm: bool = False, **sampling) -> list[RequestOutput]:
         """vLLM's `LLM.generate`: `prompts` is one prompt or a list (strings, token-id lists, or
-        vLLM's {"prompt": ...} / {"prompt_token_ids": ...} dicts); `sampling_params` one for all or one
+        vLLM's {"prompt": ...} / {"prompt_token_ids": ...} dicts; prompts.py checks them, naming
+        `prompts`); `sampling_params` one for all or one
         per prompt. Keyword arguments are SamplingParams fields over the defaults (this package's
         earlier `generate(prompts, max_tokens=..., temperature=...)`). use_tqdm: accepted, no bar."""
         if not isinstance(use_tqdm, bool):
             raise ValueError(f"use_tqdm must be a bool, got {use_tqdm!r}")
-        prompts = [_prompt_of(p) for p in ([prompts] if isinstance(prompts, dict) else _prompt_list(prompts))]
+        prompts = engine_prompts(prompts)
         if sampling_params is None:
             base = self.get_default_sampling_params()
             sampling_params = dataclasses.replace(base, **sampling) if sampling else base
@@ -229,40 +229,3 @@ class LLM:
             prompter = self._prompter
         prompts = [prompter.prompt_ids(c, add_generation_prompt) for c in conversations]
         return self.generate(prompts, sampling_params=sampling_params, **generate_kwargs)
-
-def _prompt_of(p):
-    """A prompt as the engine takes it: vLLM's TextPrompt / TokensPrompt dicts unwrapped."""
-    if isinstance(p, dict):
-        extra = set(p) - {"prompt", "prompt_token_ids"}
-        if extra or len(p) != 1:
-            raise ValueError(f"a prompt dict holds exactly one of 'prompt' or 'prompt_token_ids' (multimodal data "
-                             f"and the others are not supported), got keys {sorted(p)}")
-        return p.get("prompt", p.get("prompt_token_ids"))
-    return p
-
-
-def _is_token_id(x) -> bool:
-    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
-
-
-def _prompt_list(prompts) -> list:
-    """One prompt (a string, a flat sequence or 1-D numpy array of token ids) or several (a list
-    of those, or a 2-D numpy array, one prompt per row) -> a list of prompts."""
-    if isinstance(prompts, str):
-        return [prompts]
-    if isinstance(prompts, np.ndarray):
-        if prompts.ndim == 1:
-            return [prompts]
-        if prompts.ndim == 2:
-            return list(prompts)
-        raise ValueError(f"a numpy array of prompts must be 1-D (one prompt) or 2-D (one per row), got shape "
-                         f"{prompts.shape}")
-    try:
-        prompts = list(prompts)
-    except TypeError:
-        raise TypeError(f"prompts must be a string, token ids, or a list of those; got {type(prompts).__name__}") from None
-    if not prompts:
-        raise ValueError("no prompts given")
-    if all(_is_token_id(p) for p in prompts):
-        return [prompts]
-    return prompts

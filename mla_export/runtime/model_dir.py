@@ -40,12 +40,14 @@ def graph_path(contract: Contract) -> Path:
     return path
 
 
-def load_model_dir(out_dir: str | Path) -> tuple[Contract, ModelFacts]:
-    """(contract, facts) of an `mla-export export` output directory; ContractError names the problem."""
+def load_model_dir(out_dir: str | Path, verify: str | None = None) -> tuple[Contract, ModelFacts]:
+    """(contract, facts) of an `mla-export export` output directory; ContractError names the problem.
+    verify: how the files are checked against their recorded digests (sampled | full | none;
+    default $MLA_EXPORT_VERIFY or sampled; mla_export/export_files.py)."""
     out_dir = Path(out_dir)
     if not out_dir.is_dir():
         raise ContractError(f"{out_dir}: not a directory (expected the output of `mla-export export`)")
-    contract = load_contract(out_dir)
+    contract = load_contract(out_dir, verify)
     model, cache = contract.model, contract.cache
     facts = ModelFacts(
         num_layers=model["num_layers"],

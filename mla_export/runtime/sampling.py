@@ -27,11 +27,38 @@ import numpy as np
 # vLLM's vllm.sampling_params holds these too
 from .structured_output import GuidedDecodingParams, StructuredOutputsParams
 
-__all__ = ["SamplingParams", "Sampler", "OUTPUT_KINDS", "Logprob", "token_logprobs", "rows_logprobs",
-           "StructuredOutputsParams", "GuidedDecodingParams"]
+__all__ = ["SamplingParams", "SamplingParamError", "Sampler", "OUTPUT_KINDS", "Logprob", "token_logprobs",
+           "rows_logprobs", "StructuredOutputsParams", "GuidedDecodingParams", "SAMPLING_EPS", "MAX_N", "NO_TOKEN",
+           "token_id_key"]
 
 OUTPUT_KINDS = ("cumulative", "delta", "final_only")
 MAX_LOGPROBS = 20  # top log-probabilities per token (OpenAI's limit)
+# vLLM's _SAMPLING_EPS: a temperature below it samples greedily. Dividing the logits by a smaller
+# one overflowed (1e-310 made every token the last vocabulary id); greedy is what sampling tends
+# to as the temperature goes to 0. vLLM also lifts 0 < t < 1e-2 to 1e-2; here [1e-5, 1e-2) is
+# used as given (the division is in float64, where it cannot overflow).
+SAMPLING_EPS = 1e-5
+MAX_N = 1024  # completions per prompt: each one is a request of its own (the server allows 16)
+_MAX_TOKEN_ID_DIGITS = 18  # a logit_bias key given as text: a longer one is no vocabulary's token id
+_F32_MAX = float(np.finfo(np.float32).max)
+NO_TOKEN = -1  # Sampler.sample's answer for a row with no token left to generate
+
+
+def token_id_key(k) -> int | None:
+    """A logit_bias key given as text (JSON object keys are strings) as a token id, else None:
+    ASCII digits only (int() also reads "٣" as 3) and few enough to convert (int() of a
+    5000-digit key raises an error of its own)."""
+    if isinstance(k, str) and k.isascii() and k.isdigit() and len(k) <= _MAX_TOKEN_ID_DIGITS:
+        return int(k)
+    return None
+
+
+class SamplingParamError(ValueError):
+    """A sampling value refused where it enters; `param` names the field (the server's 400 says it)."""
+
+    def __init__(self, param: str, message: str):
+        super().__init__(message)
+        self.param = param
 
 
 @dataclass(frozen=True)
@@ -72,6 +99,17 @@ class SamplingParams:
     guided_decoding: Any = None
 
     def __post_init__(self):
+        try:
+            self._check()
+        except SamplingParamError:
+            raise
+        except ValueError as e:  # every message starts with its field's name
+            raise SamplingParamError(str(e).split(" ", 1)[0].rstrip(":"), str(e)) from None
+
+    def _check(self):
+        """Every field's domain, checked once here (the server's parsed values come through it too):
+        numbers are finite, and a value the sampler cannot compute with is refused or, for a
+        temperature under SAMPLING_EPS, taken as greedy."""
         def is_int(v):
             return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
@@ -86,8 +124,10 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if not is_int(self.top_k) or not (self.top_k in (-1, 0) or self.top_k >= 1):
             raise ValueError(f"top_k must be -1 or 0 (disabled) or an integer >= 1, got {self.top_k!r}")
-        if self.seed is not None and not is_int(self.seed):
-            raise ValueError(f"seed must be an integer or None, got {self.seed!r}")
+        if self.seed is not None and (not is_int(self.seed) or self.seed < -1):
+            raise ValueError(f"seed must be an integer >= 0 (None or -1: unseeded), got {self.seed!r}")
+        if self.seed == -1:  # vLLM's spelling of "no seed"
+            object.__setattr__(self, "seed", None)
         if isinstance(self.stop_token_ids, (str, bytes)) or not all(
             is_int(t) and t >= 0 for t in self.stop_token_ids
         ):
@@ -114,9 +154,9 @@ class SamplingParams:
                 raise ValueError(f"logit_bias must be a dict of token id -> bias, got {type(self.logit_bias).__name__}")
             bias = {}
             for k, v in self.logit_bias.items():
-                key = int(k) if isinstance(k, str) and k.lstrip("-").isdigit() else k  # JSON object keys are strings
+                key = token_id_key(k) if isinstance(k, str) else k
                 if not is_int(key) or key < 0:
-                    raise ValueError(f"logit_bias keys must be token ids (integers >= 0), got {k!r}")
+                    raise ValueError(f"logit_bias keys must be token ids (integers >= 0), got {str(k)[:40]!r}")
                 if not is_real(v) or not -100 <= v <= 100:
                     raise ValueError(f"logit_bias values must be numbers in [-100, 100], got {v!r} for token {k}")
                 bias[int(key)] = float(v)
@@ -141,8 +181,8 @@ class SamplingParams:
         object.__setattr__(self, "stop", tuple(stop))
         if not isinstance(self.include_stop_str_in_output, bool):
             raise ValueError(f"include_stop_str_in_output must be a bool, got {self.include_stop_str_in_output!r}")
-        if not is_int(self.n) or self.n < 1:
-            raise ValueError(f"n must be an integer >= 1, got {self.n!r}")
+        if not is_int(self.n) or not 1 <= self.n <= MAX_N:
+            raise ValueError(f"n must be an integer in [1, {MAX_N}], got {self.n!r}")
         words = (self.bad_words,) if isinstance(self.bad_words, str) else (self.bad_words or ())
         if isinstance(words, bytes) or not all(isinstance(w, str) and w.strip() for w in words):
             raise ValueError(f"bad_words must be a list of non-empty strings, got {self.bad_words!r}")
@@ -161,7 +201,7 @@ class SamplingParams:
         so, old = self.structured_outputs, self.guided_decoding
         if old is not None:
             if so is not None and so is not old:
-                raise ValueError("give structured_outputs or guided_decoding (its older name), not both")
+                raise ValueError("structured_outputs: give it or guided_decoding (its older name), not both")
             so = old
             object.__setattr__(self, "guided_decoding", None)
         if isinstance(so, dict):
@@ -182,7 +222,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        """Temperature 0, or under SAMPLING_EPS (vLLM's rule; top_p, top_k and min_p then do nothing)."""
+        return self.temperature < SAMPLING_EPS
 
     def make_generator(self) -> np.random.Generator:
         """The request's own random stream: from its seed, or fresh OS entropy."""
@@ -249,7 +290,9 @@ class Sampler:
     ) -> np.ndarray:
         """One token id per row of logits [B, vocab]; row b uses params[b] and generators[b].
         histories[b]: (prompt token ids, output token ids) of row b's request, needed by the
-        penalties and min_tokens (processes_logits); eos_token_ids: what min_tokens holds back."""
+        penalties and min_tokens (processes_logits); eos_token_ids: what min_tokens holds back.
+        NO_TOKEN for a row whose processing masked every token (allowed_token_ids all banned by
+        bad_words, or only eos under min_tokens): greedy took token 0 and sampling drew from NaN."""
         if logits.ndim != 2 or logits.shape[0] != len(params) or len(params) != len(generators):
             raise ValueError(f"logits {logits.shape} must have one row per request ({len(params)})")
         # First maximum on ties, as torch.argmax and transformers' greedy search pick. Every row's
@@ -263,6 +306,9 @@ class Sampler:
                     raise ValueError("penalties, logit_bias, allowed_token_ids and min_tokens need the requests' "
                                      "token histories")
                 row = self.process(row, p, *histories[b], eos_token_ids)
+                if not np.isfinite(row).any():
+                    tokens[b] = NO_TOKEN
+                    continue
                 if p.greedy:
                     tokens[b] = int(np.argmax(row))
             if not p.greedy:
@@ -295,10 +341,14 @@ class Sampler:
         if p.repetition_penalty != 1:
             seen = np.unique(np.concatenate([np.asarray(prompt, np.int64), np.asarray(output, np.int64)]))
             v = x[seen]
-            x[seen] = np.where(v > 0, v / p.repetition_penalty, v * p.repetition_penalty)
+            with np.errstate(over="ignore", divide="ignore"):  # capped below
+                x[seen] = np.where(v > 0, v / p.repetition_penalty, v * p.repetition_penalty)
         if (p.frequency_penalty or p.presence_penalty) and len(output):
             counts = np.bincount(np.asarray(output, np.int64), minlength=vocab)[:vocab].astype(np.float32)
             x -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0)
+        # A repetition penalty near 0 divides a positive logit past float32's range, and +inf would
+        # make the sampler's exp(x - max) NaN: the largest float keeps it the favourite (-inf stays).
+        np.minimum(x, _F32_MAX, out=x)
         return x
 
     @staticmethod

@@ -22,7 +22,7 @@ import logging
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
@@ -102,7 +102,7 @@ def _error(e: P.APIError) -> JSONResponse:
 async def _guarded(request: Request, endpoint: str, build) -> Response:
     st: ServerState = request.app.state.server
     try:
-        if st.client.stopping:
+        if st.client.stopping or st.draining:
             raise P.APIError(503, "The server is shutting down.", type="server_error", code="shutting_down")
         check_auth(st, request)
         body = await read_body(st, request)
@@ -144,14 +144,14 @@ async def chat_completions(request: Request) -> Response:
         try:
             text = st.chat_template.render(req.messages, **chat.template_args())
         except TemplateError as e:
-            raise P.bad_request(f"the chat template rejected the messages: {e}", "messages") from None
+            raise P.bad_request(f"the chat template rejected the request: {e}", e.param) from None
         ids = truncated(st, await st.encode(text, special=False,
                                             truncating=req.sampling.truncate_prompt_tokens is not None), req.sampling)
         if not ids:
             raise P.bad_request("the rendered chat prompt is empty", "messages")
         output = chat.output(text)
         return await respond(st, request, "/v1/chat/completions", [ids], req.sampling, chat=True,
-                             chat_output=output, decode=chat.decode)
+                             chat_output=output, decode=chat.decode, chat_echo=req.echo_text)
 
     return await _guarded(request, "/v1/chat/completions", build)
 
@@ -168,10 +168,11 @@ async def models(request: Request) -> Response:
 
 
 async def health(request: Request) -> Response:
-    c = request.app.state.server.client
-    if c.alive and not c.stopping:
+    st: ServerState = request.app.state.server
+    c = st.client
+    if c.alive and not c.stopping and not st.draining:
         return JSONResponse({"status": "ok"})
-    reason = "shutting down" if c.stopping else (c.dead_reason or "engine loop not running")
+    reason = "shutting down" if c.stopping or st.draining else (c.dead_reason or "engine loop not running")
     return JSONResponse({"status": "unavailable", "reason": reason}, status_code=503)
 
 
@@ -186,6 +187,12 @@ async def http_error(request: Request, exc: HTTPException) -> Response:
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
     return JSONResponse(P.error_body(str(exc.detail), code=code), status_code=exc.status_code,
                         headers=getattr(exc, "headers", None))
+
+
+async def client_gone(request: Request, exc: ClientDisconnect) -> Response:
+    """A client that hangs up before its body is complete: nothing to answer, and not a server fault."""
+    log.info("client disconnected before sending its whole request body: %s %s", request.method, request.url.path)
+    return Response(status_code=400)  # nobody reads it; uvicorn drops it on the closed connection
 
 
 async def server_error(request: Request, exc: Exception) -> Response:
@@ -228,7 +235,8 @@ def build_app(st: ServerState) -> Starlette:
                          read_body=functools.partial(read_body, st)),
     ]
     app = Starlette(routes=routes, lifespan=lifespan,
-                    exception_handlers={HTTPException: http_error, Exception: server_error})
+                    exception_handlers={HTTPException: http_error, ClientDisconnect: client_gone,
+                                        Exception: server_error})
     app.state.server = st
     return app
 

@@ -1,9 +1,12 @@
 """Chat template rendering (Hugging Face conventions) for `POST /v1/chat/completions`.
 
 The template is a Jinja2 string, rendered in a sandbox as `transformers` does: `messages`,
-`tools` (the request's OpenAI function tools, or None), `add_generation_prompt`, `bos_token`, `eos_token`, `raise_exception(msg)`, `strftime_now(fmt)`,
-the `tojson` filter, `trim_blocks` and `lstrip_blocks`. The rendered text is tokenized without
-adding special tokens (the template writes them), as `apply_chat_template` does.
+`tools` (the request's OpenAI function tools, or None), `add_generation_prompt`, `bos_token`,
+`eos_token`, `raise_exception(msg)`, `strftime_now(fmt)`, the `tojson` filter, `trim_blocks` and
+`lstrip_blocks`, and the request's `chat_template_kwargs` as further variables (over bos_token /
+eos_token, as transformers lets them; the names the renderer sets itself are refused where the
+request is parsed, protocol.py). The rendered text is tokenized without adding special tokens
+(the template writes them), as `apply_chat_template` does.
 """
 
 from __future__ import annotations
@@ -16,7 +19,15 @@ __all__ = ["ChatTemplate", "TemplateError", "load_chat_template"]
 
 
 class TemplateError(ValueError):
-    pass
+    """The template failed on a request; `param` is the request field to blame (a 400 names it)."""
+
+    def __init__(self, message: str, param: str = "messages"):
+        super().__init__(message)
+        self.param = param
+
+
+# Variables the renderer sets itself: chat_template_kwargs may not hold them (protocol.py refuses).
+RENDERER_VARIABLES = ("messages", "tools", "add_generation_prompt", "raise_exception", "strftime_now")
 
 
 class ChatTemplate:
@@ -47,16 +58,35 @@ class ChatTemplate:
         self.bos_token = bos_token or ""
         self.eos_token = eos_token or ""
 
-    def render(self, messages: list[dict], *, add_generation_prompt: bool = True, **kwargs) -> str:
-        ctx = dict(kwargs)
-        ctx.update(messages=messages, add_generation_prompt=add_generation_prompt,
-                   bos_token=self.bos_token, eos_token=self.eos_token)
+    def render(self, messages: list[dict], *, add_generation_prompt: bool = True, tools: list | None = None,
+               template_kwargs: dict | None = None) -> str:
+        """The prompt text. The request's template_kwargs are a dict of variables, never Python
+        keyword arguments (a key "self" once collided with this method's own). Any failure is a
+        TemplateError blaming `chat_template_kwargs` when the render succeeds without them, else
+        `messages`."""
+        extra = dict(template_kwargs or {})
         try:
-            return self._template.render(**ctx)
+            return self._render(messages, add_generation_prompt, tools, extra)
+        except TemplateError as e:
+            if extra and e.param == "messages":
+                try:
+                    self._render(messages, add_generation_prompt, tools, {})
+                except TemplateError:
+                    raise e from None
+                raise TemplateError(f"chat_template_kwargs: {e}", "chat_template_kwargs") from None
+            raise
+
+    def _render(self, messages, add_generation_prompt, tools, extra: dict) -> str:
+        ctx = {"bos_token": self.bos_token, "eos_token": self.eos_token, **extra,
+               "messages": messages, "add_generation_prompt": add_generation_prompt, "tools": tools}
+        try:
+            return self._template.render(ctx)
         except TemplateError:
             raise
-        except (self._jinja_error, TypeError, ValueError) as e:  # e.g. tojson of an undefined value
-            raise TemplateError(f"the chat template failed: {e}") from e
+        except RecursionError:
+            raise TemplateError("the chat template failed: it recursed too deeply") from None
+        except Exception as e:  # noqa: BLE001 - a template is code the request drives: any failure is the request's
+            raise TemplateError(f"the chat template failed: {type(e).__name__}: {e}") from e
 
 
 def _is_file(p: Path) -> bool:

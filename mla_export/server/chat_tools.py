@@ -44,11 +44,8 @@ class ChatPlan:
         self.decode: Callable[[list[int]], str] | None = None
 
     def template_args(self) -> dict:
-        """The template's arguments besides `messages` (chat_template_kwargs override, as vLLM)."""
-        args = {"add_generation_prompt": self.req.add_generation_prompt,
-                "tools": self.req.tool.tools if self.req.tool is not None else None}
-        args.update({k: v for k, v in self.req.template_kwargs.items() if k != "messages"})
-        return args
+        """ChatTemplate.render's arguments besides `messages`."""
+        return template_args(self.req)
 
     def output(self, prompt_text: str) -> Callable[[], ChoiceOutput] | None:
         if self.forced:
@@ -78,6 +75,13 @@ def marker_decoder(tokenizer, markers: tuple[str, ...]) -> Callable[[list[int]],
         return None
     drop = special - keep
     return lambda ids: tokenizer.decode([i for i in ids if i not in drop], skip_special_tokens=False)
+
+
+def template_args(req: P.ChatRequest) -> dict:
+    """ChatTemplate.render's arguments besides `messages`, for /v1/chat/completions and /tokenize
+    alike (chat_template_kwargs checked by protocol.py: no name the renderer sets itself)."""
+    return {"add_generation_prompt": req.add_generation_prompt,
+            "tools": req.tool.tools if req.tool is not None else None, "template_kwargs": req.template_kwargs}
 
 
 def plan(st, req: P.ChatRequest) -> ChatPlan:

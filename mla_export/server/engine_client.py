@@ -84,11 +84,11 @@ class ModelView:
                    contract=raw if isinstance(raw, dict) else {}, out_dir=Path(out_dir) if out_dir else None)
 
     @classmethod
-    def of_export(cls, out_dir: str | Path, max_model_len: int) -> "ModelView":
+    def of_export(cls, out_dir: str | Path, max_model_len: int, verify: str | None = None) -> "ModelView":
         """From an export directory without loading the graph (the Ray ingress: the replicas run
         the model and report the context length their caches hold)."""
         from mla_export.runtime.model_dir import load_model_dir
 
-        contract, facts = load_model_dir(out_dir)
+        contract, facts = load_model_dir(out_dir, verify)
         return cls(tokenizer=facts.load_tokenizer(), tokenizer_path=facts.tokenizer_path,
                    max_model_len=int(max_model_len), contract=contract.raw, out_dir=Path(out_dir))

@@ -130,8 +130,8 @@ def engine_params(st, s: P.Sampling, prompt_len: int, choice: int):
                               allowed_token_ids=None if s.allowed_token_ids is None else tuple(s.allowed_token_ids),
                               structured_outputs=s.structured_outputs, stop=tuple(s.stop),
                               include_stop_str_in_output=s.include_stop_str_in_output)
-    except ValueError as e:
-        raise P.bad_request(str(e)) from None
+    except ValueError as e:  # SamplingParams' domain check (SamplingParamError names the field)
+        raise P.bad_request(str(e), getattr(e, "param", None)) from None
 
 
 async def start(st, prompt_ids: list[list[int]], s: P.Sampling, prefix: str,
@@ -159,8 +159,8 @@ async def start(st, prompt_ids: list[list[int]], s: P.Sampling, prefix: str,
         raise P.APIError(503, "The server is shutting down.", type="server_error", code="shutting_down") from None
     except EngineDead as e:
         raise P.APIError(503, f"The engine failed: {e}", type="server_error", code="engine_error") from None
-    except ValueError as e:  # the engine's own validation (context, cache capacity, ...)
-        raise P.bad_request(str(e)) from None
+    except ValueError as e:  # the engine's own validation (context, cache capacity, token ids, ...)
+        raise P.bad_request(str(e), getattr(e, "param", None)) from None
     return q, choices, [len(x) for x in prompt_ids]
 
 
@@ -343,8 +343,10 @@ def _chat_finish_reason(ch: _Choice) -> str | None:
     return "tool_calls" if ch.finished and ch.out is not None and ch.out.tools_called else ch.finish_reason
 
 
-def chat_choice(ch: _Choice, want_ids: bool, top: int = 0) -> dict:
+def chat_choice(ch: _Choice, want_ids: bool, top: int = 0, echo: str | None = None) -> dict:
     msg = ch.out.message(_text(ch)) if ch.out is not None else {"role": "assistant", "content": _text(ch)}
+    if echo:
+        msg["content"] = echo + (msg.get("content") or "")
     d = {"index": ch.index, "message": msg,
          "logprobs": chat_logprobs(ch.token_ids, ch.logprobs, top), "finish_reason": _chat_finish_reason(ch)}
     if want_ids:
@@ -394,10 +396,11 @@ def chat_delta(ch: _Choice, delta: str, new_ids: list[int], new_lps, s: P.Sampli
 
 async def respond(st, request: Request, endpoint: str, prompt_ids: list[list[int]], s: P.Sampling,
                   chat: bool, echo_texts: list[str] | None = None, chat_output: Callable[[], Any] | None = None,
-                  decode: Callable[[list[int]], str] | None = None) -> Response:
+                  decode: Callable[[list[int]], str] | None = None, chat_echo: str | None = None) -> Response:
     """`echo_texts`: completions' echo, the prompts' text; `chat_output`: makes each choice's
     ChoiceOutput (reasoning / tool-call parsing), `decode`: the text of token ids when the parsers
-    need special marker tokens kept (None: the usual)."""
+    need special marker tokens kept (None: the usual); `chat_echo`: chat's echo, the text put
+    before each reply's content (protocol.ChatRequest.echo_text)."""
     rid = P.new_id("chatcmpl" if chat else "cmpl")
     created = P.now()
     q, choices, prompt_lens = await start(st, prompt_ids, s, rid, echo_texts)
@@ -420,7 +423,7 @@ async def respond(st, request: Request, endpoint: str, prompt_ids: list[list[int
                 while not all(c.finished for c in choices):
                     await next_events(st, detok, q, by_id)
                 ordered = sorted(choices, key=lambda c: c.index)
-                made = [chat_choice(c, s.return_token_ids, s.logprobs or 0) if chat
+                made = [chat_choice(c, s.return_token_ids, s.logprobs or 0, chat_echo) if chat
                         else completion_choice(c, s) for c in ordered]
                 body = (P.chat_body if chat else P.completion_body)(rid, st.model_name, created, made, use())
                 if chat and s.prompt_logprobs is not None:  # vLLM: one list, on the response
@@ -449,6 +452,10 @@ async def respond(st, request: Request, endpoint: str, prompt_ids: list[list[int
                     await emit(P.chat_chunk(rid, st.model_name, created, [
                         {"index": c.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                          "finish_reason": None}]))
+                    if chat_echo:  # vLLM sends the echoed message as the next chunk, before any token
+                        await emit(P.chat_chunk(rid, st.model_name, created, [
+                            {"index": c.index, "delta": {"content": chat_echo}, "logprobs": None,
+                             "finish_reason": None}]))
             while not all(c.finished for c in choices):
                 for ch, delta, new_ids, new_lps in await next_events(st, detok, q, by_id):
                     echo_text, echo_lps = ("", None) if chat else _echo_prefix(ch, s.logprobs)

@@ -230,6 +230,8 @@ def _reject_unsupported(body: dict, chat: bool) -> None:
 def _parse_sampling(body: dict, *, chat: bool, defaults: dict | None = None) -> Sampling:
     """`defaults`: the model's generation_config values (SamplingParams names) for fields the
     request does not give (vLLM's --generation-config auto)."""
+    from mla_export.runtime.sampling import token_id_key
+
     from .structured_request import parse_structured_outputs
 
     _reject_unsupported(body, chat)
@@ -306,13 +308,11 @@ def _parse_sampling(body: dict, *, chat: bool, defaults: dict | None = None) -> 
             raise bad_request(f"'logit_bias' must be an object of token id -> bias, got {_type_name(logit_bias)}",
                               "logit_bias")
         for k, v in logit_bias.items():
-            if not (isinstance(k, str) and k.isdigit()):
-                raise bad_request(f"'logit_bias' keys must be token ids, got {k!r}", "logit_bias")
+            if token_id_key(k) is None:
+                raise bad_request(f"'logit_bias' keys must be token ids, got {k[:40]!r}", "logit_bias")
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not -100 <= v <= 100:
                 raise bad_request(f"'logit_bias' values must be numbers in [-100, 100], got {v!r}", "logit_bias")
-    if chat and body.get("echo"):  # vLLM's chat echo (repeat the last message) is not built
-        raise bad_request("'echo' is not supported for chat completions by this server", "echo")
-    echo = False if chat else _get_bool(body, "echo", False)
+    echo = False if chat else _get_bool(body, "echo", False)  # chat's echo: ChatRequest.echo_text
     prompt_logprobs = _get_int(body, "prompt_logprobs", None, lo=0, hi=20)
     if prompt_logprobs is not None and stream:
         raise bad_request("'prompt_logprobs' is not supported with 'stream': true (ask for them non-streamed)",
@@ -340,7 +340,8 @@ def _parse_sampling(body: dict, *, chat: bool, defaults: dict | None = None) -> 
         frequency_penalty=_get_float(body, "frequency_penalty", 0.0, lo=-2.0, hi=2.0),
         repetition_penalty=_get_float(body, "repetition_penalty", d.get("repetition_penalty", 1.0), lo=1e-6, hi=100.0),
         min_p=_get_float(body, "min_p", d.get("min_p", 0.0), lo=0.0, hi=1.0), min_tokens=min_tokens,
-        logit_bias={int(k): float(v) for k, v in logit_bias.items()} if logit_bias else None, logprobs=logprobs,
+        logit_bias={token_id_key(k): float(v) for k, v in logit_bias.items()} if logit_bias else None,
+        logprobs=logprobs,
         include_stop_str_in_output=_get_bool(body, "include_stop_str_in_output", False), echo=echo,
         bad_words=list(bad_words or []), allowed_token_ids=allowed, truncate_prompt_tokens=truncate,
         prompt_logprobs=prompt_logprobs, structured_outputs=structured)
@@ -363,6 +364,10 @@ class ChatRequest:
     add_generation_prompt: bool = True
     template_kwargs: dict = field(default_factory=dict)
     tool: ToolRequest | None = None  # tools, tool_choice, parallel_tool_calls
+    # vLLM's chat `echo`: the last message's content put before each reply when that message has
+    # the reply's role (assistant, or the last message's own without add_generation_prompt): a
+    # partial answer the model continues comes back whole. None: echo off.
+    echo_text: str | None = None
 
 
 def parse_completion_request(body: dict, defaults: dict | None = None) -> CompletionRequest:
@@ -394,6 +399,42 @@ def parse_completion_request(body: dict, defaults: dict | None = None) -> Comple
 _ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
+# chat_template_kwargs that vLLM refuses too (the template is the server's; the prompt is always text)
+_VLLM_REFUSED_KWARGS = ("chat_template", "tokenize")
+
+
+def _template_kwargs(body: dict) -> tuple[bool, dict]:
+    """(add_generation_prompt, the chat_template_kwargs left as template variables). A name the
+    renderer sets from other fields (messages, tools) or its own helpers is refused naming it;
+    add_generation_prompt is merged with the top-level field (vLLM merges it, the top-level
+    winning: here the two must agree when both are given, so neither is silently ignored)."""
+    from .chat import RENDERER_VARIABLES
+
+    given = "add_generation_prompt" in body and body["add_generation_prompt"] is not None
+    agp = _get_bool(body, "add_generation_prompt", True)
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is None:
+        return agp, {}
+    if not isinstance(kwargs, dict):
+        raise bad_request(f"'chat_template_kwargs' must be an object, got {_type_name(kwargs)}", "chat_template_kwargs")
+    kwargs = dict(kwargs)
+    if "add_generation_prompt" in kwargs:
+        inner = kwargs.pop("add_generation_prompt")
+        param = "chat_template_kwargs.add_generation_prompt"
+        if not isinstance(inner, bool):
+            raise bad_request(f"'{param}' must be a boolean, got {_type_name(inner)}", param)
+        if given and inner != agp:
+            raise bad_request(f"'{param}' ({inner}) contradicts 'add_generation_prompt' ({agp}); give one", param)
+        agp = inner
+    for key in kwargs:
+        if key in RENDERER_VARIABLES or key in _VLLM_REFUSED_KWARGS:
+            where = {"messages": "the request's 'messages'", "tools": "the request's 'tools'"}.get(
+                key, "the server" if key in _VLLM_REFUSED_KWARGS else "the renderer (one of its functions)")
+            raise bad_request(f"'chat_template_kwargs.{key}' is reserved: {where} sets it",
+                              f"chat_template_kwargs.{key}")
+    return agp, kwargs
+
+
 def parse_chat_request(body: dict, defaults: dict | None = None) -> ChatRequest:
     model = _get_str(body, "model", None)
     msgs = body.get("messages")
@@ -410,9 +451,15 @@ def parse_chat_request(body: dict, defaults: dict | None = None) -> ChatRequest:
         content = m.get("content")
         if isinstance(content, list):  # content parts: only text is supported
             texts = []
-            for part in content:
-                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                    raise bad_request(f"{param}.content: only text parts are supported", f"{param}.content")
+            for j, part in enumerate(content):
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind != "text" or not isinstance(part.get("text"), str):
+                    where = f"{param}.content.[{j}]"
+                    if kind is not None and kind != "text":  # image_url, input_audio, file, ...: never dropped silently
+                        raise bad_request(f"{where}: {kind!r} content is not supported: this server runs the text "
+                                          "model only (a multimodal checkpoint's vision tower is not exported); "
+                                          "send text parts", where)
+                    raise bad_request(f"{where}: a content part must be {{'type': 'text', 'text': <string>}}", where)
                 texts.append(part["text"])
             content = "".join(texts)
         elif content is None:
@@ -426,13 +473,14 @@ def parse_chat_request(body: dict, defaults: dict | None = None) -> ChatRequest:
             msg["name"] = m["name"]
         msg.update(message_tool_fields(m, role, param))
         out.append(msg)
-    agp = _get_bool(body, "add_generation_prompt", True)
-    kwargs = body.get("chat_template_kwargs") or {}
-    if not isinstance(kwargs, dict):
-        raise bad_request("'chat_template_kwargs' must be an object", "chat_template_kwargs")
+    agp, kwargs = _template_kwargs(body)
     tool = parse_tool_fields(body)
+    echo_text = None
+    if _get_bool(body, "echo", False):
+        reply_role = "assistant" if agp else out[-1]["role"]
+        echo_text = (out[-1]["content"] or "") if out[-1]["role"] == reply_role else ""
     return ChatRequest(model=model, messages=out, sampling=_parse_sampling(body, chat=True, defaults=defaults),
-                       add_generation_prompt=agp, template_kwargs=kwargs, tool=tool)
+                       add_generation_prompt=agp, template_kwargs=kwargs, tool=tool, echo_text=echo_text)
 
 
 # ---- response bodies ----------------------------------------------------------------------------

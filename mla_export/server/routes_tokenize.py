@@ -21,6 +21,7 @@ from starlette.routing import Route
 
 from . import protocol as P
 from .chat import TemplateError
+from .chat_tools import template_args
 
 __all__ = ["tokenize_routes"]
 
@@ -57,12 +58,9 @@ def tokenize_routes(st, *, check_auth, check_model, read_body) -> list[Route]:
                 req = P.parse_chat_request({k: body[k] for k in _CHAT_KEYS if k in body})
                 special = P._get_bool(body, "add_special_tokens", False)  # the template writes them
                 try:
-                    args = {"add_generation_prompt": req.add_generation_prompt,
-                            "tools": req.tool.tools if req.tool else None, **req.template_kwargs}
-                    args.pop("messages", None)
-                    text = st.chat_template.render(req.messages, **args)
+                    text = st.chat_template.render(req.messages, **template_args(req))
                 except TemplateError as e:
-                    raise P.bad_request(f"the chat template rejected the messages: {e}", "messages") from None
+                    raise P.bad_request(f"the chat template rejected the request: {e}", e.param) from None
             else:
                 text = body.get("prompt")
                 if not isinstance(text, str):

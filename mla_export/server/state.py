@@ -63,6 +63,9 @@ class ServerState:
         self.vocab_size = facts.get("vocab_size")
         self.created = int(time.time())
         self.final_stats: dict | None = None
+        # Set by `mla-export serve` on SIGTERM/SIGINT (draining.py): /health and new generation
+        # requests answer 503 while the running ones finish.
+        self.draining = False
         # vLLM's --generation-config: the model's recommended sampling values are the defaults of
         # requests that do not give them (max_new_tokens: of max_tokens).
         from ..runtime.generation_config import read_generation_defaults

@@ -83,7 +83,8 @@ class OpenAIIngress:
         metrics = ServerMetrics(model_name=s.model_name)
         client = RayEngineClient(engine, capacity=n * info["capacity"], metrics=metrics,
                                  deployment_name=ENGINE_DEPLOYMENT)
-        model = ModelView.of_export(s.out_dir, info["max_model_len"])
+        verify = s.engine_kwargs.get("verify")  # the replicas did the full check, if asked for
+        model = ModelView.of_export(s.out_dir, info["max_model_len"], "sampled" if verify == "full" else verify)
         self.state = ServerState(client, model, metrics, model_name=s.model_name, api_key=s.api_key,
                                  chat_template=s.chat_template, generation_config=s.generation_config,
                                  **s.parsers)
@@ -98,7 +99,9 @@ def build_application(settings: RaySettings):
         raise FileNotFoundError(f"{settings.out_dir}: not an export directory (no mla_graph.json)")
     from mla_export.runtime.model_dir import load_model_dir
 
-    _, facts = load_model_dir(settings.out_dir)
+    # A quick check here (before Ray starts); a full one is the replicas' (each reads its node's copy).
+    verify = settings.engine_kwargs.get("verify")
+    _, facts = load_model_dir(settings.out_dir, "sampled" if verify == "full" else verify)
     scale = ({"autoscaling_config": dict(settings.autoscaling)} if settings.autoscaling
              else {"num_replicas": settings.replicas})
     engine = serve.deployment(EngineReplica).options(

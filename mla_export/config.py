@@ -240,7 +240,8 @@ class MLAModelConfig:
         if q_lora_rank is not None:
             q_lora_rank = _positive_int(d, "q_lora_rank")
         if d.get("hidden_act", "silu") != "silu":
-            raise ConfigError(f"config.json: hidden_act {show(d['hidden_act'])} is not supported (these MLA models use 'silu')")
+            raise ConfigError(f"config.json: hidden_act {show(d['hidden_act'])} is not supported "
+                              "(these MLA models use 'silu')")
         if ints["qk_rope_head_dim"] % 2:
             raise ConfigError(f"qk_rope_head_dim must be even, got {ints['qk_rope_head_dim']}")
         rope = _rope_config(d, fam.rope_head_dim(d, ints), ints["max_position_embeddings"])
@@ -302,7 +303,7 @@ def _token_ids(d: dict, key: str, vocab: int) -> tuple[int, ...]:
         if isinstance(i, bool) or not isinstance(i, int):
             raise ConfigError(f"config.json: {key} must be an integer or a list of integers, got {show(v)}")
         if not 0 <= i < vocab:
-            raise ConfigError(f"config.json: {key} {i} is outside the vocabulary [0, {vocab}) (vocab_size {vocab})")
+            raise ConfigError(f"config.json: {key} {i} is outside the vocabulary [0, vocab_size = {vocab})")
     return tuple(ids)
 
 

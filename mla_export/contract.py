@@ -177,7 +177,9 @@ def _type_ok(value, type_name: str) -> bool:
     if type_name == "integer":
         return isinstance(value, int) and not isinstance(value, bool)
     if type_name == "number":  # JSON has no NaN or Infinity (Python's parser takes them)
-        return isinstance(value, int) and not isinstance(value, bool) or isinstance(value, float) and math.isfinite(value)
+        if isinstance(value, float):
+            return math.isfinite(value)
+        return isinstance(value, int) and not isinstance(value, bool)
     return isinstance(value, _JSON_TYPES[type_name])
 
 

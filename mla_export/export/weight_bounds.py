@@ -34,7 +34,8 @@ def _expected(cfg: MLAModelConfig) -> list[tuple[str, tuple[int, ...], str]]:
     heads = "num_attention_heads, qk_nope_head_dim, qk_rope_head_dim"
     out = [("model.embed_tokens.weight", (cfg.vocab_size, hidden), "vocab_size, hidden_size"),
            (f"{a}.kv_a_proj_with_mqa.weight", (r + dr, hidden), "kv_lora_rank, qk_rope_head_dim, hidden_size"),
-           (f"{a}.kv_b_proj.weight", (h * (dn + dv), r), "num_attention_heads, qk_nope_head_dim, v_head_dim, kv_lora_rank"),
+           (f"{a}.kv_b_proj.weight", (h * (dn + dv), r),
+            "num_attention_heads, qk_nope_head_dim, v_head_dim, kv_lora_rank"),
            (f"{a}.o_proj.weight", (hidden, h * dv), "hidden_size, num_attention_heads, v_head_dim")]
     if q is None:
         out.append((f"{a}.q_proj.weight", (h * (dn + dr), hidden), f"{heads}, hidden_size, q_lora_rank (null)"))
@@ -79,7 +80,8 @@ def check_weights_hold(cfg: MLAModelConfig, reader: CheckpointReader, sublayers:
     if cfg.block["layout"] == "standard":
         _check_mlp_kinds(cfg, reader, layers)
     moe = next((i for i, t in enumerate(cfg.mlp_layer_types) if t == "moe"), None)
-    if cfg.moe is not None and moe is not None and cfg.block["layout"] == "standard":
+    if (cfg.moe is not None and moe is not None and cfg.block["layout"] == "standard"
+            and reader.has(f"model.layers.{moe}.mlp.gate.weight")):  # a MoE block under DeepSeek's names
         shared = reader.has(f"model.layers.{moe}.mlp.shared_experts.gate_proj.weight")
         if shared != bool(cfg.moe.n_shared_experts):
             raise ConfigError(f"config.json: n_shared_experts is {cfg.moe.n_shared_experts}, but the weights hold "
@@ -95,5 +97,6 @@ def _check_mlp_kinds(cfg: MLAModelConfig, reader: CheckpointReader, layers: int)
         p = f"model.layers.{i}.mlp"
         dense, moe = reader.has(f"{p}.gate_proj.weight"), reader.has(f"{p}.gate.weight")
         if (kind == "moe" and dense and not moe) or (kind == "dense" and moe and not dense):
-            raise ConfigError(f"config.json: {_DENSE_MOE_KEYS} make layer {i} {'a MoE' if kind == 'moe' else 'a dense'} "
-                              f"layer, but the weights hold {'a dense MLP' if dense else 'a MoE block'} there")
+            said = "a MoE" if kind == "moe" else "a dense"
+            raise ConfigError(f"config.json: {_DENSE_MOE_KEYS} make layer {i} {said} layer, but the weights hold "
+                              f"{'a dense MLP' if dense else 'a MoE block'} there")

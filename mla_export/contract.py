@@ -321,9 +321,11 @@ def validate_contract(raw: dict, out_dir: str | Path | None = None, verify: str 
                                     f"{CONTRACT_VERSION}: {_first_difference(got_key, want_key)}")
     files = raw["files"]
     if not (files["openvino_xml"] or files["onnx"] or files["onnx_portable"]):
-        raise ContractError("mla_graph.json: no graph file is listed")
+        raise ContractError("mla_graph.json: files: no graph file is listed (openvino_xml, onnx and onnx_portable "
+                            "are all null)")
     if (files["onnx_portable"] is None) != (raw["portable"] is None):
-        raise ContractError("mla_graph.json: 'portable' I/O must be given exactly when onnx_portable is")
+        raise ContractError("mla_graph.json: portable, files.onnx_portable: 'portable' I/O must be given exactly "
+                            "when onnx_portable is")
     if out_dir is not None:
         listed = [f for f in files.values() if f] + ([raw["tokenizer"]["file"]] if raw["tokenizer"] else [])
         named = [(f"files.{k}", v) for k, v in files.items() if v]

@@ -267,7 +267,7 @@ class TestConfigFuzz:
     """Cause 1's fuzz: hostile values (types, magnitudes 1e9 / 2**31 / 1e12, negative, NaN, inf,
     bool, str, list, object, null) of every key, missing keys and contradictory ones, through the
     whole exporter. Each case ends within seconds in one user error naming a key it touched, or
-    in an export that loads. MLA_CONFIG_FUZZ_CASES=N for more (default 200: ~10 s here)."""
+    in an export that loads. MLA_CONFIG_FUZZ_CASES=N for more (default 200: ~20 s here)."""
 
     def test_fuzz(self, rng, checkpoint, tmp_path):
         n = int(os.environ.get("MLA_CONFIG_FUZZ_CASES", "200"))

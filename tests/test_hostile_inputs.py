@@ -48,7 +48,9 @@ def run_worker(mode: str, cases: list, source: Path, tmp_path: Path) -> list[dic
     """Every case's result line; a worker killed (memory) or stopped (time) fails naming the case."""
     cases_file = tmp_path / "cases.json"
     cases_file.write_text(json.dumps(cases))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parent.parent)] + sys.path))
+    # one BLAS/OpenMP thread: their per-thread buffers would count against the limit on a many-core CI machine
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parent.parent)] + sys.path),
+               OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
     budget = 30 + len(cases) * 3
     try:
         proc = subprocess.run([sys.executable, str(WORKER), mode, str(cases_file), str(source), str(tmp_path / "work")],

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .config_values import check_values, show
 from .families import Block, SparseAttention, family as _family, supported_model_types
 from .families.wrappers import unwrap
 from .json_file import read_json
@@ -227,6 +228,7 @@ class MLAModelConfig:
         for key in ("rope_interleave", "norm_topk_prob"):
             if key in raw and raw[key] is None:
                 d[key] = False
+        check_values(d, ConfigError)  # types and sane ranges, before anything is derived from them
         d = fam.prepare(d, ConfigError)
         missing = [k for k in fam.required if d.get(k) is None]
         if missing:
@@ -238,7 +240,8 @@ class MLAModelConfig:
         if q_lora_rank is not None:
             q_lora_rank = _positive_int(d, "q_lora_rank")
         if d.get("hidden_act", "silu") != "silu":
-            raise ConfigError(f"hidden_act {d['hidden_act']!r} is not supported (these MLA models use 'silu')")
+            raise ConfigError(f"config.json: hidden_act {show(d['hidden_act'])} is not supported "
+                              "(these MLA models use 'silu')")
         if ints["qk_rope_head_dim"] % 2:
             raise ConfigError(f"qk_rope_head_dim must be even, got {ints['qk_rope_head_dim']}")
         rope = _rope_config(d, fam.rope_head_dim(d, ints), ints["max_position_embeddings"])
@@ -266,7 +269,7 @@ class MLAModelConfig:
             intermediate_size=ints["intermediate_size"], max_position_embeddings=ints["max_position_embeddings"],
             rms_norm_eps=_positive_float(d, "rms_norm_eps"), attention_bias=bool(d.get("attention_bias", False)),
             mlp_bias=fam.mlp_bias(d), tie_word_embeddings=bool(d.get("tie_word_embeddings", False)), rope=rope,
-            rope_form=fam.rope_form(d), moe=moe, bos_token_id=d.get("bos_token_id"), eos_token_ids=eos_ids,
+            rope_form=fam.rope_form(d), moe=moe, bos_token_id=bos_ids[0] if bos_ids else None, eos_token_ids=eos_ids,
             raw=raw, family=fam.name, mlp_layer_types=layer_types, block=fam.block(d, ints, ConfigError),
             sparse=fam.sparse_attention(d, ints, ConfigError),
             weight_prefixes=prefixes)
@@ -298,23 +301,23 @@ def _token_ids(d: dict, key: str, vocab: int) -> tuple[int, ...]:
     ids = v if isinstance(v, list) else [v]
     for i in ids:
         if isinstance(i, bool) or not isinstance(i, int):
-            raise ConfigError(f"config.json: {key} must be an integer or a list of integers, got {v!r}")
+            raise ConfigError(f"config.json: {key} must be an integer or a list of integers, got {show(v)}")
         if not 0 <= i < vocab:
-            raise ConfigError(f"config.json: {key} {i} is outside the vocabulary [0, {vocab})")
+            raise ConfigError(f"config.json: {key} {i} is outside the vocabulary [0, vocab_size = {vocab})")
     return tuple(ids)
 
 
 def _positive_int(d: dict, key: str) -> int:
     v = d.get(key)
     if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-        raise ConfigError(f"config.json: {key} must be a positive integer, got {v!r}")
+        raise ConfigError(f"config.json: {key} must be a positive integer, got {show(v)}")
     return v
 
 
 def _positive_float(d: dict, key: str) -> float:
     v = d.get(key)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-        raise ConfigError(f"config.json: {key} must be a positive number, got {v!r}")
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not v > 0:
+        raise ConfigError(f"config.json: {key} must be a positive number, got {show(v)}")
     return float(v)
 
 
@@ -336,11 +339,14 @@ def _rope_config(d: dict, rope_dim: int, max_pos: int) -> RopeConfig:
     if rope_type == "longrope":
         return _longrope(d, params, float(theta), dim, max_pos)
     if rope_type != "yarn":
-        raise ConfigError(f"rope type {rope_type!r} is not supported (these MLA models use 'default', 'yarn' "
-                          "or 'longrope')")
+        block = "rope_scaling" if d.get("rope_scaling") else "rope_parameters"
+        raise ConfigError(f"config.json: {block}.rope_type {show(rope_type)} is not supported (these MLA models use "
+                          "'default', 'yarn' or 'longrope')")
     orig = d.get("original_max_position_embeddings")
     if orig is None:
-        orig = params.get("original_max_position_embeddings", max_pos)
+        orig = params.get("original_max_position_embeddings")
+    if orig is None:  # null as absent (transformers' default: the model's own context)
+        orig = max_pos
     factor = params.get("factor")
     if factor is None:  # transformers derives it from the two lengths then
         factor = max_pos / orig
@@ -362,13 +368,14 @@ def _longrope(d: dict, params: dict, theta: float, dim: int, max_pos: int) -> Ro
     and long ones beyond; cos/sin scaled by sqrt(1 + log(factor) / log(original)) (transformers)."""
     orig = params.get("original_max_position_embeddings", d.get("original_max_position_embeddings"))
     if isinstance(orig, bool) or not isinstance(orig, int) or orig <= 1:
-        raise ConfigError(f"config.json: longrope needs original_max_position_embeddings > 1, got {orig!r}")
+        raise ConfigError(f"config.json: rope_parameters (longrope) needs original_max_position_embeddings > 1, "
+                          f"got {show(orig)}")
     factors = {}
     for key in ("short_factor", "long_factor"):
         v = params.get(key)
         if (not isinstance(v, list) or len(v) != dim // 2
-                or any(isinstance(x, bool) or not isinstance(x, (int, float)) or not x > 0 for x in v)):
-            raise ConfigError(f"config.json: rope {key} must be {dim // 2} positive numbers, got {v!r}")
+                or any(isinstance(x, bool) or not isinstance(x, (int, float)) or not 0 < x < 1e6 for x in v)):
+            raise ConfigError(f"config.json: rope {key} must be {dim // 2} positive numbers below 1e6, got {show(v)}")
         factors[key] = tuple(float(x) for x in v)
     factor = params.get("factor")
     if factor is None:

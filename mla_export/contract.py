@@ -30,10 +30,12 @@ Only the standard library is imported here.
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from .config_values import show
 from .export_paths import inside
 from .json_file import read_json
 
@@ -174,9 +176,16 @@ _JSON_TYPES = {"object": dict, "array": list, "string": str, "boolean": bool, "n
 def _type_ok(value, type_name: str) -> bool:
     if type_name == "integer":
         return isinstance(value, int) and not isinstance(value, bool)
-    if type_name == "number":
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if type_name == "number":  # JSON has no NaN or Infinity (Python's parser takes them)
+        if isinstance(value, float):
+            return math.isfinite(value)
+        return isinstance(value, int) and not isinstance(value, bool)
     return isinstance(value, _JSON_TYPES[type_name])
+
+
+def _same(value, wanted) -> bool:
+    """JSON equality for a const / enum: 1 is not true, 1.0 is not the string "1"."""
+    return type(value) is type(wanted) and value == wanted
 
 
 def _check(value, sch: dict, root: dict, where: str) -> None:
@@ -189,13 +198,17 @@ def _check(value, sch: dict, root: dict, where: str) -> None:
     if "type" in sch:
         types = sch["type"] if isinstance(sch["type"], list) else [sch["type"]]
         if not any(_type_ok(value, t) for t in types):
-            raise ContractError(f"{where}: expected {' or '.join(types)}, got {json.dumps(value)[:60]}")
-    if "const" in sch and value != sch["const"]:
-        raise ContractError(f"{where}: must be {json.dumps(sch['const'])}, got {json.dumps(value)[:60]}")
-    if "enum" in sch and value not in sch["enum"]:
-        raise ContractError(f"{where}: must be one of {sch['enum']}, got {json.dumps(value)[:60]}")
+            raise ContractError(f"{where}: expected {' or '.join(types)}, got {show(value)}")
+    if "const" in sch and not _same(value, sch["const"]):
+        raise ContractError(f"{where}: must be {json.dumps(sch['const'])}, got {show(value)}")
+    if "enum" in sch and not any(_same(value, e) for e in sch["enum"]):
+        raise ContractError(f"{where}: must be one of {sch['enum']}, got {show(value)}")
     if "minimum" in sch and _type_ok(value, "number") and value < sch["minimum"]:
-        raise ContractError(f"{where}: must be >= {sch['minimum']}, got {value}")
+        raise ContractError(f"{where}: must be >= {sch['minimum']}, got {show(value)}")
+    if "maximum" in sch and _type_ok(value, "number") and value > sch["maximum"]:
+        raise ContractError(f"{where}: must be <= {sch['maximum']}, got {show(value)}")
+    if "minLength" in sch and isinstance(value, str) and len(value) < sch["minLength"]:
+        raise ContractError(f"{where}: must not be empty")
     if isinstance(value, dict):
         for key in sch.get("required", []):
             if key not in value:
@@ -211,6 +224,8 @@ def _check(value, sch: dict, root: dict, where: str) -> None:
     if isinstance(value, list):
         if len(value) < sch.get("minItems", 0):
             raise ContractError(f"{where}: needs at least {sch['minItems']} items, has {len(value)}")
+        if len(value) > sch.get("maxItems", len(value)):
+            raise ContractError(f"{where}: holds at most {sch['maxItems']} items, has {len(value)}")
         if "items" in sch:
             for i, item in enumerate(value):
                 _check(item, sch["items"], root, f"{where}[{i}]")
@@ -225,6 +240,22 @@ def _renamed_dims(name: str, shape: list) -> list:
     return _OLD_DIM_NAMES.get((name, tuple(shape)), shape)
 
 
+class _key:
+    """Re-raises a helper's ContractError (cache_layout, graph_io, check_files) as one that names
+    the contract key whose value it was checking."""
+
+    def __init__(self, key: str):
+        self.key = key
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, e, tb):
+        if isinstance(e, ContractError) and not str(e).startswith("mla_graph.json"):
+            raise ContractError(f"mla_graph.json: {self.key}: {e}") from None
+        return False
+
+
 def validate_contract(raw: dict, out_dir: str | Path | None = None, verify: str | None = None) -> None:
     """Schema check, then consistency: I/O lists as graph_io() defines them, files present and,
     with out_dir, each one's size and digest as recorded (verify: sampled | full | none, default
@@ -232,12 +263,20 @@ def validate_contract(raw: dict, out_dir: str | Path | None = None, verify: str 
     root = schema()
     _check(raw, root, root, "mla_graph.json")
     cache, model = raw["cache"], raw["model"]
+    vocab = model["vocab_size"]
+    for key, ids in (("bos_token_id", [] if model["bos_token_id"] is None else [model["bos_token_id"]]),
+                     ("eos_token_ids", model["eos_token_ids"])):
+        bad = next((i for i in ids if not 0 <= i < vocab), None)
+        if bad is not None:  # an id the graph can never produce: generation would never stop at it
+            raise ContractError(f"mla_graph.json: model.{key} holds {show(bad)}, outside the vocabulary "
+                                f"(model.vocab_size {vocab})")
     if cache["row_width"] != model["kv_lora_rank"] + model["qk_rope_head_dim"]:
         raise ContractError(f"mla_graph.json: cache.row_width {cache['row_width']} != kv_lora_rank + "
                             f"qk_rope_head_dim ({model['kv_lora_rank']} + {model['qk_rope_head_dim']})")
     if cache["num_layers"] != model["num_layers"]:
         raise ContractError("mla_graph.json: cache.num_layers differs from model.num_layers")
-    graph_dtype, graph_width, layout = cache_layout(cache["dtype"], cache["row_width"], model["kv_lora_rank"])
+    with _key("cache.dtype"):
+        graph_dtype, graph_width, layout = cache_layout(cache["dtype"], cache["row_width"], model["kv_lora_rank"])
     if cache.get("row_layout", layout) != layout:
         raise ContractError(f"mla_graph.json: cache.row_layout {cache['row_layout']!r}, a {cache['dtype']} cache "
                             f"has {layout!r}")
@@ -255,10 +294,14 @@ def validate_contract(raw: dict, out_dir: str | Path | None = None, verify: str 
         if index["num_layers"] != sparse["indexer_types"].count("full"):
             raise ContractError(f"mla_graph.json: cache.index.num_layers {index['num_layers']} != the "
                                 f"{sparse['indexer_types'].count('full')} 'full' layers of model.sparse_attention")
-        i_dtype, i_width, i_layout = index_cache_layout(cache["dtype"], index["row_width"])
+        with _key("cache.index"):
+            i_dtype, i_width, i_layout = index_cache_layout(cache["dtype"], index["row_width"])
         if (index["graph_dtype"], index["graph_row_width"]) != (i_dtype, i_width):
             raise ContractError(f"mla_graph.json: a {cache['dtype']} indexer cache is declared {i_dtype} [.., {i_width}] "
                                 f"in the graphs, the file says {index['graph_dtype']} [.., {index['graph_row_width']}]")
+        if len(sparse["indexer_types"]) != model["num_layers"]:
+            raise ContractError(f"mla_graph.json: model.sparse_attention.indexer_types has "
+                                f"{len(sparse['indexer_types'])} entries, model.num_layers is {model['num_layers']}")
     elif model.get("sparse_attention"):
         raise ContractError("mla_graph.json: model.sparse_attention is given but cache.index is not")
     index_io = (index["num_layers"], index["row_width"]) if index else None
@@ -266,19 +309,23 @@ def validate_contract(raw: dict, out_dir: str | Path | None = None, verify: str 
     if raw["portable"] is not None:
         variants.append(("portable", raw["portable"]["inputs"], raw["portable"]["outputs"]))
     for variant, inputs, outputs in variants:
-        want_in, want_out = graph_io(model["num_layers"], cache["block_size"], cache["row_width"], cache["dtype"], variant,
-                                     model["kv_lora_rank"], index_io)
+        with _key(variant if variant == "portable" else "cache"):
+            want_in, want_out = graph_io(model["num_layers"], cache["block_size"], cache["row_width"], cache["dtype"],
+                                         variant, model["kv_lora_rank"], index_io)
         for label, got, want in (("inputs", inputs, want_in), ("outputs", outputs, want_out)):
             got_key = [(t["name"], _renamed_dims(t["name"], list(t["shape"])), t["dtype"]) for t in got]
             want_key = [(t.name, list(t.shape), t.dtype) for t in want]
             if got_key != want_key:
-                raise ContractError(f"mla_graph.json: {variant} {label} differ from contract version "
+                key = f"portable.{label}" if variant == "portable" else label
+                raise ContractError(f"mla_graph.json: {key}: {variant} {label} differ from contract version "
                                     f"{CONTRACT_VERSION}: {_first_difference(got_key, want_key)}")
     files = raw["files"]
     if not (files["openvino_xml"] or files["onnx"] or files["onnx_portable"]):
-        raise ContractError("mla_graph.json: no graph file is listed")
+        raise ContractError("mla_graph.json: files: no graph file is listed (openvino_xml, onnx and onnx_portable "
+                            "are all null)")
     if (files["onnx_portable"] is None) != (raw["portable"] is None):
-        raise ContractError("mla_graph.json: 'portable' I/O must be given exactly when onnx_portable is")
+        raise ContractError("mla_graph.json: portable, files.onnx_portable: 'portable' I/O must be given exactly "
+                            "when onnx_portable is")
     if out_dir is not None:
         listed = [f for f in files.values() if f] + ([raw["tokenizer"]["file"]] if raw["tokenizer"] else [])
         named = [(f"files.{k}", v) for k, v in files.items() if v]
@@ -286,14 +333,16 @@ def validate_contract(raw: dict, out_dir: str | Path | None = None, verify: str 
             named.append(("tokenizer.file", raw["tokenizer"]["file"]))
         for key, f in named:
             inside(out_dir, f, key)  # nothing an export names may lie outside it
-        missing = [f for f in listed if not (Path(out_dir) / f).is_file()]
+        missing = [(key, f) for key, f in named if not (Path(out_dir) / f).is_file()]
         if missing:
-            raise ContractError(f"{out_dir}: file(s) listed in mla_graph.json are missing: {', '.join(missing)}")
+            raise ContractError(f"mla_graph.json: {', '.join(k for k, _ in missing)}: file(s) listed are missing: "
+                                f"{', '.join(f for _, f in missing)} (not in {out_dir})")
         from .export_files import check_files
 
         # Every listed file must be recorded: a contract without export.files is refused, not
         # loaded unchecked (unless verify is "none").
-        check_files(out_dir, raw["export"].get("files"), listed, verify)
+        with _key("export.files"):
+            check_files(out_dir, raw["export"].get("files"), listed, verify)
 
 
 def _first_difference(got: list, want: list) -> str:
@@ -427,7 +476,10 @@ def load_contract(out_dir: str | Path, verify: str | None = None) -> Contract:
     digests: verify = sampled | full | none, default $MLA_EXPORT_VERIFY or sampled)."""
     out_dir = Path(out_dir)
     raw = read_contract(out_dir)
-    validate_contract(raw, out_dir, verify)
+    try:
+        validate_contract(raw, out_dir, verify)
+    except ContractError as e:  # every loading error names the file (validate_contract's say "mla_graph.json")
+        raise ContractError(_in_file(out_dir / CONTRACT_FILE, str(e))) from None
     return Contract(raw, out_dir)
 
 
@@ -437,10 +489,17 @@ def read_contract(out_dir: str | Path) -> dict:
     out_dir = Path(out_dir)
     path = out_dir / CONTRACT_FILE
     raw = read_json(path, ContractError, f"; is {out_dir} an `mla-export export` output directory?")
-    if isinstance(raw, dict) and isinstance(raw.get("version"), int) and raw["version"] != CONTRACT_VERSION:
-        raise ContractError(f"{path}: contract version {raw['version']}, this mla-export reads version "
+    if isinstance(raw, dict) and _type_ok(raw.get("version"), "integer") and raw["version"] != CONTRACT_VERSION:
+        raise ContractError(f"{path}: contract version {show(raw['version'])}, this mla-export reads version "
                             f"{CONTRACT_VERSION}; export the model again")
     return raw
+
+
+def _in_file(path: Path, message: str) -> str:
+    """`<path>: <key>: <what>` from a validation message that starts with the file's bare name."""
+    if message.startswith(CONTRACT_FILE):
+        message = message[len(CONTRACT_FILE):].lstrip(".:").lstrip()
+    return f"{path}: {message}"
 
 
 _NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")

@@ -17,10 +17,13 @@ def inside(out_dir: str | Path, name: str, what: str) -> Path:
     from .contract import ContractError
 
     if not isinstance(name, str) or not name:
-        raise ContractError(f"mla_graph.json: {what} must be a file name, got {name!r}")
+        raise ContractError(f"mla_graph.json: {what} must be a file name, got {str(name)[:60]!r}")
     pure = PurePosixPath(name)
-    if pure.is_absolute() or "\\" in name or any(part in ("..", "") for part in pure.parts) or ":" in pure.parts[0]:
-        raise ContractError(f"mla_graph.json: {what} {name!r} must be a plain name inside the export directory")
+    # "." has no parts at all (it names the directory itself); a NUL byte or an over-long name would
+    # end in the OS's error, not ours
+    if (not pure.parts or pure.is_absolute() or "\\" in name or "\0" in name or len(name) > 255
+            or any(part in ("..", "") for part in pure.parts) or ":" in pure.parts[0]):
+        raise ContractError(f"mla_graph.json: {what} {name[:60]!r} must be a plain name inside the export directory")
     root = Path(out_dir).resolve()
     path = (root / name).resolve()
     if path != root and root not in path.parents:

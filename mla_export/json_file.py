@@ -1,18 +1,33 @@
 """Reading one JSON document from a file with errors that name the file and say what is wrong
-(the checkpoint's config.json, the export's mla_graph.json)."""
+(the checkpoint's config.json, the export's mla_graph.json).
+
+Both files are untrusted input, so what the json module itself raises on hostile text is one
+error here too: nesting deeper than the parser's recursion (RecursionError), an integer of more
+than 4300 digits (a plain ValueError), bytes that are not UTF-8, and a file far larger than any
+real one (read before parsing: a 10 GiB "config" would be read into memory whole).
+"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+MAX_BYTES = 64 << 20  # the largest real ones are tens of KiB (a 1024-layer contract: ~0.4 MiB)
 
-def read_json(path: Path, error: type[Exception], missing: str):
+
+def read_json(path: Path, error: type[Exception], missing: str, max_bytes: int = MAX_BYTES):
     """The parsed document at `path`; `error(...)` when it is absent (`missing` says what the file
-    is) or not JSON."""
+    is), larger than `max_bytes`, or not JSON."""
     if not path.is_file():
         raise error(f"{path}: not found{missing}")
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise error(f"{path}: not readable as JSON: {e}") from e
+        size = path.stat().st_size
+        if size > max_bytes:
+            raise error(f"{path}: {size} bytes, more than the {max_bytes >> 20} MiB such a file can be")
+        return json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, ValueError) as e:  # JSONDecodeError, UnicodeDecodeError, int digit limit
+        if isinstance(e, error):
+            raise
+        raise error(f"{path}: not readable as JSON: {e}") from None
+    except RecursionError:
+        raise error(f"{path}: not readable as JSON: nested deeper than the parser allows") from None

@@ -51,6 +51,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "expert's rows) or gather-matmul (OpenVINO's GatherMatmul, IR only; batches an expert's "
                         "tokens only with AMX). Default auto: fused for int8/int4 weights, else grouped. The "
                         "portable ONNX is always grouped")
+    p.add_argument("--max-model-len", type=int, default=None, metavar="N",
+                   help="positions the export holds (its RoPE tables have a row for each; the runtime refuses "
+                        "longer sequences); default and maximum config.json's max_position_embeddings")
     p.add_argument("--overwrite", action="store_true", help="replace a previous export in OUT_DIR")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress display")
     # optimum-cli habits that mean something here (the rest get a hint: mla_export/cli_hints.py).
@@ -192,7 +195,8 @@ def _run(args, signals) -> int:
             result = export_model(model_dir, args.out_dir, fmt=args.fmt, portable=args.portable,
                                   block_size=args.block_size, kv_dtype=args.kv_dtype, weight_format=args.weight_format,
                                   group_size=args.group_size, ratio=args.ratio, all_layers=args.all_layers, overwrite=args.overwrite,
-                                  progress=progress, moe_form=args.moe_form.replace("-", "_"))
+                                  progress=progress, moe_form=args.moe_form.replace("-", "_"),
+                                  max_model_len=args.max_model_len)
         signals.armed = False  # done: from here a signal changes nothing
         progress.phase("done")
         progress.close()

@@ -14,22 +14,24 @@ import resource
 import secrets
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .. import __version__
 from ..config import MLAModelConfig
+from ..config_values import MAX_ROPE_TABLE_BYTES, rope_table_bytes
 from ..contract import CONTRACT_FILE, make_contract
 from ..export_files import describe_files
 from .graph import WEIGHT_DTYPES, WeightFormat
 from .quantize import CODE_FORMATS, INT_FORMATS, WEIGHT_FORMATS
-from .model import ONNX_DATA, ONNX_FILES, build_onnx, plan_weights
+from .model import LAYOUTS, ONNX_DATA, ONNX_FILES, build_onnx, plan_weights
 from .moe import MOE_FORMS, fused_form_problem
 from .progress import IR_SHARE, ExportProgress
 from .output_lock import OutputBusy, OutputLock, clean_stale, remove_owner, write_owner
 from ..export_signals import signals_held
 from .safety import commit
 from .tokenizer_files import copy_tokenizer_files
+from .weight_bounds import check_weights_hold
 from .weights import CheckpointReader
 
 __all__ = ["ExportError", "ExportResult", "export_model", "FORMATS"]
@@ -107,6 +109,27 @@ def _check_out_dir(out_dir: Path, overwrite: bool) -> None:
                               "a directory that is not an mla-export output")
 
 
+def _positions(cfg: MLAModelConfig, max_model_len: int | None) -> MLAModelConfig:
+    """The config with the positions the export holds: its RoPE tables have one row per position
+    (and MlaStepCheck and the runtime refuse any beyond), so they are sized by what the export is
+    asked to run (--max-model-len), not only by config.json's maximum, and refused above
+    MAX_ROPE_TABLE_BYTES before anything is computed. The RoPE math (YaRN's factor) keeps the
+    config's own max_position_embeddings."""
+    if max_model_len is not None:
+        if isinstance(max_model_len, bool) or not isinstance(max_model_len, int) or not \
+                1 <= max_model_len <= cfg.max_position_embeddings:
+            raise ExportError(f"--max-model-len must be an integer from 1 to the model's max_position_embeddings "
+                              f"({cfg.max_position_embeddings}), got {max_model_len!r}")
+        cfg = replace(cfg, max_position_embeddings=max_model_len)
+    table = rope_table_bytes(cfg.max_position_embeddings, cfg.qk_rope_head_dim)
+    if table > MAX_ROPE_TABLE_BYTES:
+        raise ExportError(f"{cfg.max_position_embeddings} positions at qk_rope_head_dim {cfg.qk_rope_head_dim} need "
+                          f"RoPE tables of {table / 2**30:.1f} GiB in the graph (at most "
+                          f"{MAX_ROPE_TABLE_BYTES / 2**30:.0f} GiB are exported): pass a shorter --max-model-len "
+                          f"(config.json's max_position_embeddings is {cfg.max_position_embeddings})")
+    return cfg
+
+
 def _moe_form(requested: str, cfg, wformat: WeightFormat) -> str:
     """The MoE form written: auto picks fused where the op can hold the experts, else grouped."""
     has_moe = any(cfg.is_moe_layer(i) for i in range(cfg.num_layers))
@@ -121,12 +144,14 @@ def _moe_form(requested: str, cfg, wformat: WeightFormat) -> str:
 def export_model(model_dir, out_dir, *, fmt: str = "openvino", portable: bool = False, block_size: int = 16,
                  kv_dtype: str = "f16", weight_format: str = "auto", group_size: int = 128, ratio: float = 1.0,
                  overwrite: bool = False, progress: ExportProgress | None = None,
-                 weight_dtype: str | None = None, moe_form: str = "auto", all_layers: bool = False) -> ExportResult:
+                 weight_dtype: str | None = None, moe_form: str = "auto", all_layers: bool = False,
+                 max_model_len: int | None = None) -> ExportResult:
     """weight_format: auto | f32 | f16 | bf16 | int8 | int4 | fp8 (weight_dtype: its older name).
     moe_form: auto | fused | grouped | gather_matmul (see moe.py). auto = fused (our MlaMoeExperts op,
     IR and model.onnx) for int8/int4 weights it can hold, else grouped. gather_matmul applies to the
     IR only; the portable ONNX is always grouped. all_layers (int4 only): the embedding table and
-    lm_head in int4 too (optimum-cli's --all-layers), else int8.
+    lm_head in int4 too (optimum-cli's --all-layers), else int8. max_model_len: the positions the
+    export holds (RoPE table rows; the contract's max_position_embeddings), default config.json's.
     `progress` (an `ExportProgress`, e.g. `TqdmProgress()`) is told every phase."""
     start = time.time()
     progress = progress or ExportProgress()
@@ -165,7 +190,7 @@ def export_model(model_dir, out_dir, *, fmt: str = "openvino", portable: bool = 
         result = _export_locked(model_dir, out_dir, start=start, fmt=fmt, portable=portable, block_size=block_size,
                                 kv_dtype=kv_dtype, weight_format=weight_format, group_size=group_size, ratio=ratio,
                                 overwrite=overwrite, progress=progress, weight_dtype=weight_dtype, moe_form=moe_form,
-                                all_layers=all_layers)
+                                all_layers=all_layers, max_model_len=max_model_len)
     finally:
         with signals_held():
             lock.release()
@@ -188,9 +213,9 @@ def _partial_dir(out_dir: Path) -> Path:
 
 def _export_locked(model_dir: Path, out_dir: Path, *, start: float, fmt, portable, block_size, kv_dtype,
                    weight_format, group_size, ratio, overwrite, progress, weight_dtype, moe_form,
-                   all_layers) -> ExportResult:
+                   all_layers, max_model_len) -> ExportResult:
     _check_out_dir(out_dir, overwrite)
-    cfg = MLAModelConfig.from_dir(model_dir)
+    cfg = _positions(MLAModelConfig.from_dir(model_dir), max_model_len)
     if portable and cfg.sparse:
         raise ExportError(f"--portable cannot hold {cfg.model_type}'s DeepSeek Sparse Attention (the indexer's top-k "
                           "over a paged key cache has no standard-ONNX form here); export it without --portable: "
@@ -201,6 +226,7 @@ def _export_locked(model_dir: Path, out_dir: Path, *, start: float, fmt, portabl
     reader = CheckpointReader(model_dir, fp8_block=cfg.fp8_block, prefixes=cfg.weight_prefixes)
     # A multimodal checkpoint's vision tower and projector, not exported (text only): the summary says so
     left_out = reader.left_out() if cfg.weight_prefixes else None
+    check_weights_hold(cfg, reader, LAYOUTS[cfg.block["layout"]][1])  # before any loop over the config's layers
     random_weights = reader.random_weights()  # recorded so that generate can say its text is noise
     # Phase weights in checkpoint bytes (see progress.py): layers, then head + save, then the IR.
     layer_bytes = [reader.nbytes(f"model.layers.{i}.") for i in range(cfg.num_layers)]

@@ -220,6 +220,14 @@ class CheckpointReader:
     def has(self, name: str) -> bool:
         return name in self._where
 
+    def names(self):
+        """Every tensor name the checkpoint holds (ours, for a text tower read under a prefix)."""
+        return iter(self._where)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """A tensor's shape from its shard's header (no bytes read)."""
+        return self._file(name).shape(self._real(name))
+
     def _file(self, name: str) -> SafetensorsFile:
         if name not in self._where:
             raise WeightError(f"tensor {name!r} is missing from the checkpoint in {self.model_dir}")

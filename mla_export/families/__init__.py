@@ -27,6 +27,8 @@ def supported_model_types() -> tuple[str, ...]:
 
 
 def family(model_type) -> Family:
+    if not isinstance(model_type, str):  # config.json is untrusted: a list or object here is not a name
+        raise ValueError(f"config.json: model_type must be a string, got {type(model_type).__name__}")
     if model_type in FAMILIES:
         return FAMILIES[model_type]
     listed = ", ".join(FAMILIES)

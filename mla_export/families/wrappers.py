@@ -34,14 +34,15 @@ WRAPPERS = {
 def unwrap(raw: dict, error) -> tuple[dict, tuple | None]:
     """(the config the text tower's family reads, the weight prefixes) of a wrapper; (raw, None)
     for any other config.json."""
-    w = WRAPPERS.get(raw.get("model_type"))
+    model_type = raw.get("model_type")
+    w = WRAPPERS.get(model_type) if isinstance(model_type, str) else None
     if w is None:
         return raw, None
     text = raw.get("text_config")
     if not isinstance(text, dict):
         raise error(f"config.json: a {raw['model_type']} checkpoint needs its text tower's text_config, got {text!r}")
-    if text.get("model_type") not in w.text_types:
-        raise error(f"config.json: text_config.model_type {text.get('model_type')!r} is not an MLA text tower this "
+    if not isinstance(text.get("model_type"), str) or text["model_type"] not in w.text_types:
+        raise error(f"config.json: text_config.model_type {str(text.get('model_type'))[:60]!r} is not an MLA text tower this "
                     f"exporter reads inside {raw['model_type']} (it reads {', '.join(w.text_types)})")
     inner = dict(text)
     for key, default in w.top_level.items():

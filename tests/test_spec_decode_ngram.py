@@ -184,6 +184,18 @@ class TestGreedyIdentical:
         assert sum(v[3].spec_num_accepted_tokens for v in spec.values()) == stats["spec_decode_num_accepted_tokens"]
         assert stats["kv_blocks_used"] == 0  # every block given back
 
+    @pytest.mark.parametrize("budget, spec", [
+        (5, NGRAM),  # a 5-token step budget: prompts are chunked, drafts cut or dropped by the budget
+        (512, {"method": "ngram", "num_speculative_tokens": 6, "prompt_lookup_max": 3, "prompt_lookup_min": 2}),
+    ])
+    def test_chunked_prefill_and_other_settings(self, tiny, rng, runtime, budget, spec):
+        prompts = planted_prompts(rng, 8)
+        kw = dict(runtime=runtime, max_num_batched_tokens=budget)
+        plain, _, _ = run(tiny, prompts, GREEDY, **kw)
+        got, stats, _ = run(tiny, prompts, GREEDY, spec, **kw)
+        assert tokens(got) == tokens(plain)
+        assert stats["spec_decode_num_accepted_tokens"] > 0
+
     def test_prefix_cache_hits_and_preemption(self, tiny, rng, runtime):
         """A cache of 12 blocks of 16 rows for 8 requests of up to ~70 rows: requests are
         preempted and recomputed, and the repeated prompts hit the prefix cache."""
@@ -376,6 +388,51 @@ class TestLLMAndServer:
         finally:
             proc.terminate()
             proc.communicate(timeout=120)
+
+    def test_generate_flag(self, tiny, capsys):
+        import json
+
+        from mla_export.cli import main
+
+        base = ["generate", str(tiny), "--prompt-ids", ",".join(map(str, [5, 6, 7, 8] * 4)), "-n", "20",
+                "--precision", "f32", "--ignore-eos", "--json"]
+        assert main(base) == 0
+        plain = json.loads(capsys.readouterr().out)
+        assert main(base + ["--speculative-config", json.dumps(NGRAM)]) == 0
+        spec = json.loads(capsys.readouterr().out)
+        assert spec["token_ids"] == plain["token_ids"]
+        assert spec["spec_decode_num_draft_tokens"] > 0 and "spec_decode_num_draft_tokens" not in plain
+        assert main(base + ["--speculative-config", '{"method": "eagle", "num_speculative_tokens": 1}']) == 2
+        err = capsys.readouterr().err
+        assert "'eagle' is not supported" in err and "Traceback" not in err
+
+    def test_metrics_only_when_speculating(self):
+        from mla_export.server.metrics import ServerMetrics, parse_prometheus_text
+
+        m = ServerMetrics(model_name="m")
+        plain = parse_prometheus_text(m.render({"num_running": 0}, model="m", healthy=True))
+        assert not [k for k in plain if "spec_decode" in k]
+        got = parse_prometheus_text(m.render({"spec_decode_num_drafts": 4, "spec_decode_num_draft_tokens": 12,
+                                              "spec_decode_num_accepted_tokens": 5,
+                                              "spec_decode_num_accepted_tokens_per_pos": [3, 2, 0]},
+                                             model="m", healthy=True))
+        assert got['vllm:spec_decode_num_drafts_total{model_name="m"}'] == 4
+        assert got['vllm:spec_decode_num_draft_tokens_total{model_name="m"}'] == 12
+        assert got['vllm:spec_decode_num_accepted_tokens_total{model_name="m"}'] == 5
+        assert got['vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="m",position="1"}'] == 2
+
+    def test_serve_replicas_pass_the_config_on(self, tiny):
+        import argparse
+
+        from mla_export.commands import serve
+        from mla_export.commands.serve_ray import settings_from_args
+
+        parser = argparse.ArgumentParser()
+        serve.add_parser(parser.add_subparsers(dest="command"))
+        args = parser.parse_args(["serve", str(tiny), "--replicas", "2", "--speculative-config", '{"method": "ngram", '
+                                  '"num_speculative_tokens": 2}'])
+        cfg = SpeculativeConfig.parse(settings_from_args(args, tiny).engine_kwargs["speculative_config"])
+        assert (cfg.method, cfg.num_speculative_tokens) == ("ngram", 2)
 
     def test_serve_refuses_other_methods(self, tiny):
         proc = subprocess.run([sys.executable, "-m", "mla_export.cli", "serve", str(tiny), "--speculative-config",

@@ -211,6 +211,34 @@ class TestGreedyIdentical:
         assert stats["kv_blocks_used"] == 0
 
 
+class TestBf16BatchInvariant:
+    """At bf16, a verify chunk's sums may differ from a one-token step's in the last bits, as the
+    batch and prompt chunking already make them differ without speculation; batch-invariant
+    mode (an int8 export, whose parts are row-invariant) makes greedy speculation exact there."""
+
+    def test_greedy_identical(self, tmp_path_factory, rng):
+        out = tmp_path_factory.mktemp("spec8") / "tiny8"
+        proc = subprocess.run([sys.executable, "-m", "mla_export.cli", "export", "--preset", "tiny", "--weight-format",
+                               "int8", "-o", str(out), "-q"], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        prompts = planted_prompts(rng, 16)
+        kw = dict(precision="bf16", batch_invariant=True)
+        engine = LLMEngine(out, **kw)
+        for i, p in enumerate(prompts):
+            engine.add_request(str(i), p, GREEDY)
+        plain = {}
+        while engine.has_unfinished_requests():
+            plain.update({o.request_id: o.token_ids for o in engine.step() if o.finished})
+        engine = LLMEngine(out, speculative_config=NGRAM, **kw)
+        for i, p in enumerate(prompts):
+            engine.add_request(str(i), p, GREEDY)
+        spec = {}
+        while engine.has_unfinished_requests():
+            spec.update({o.request_id: o.token_ids for o in engine.step() if o.finished})
+        assert spec == plain
+        assert engine.stats()["spec_decode_num_accepted_tokens"] > 0
+
+
 class TestStopConditionsAndLogprobs:
     """Accepted drafts pass through every per-token check in order: max_tokens, EOS / stop
     token ids, stop strings, min_tokens, penalties, bad_words and logprobs come out as plain."""

@@ -367,7 +367,46 @@ class TestCacheBookkeeping:
         assert stats["num_preemptions"] == 0
 
 
+def chi2_two_sample(a: dict, b: dict, n: int) -> tuple[float, float]:
+    """(statistic, its 0.999 quantile) of the two-sample chi-square test of equal distributions
+    over the cells of a and b (equal sample sizes n; cells with fewer than 10 in both pooled into
+    one); the quantile by Wilson-Hilferty (no scipy here)."""
+    cells = sorted(set(a) | set(b))
+    big = [c for c in cells if a.get(c, 0) + b.get(c, 0) >= 10]
+    rows = [(a.get(c, 0), b.get(c, 0)) for c in big]
+    small = [(a.get(c, 0), b.get(c, 0)) for c in cells if c not in big]
+    if small:
+        rows.append((sum(x for x, _ in small), sum(y for _, y in small)))
+    stat = sum((x - y) ** 2 / (x + y) for x, y in rows if x + y)
+    df = len(rows) - 1
+    z = 3.090  # the standard normal's 0.999 quantile
+    return stat, df * (1 - 2 / (9 * df) + z * np.sqrt(2 / (9 * df))) ** 3
+
+
 class TestSampling:
+    def test_distribution_kept_through_the_engine(self, tiny):
+        """A 3-token vocabulary (allowed_token_ids) and a prompt repeating it: 2000 seeded requests
+        of 4 tokens with and without speculation (k=2, so drafts at positions 1-2 and 2-3, and
+        bonus tokens); the joint distributions of the 4 tokens agree (two-sample chi-square at
+        0.999; the seeds are fixed, so the result is too)."""
+        import collections
+
+        allowed = (10, 20, 30)
+        prompt = [10, 20, 30] * 3 + [10, 20]
+        n = 2000
+        got = {}
+        for spec in (None, {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3,
+                            "prompt_lookup_min": 1}):
+            params = [SamplingParams(max_tokens=4, temperature=1.5, seed=10_000 + i, allowed_token_ids=allowed,
+                                     ignore_eos=True) for i in range(n)]
+            outs, stats, _ = run(tiny, [prompt] * n, params, spec, max_num_seqs=64)
+            got[spec is None] = collections.Counter(tuple(v[0]) for v in outs.values())
+            if spec is not None:
+                assert stats["spec_decode_num_draft_tokens"] > n
+                assert 0 < stats["spec_decode_num_accepted_tokens"] < stats["spec_decode_num_draft_tokens"]
+        stat, limit = chi2_two_sample(got[True], got[False], n)
+        assert stat < limit, (stat, limit)
+
     def test_seeded_sampling_speculates_and_repeats(self, tiny, rng):
         """Sampling requests speculate too (rejection sampling): a seeded run repeats itself."""
         prompts = planted_prompts(rng, 6)

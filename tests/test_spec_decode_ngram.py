@@ -18,7 +18,8 @@ import pytest
 
 from mla_export.runtime.engine import LLMEngine
 from mla_export.runtime.sampling import Sampler, SamplingParams
-from mla_export.runtime.spec_decode import SpeculativeConfig, propose_ngram, rejection_sample, verify_token
+from mla_export.runtime.spec_decode import (SpeculativeConfig, TokenBuffer, propose_ngram, rejection_sample,
+                                            verify_token)
 
 RUNTIMES = ("openvino", "onnxruntime")
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 1}
@@ -50,6 +51,7 @@ def run(out_dir, prompts, params, spec=None, check=None, **kw):
     """{request id: (token ids, finish reason, logprobs)}, the engine's stats, the engine."""
     engine = LLMEngine(out_dir, precision="f32", speculative_config=spec, **kw)
     plist = params if isinstance(params, list) else [params] * len(prompts)
+    assert len(plist) == len(prompts)
     for i, (p, sp) in enumerate(zip(prompts, plist)):
         engine.add_request(str(i), p, sp)
     outs, steps = {}, {}
@@ -120,6 +122,12 @@ class TestNgramProposer:
         assert propose_ngram(np.array([4, 5, 6, 4]), 3, 3, 2) == []
         assert propose_ngram(np.array([8, 8]), 5, 2, 1) == [8]  # cut at the sequence's end
         assert propose_ngram(np.array([3]), 2, 2, 1) == []
+
+    def test_token_buffer_follows_a_growing_list(self, rng):
+        buf, tokens = TokenBuffer(), []
+        for _ in range(50):
+            tokens += rng.integers(0, 9, size=int(rng.integers(0, 7))).tolist()
+            assert buf.sync(tokens).tolist() == tokens
 
     def test_against_brute_force(self, rng):
         for _ in range(400):
@@ -244,7 +252,7 @@ class TestStopConditionsAndLogprobs:
     token ids, stop strings, min_tokens, penalties, bad_words and logprobs come out as plain."""
 
     def test_each_condition(self, tiny, rng):
-        prompts = planted_prompts(rng, 12)
+        prompts = planted_prompts(rng, 13)
         plain_out, _, _ = run(tiny, prompts, GREEDY)
         # Stop tokens taken from the plain outputs, so some stop lands on an accepted draft.
         stop_ids = tuple({v[0][5] for v in plain_out.values()})
@@ -261,6 +269,7 @@ class TestStopConditionsAndLogprobs:
             SamplingParams(max_tokens=30, temperature=0, logit_bias={5: 3.0}),
             SamplingParams(max_tokens=30, temperature=0, allowed_token_ids=tuple(range(0, 384, 3))),
             SamplingParams(max_tokens=1, temperature=0),
+            SamplingParams(max_tokens=30, temperature=0, ignore_eos=True, prompt_logprobs=1),
         ]
         plain, _, _ = run(tiny, prompts, params)
         spec, stats, _ = run(tiny, prompts, params, NGRAM)

@@ -27,7 +27,7 @@ from .model_dir import ModelFacts, load_model_dir
 from .request import Request
 from .sampling import NO_TOKEN, Sampler, SamplingParamError, SamplingParams, rows_logprobs, token_logprobs
 from .scheduler import Scheduler
-from .spec_decode import SpeculativeConfig, propose_ngram, verify_token
+from .spec_decode import SpeculativeConfig, TokenBuffer, propose_ngram, verify_token
 from .structured_output import StructuredOutputs
 from .stop_strings import match_stop_strings
 
@@ -374,7 +374,9 @@ class LLMEngine:
         k = min(cfg.num_speculative_tokens, req.params.max_tokens - len(req.output_token_ids) - 1,
                 self.max_model_len - req.num_tokens)
         if k >= 1:
-            req.spec_token_ids = propose_ngram(np.asarray(req.all_token_ids, dtype=np.int64), k,
+            if req.spec_history is None:
+                req.spec_history = TokenBuffer()
+            req.spec_token_ids = propose_ngram(req.spec_history.sync(req.all_token_ids), k,
                                                cfg.prompt_lookup_max, cfg.prompt_lookup_min)
 
     def _add_token(self, req: Request, token: int, row: np.ndarray, now: float) -> tuple[str | None, str | None]:

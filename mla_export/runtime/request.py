@@ -58,6 +58,7 @@ class Request:
     spec_num_drafts: int = 0  # verify steps with at least one draft
     spec_num_draft_tokens: int = 0  # drafts verified
     spec_num_accepted_tokens: int = 0  # drafts accepted
+    spec_history: Any = None  # spec_decode.TokenBuffer of all_token_ids, for the proposer
 
     def __post_init__(self):
         self.all_token_ids = list(self.prompt_token_ids)

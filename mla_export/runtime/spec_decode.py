@@ -29,7 +29,7 @@ import numpy as np
 
 from .sampling import NO_TOKEN, Sampler, SamplingParams
 
-__all__ = ["SpeculativeConfig", "propose_ngram", "verify_token", "rejection_sample", "METHODS"]
+__all__ = ["SpeculativeConfig", "TokenBuffer", "propose_ngram", "verify_token", "rejection_sample", "METHODS"]
 
 METHODS = ("ngram",)
 _NOT_BUILT = ("mtp", "deepseek_mtp", "glm4_moe_mtp")  # issue 35's other half: refused as "not built yet"
@@ -86,6 +86,27 @@ class SpeculativeConfig:
         if lo > hi:
             raise ValueError(f"speculative_config: prompt_lookup_min ({lo}) must not exceed prompt_lookup_max ({hi})")
         return cls("ngram", k, hi, lo)
+
+
+class TokenBuffer:
+    """A request's prompt + output as a growing int64 array: each step copies only the tokens
+    added since the last one (amortised O(1) per token), not the whole list (O(len) per step,
+    which at batch 64 and long contexts would cost more than the lookup itself)."""
+
+    def __init__(self):
+        self._buf = np.empty(0, dtype=np.int64)
+        self._len = 0
+
+    def sync(self, tokens: Sequence[int]) -> np.ndarray:
+        """The tokens as an array view; `tokens` only ever grows at its end (all_token_ids)."""
+        n = len(tokens)
+        if n > self._buf.shape[0]:
+            grown = np.empty(max(n, 2 * self._buf.shape[0]), dtype=np.int64)
+            grown[:self._len] = self._buf[:self._len]
+            self._buf = grown
+        self._buf[self._len:n] = tokens[self._len:n]
+        self._len = n
+        return self._buf[:n]
 
 
 def propose_ngram(tokens: np.ndarray, k: int, n_max: int, n_min: int) -> list[int]:

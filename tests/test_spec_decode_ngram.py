@@ -511,7 +511,8 @@ class TestLLMAndServer:
         assert (cfg.method, cfg.num_speculative_tokens) == ("ngram", 2)
 
     def test_serve_refuses_other_methods(self, tiny):
-        proc = subprocess.run([sys.executable, "-m", "mla_export.cli", "serve", str(tiny), "--speculative-config",
+        proc = subprocess.run([sys.executable, "-m", "mla_export.cli", "serve", str(tiny), "--port", "0",
+                               "--speculative-config",
                                '{"method": "mtp", "num_speculative_tokens": 1}'], capture_output=True, text=True,
                               timeout=120)
         assert proc.returncode == 2

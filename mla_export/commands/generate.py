@@ -50,6 +50,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=int, default=None,
                    help="longest sequence served (default: the model's context, or what the KV cache holds if less)")
     p.add_argument("--runtime", choices=("openvino", "onnxruntime"), default="openvino")
+    p.add_argument("--speculative-config", default=None, metavar="JSON",
+                   help="speculative decoding with n-gram drafts, vLLM's JSON: '{\"method\": \"ngram\", "
+                        "\"num_speculative_tokens\": 3, \"prompt_lookup_max\": 4}' (docs/SERVING.md)")
     from mla_export.commands.verify import add_verify_flag
 
     add_verify_flag(p)
@@ -142,7 +145,8 @@ def run(args, stdout=None) -> int:
                                 top_k=args.top_k, seed=args.seed, ignore_eos=args.ignore_eos, output_kind="delta",
                                 stop=tuple(args.stop or ()))
         engine = LLMEngine(out_dir, runtime=args.runtime, precision=args.precision, num_threads=args.threads,
-                           max_num_seqs=1, max_model_len=args.max_model_len, verify=args.verify)
+                           max_num_seqs=1, max_model_len=args.max_model_len, verify=args.verify,
+                           speculative_config=args.speculative_config)
         if engine.max_model_len < engine.facts.max_model_len:
             print(f"mla-export generate: max_model_len {engine.max_model_len} tokens (the model has "
                   f"{engine.facts.max_model_len})", file=sys.stderr)
@@ -186,6 +190,8 @@ def run(args, stdout=None) -> int:
             "decode_tokens_per_s": decode_tokens / decode_time if decode_tokens and decode_time > 0 else None,
             "total_time_s": end - start,
             "runtime": engine.executor.describe(),
+            **({} if engine.speculative_config is None else {  # drafts verified and accepted
+                k: engine.stats()[k] for k in ("spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens")}),
         }, indent=2), file=out)
     else:
         out.write("\n")

@@ -78,6 +78,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--batch-invariant", action="store_true", default=envs.VLLM_BATCH_INVARIANT,
                    help="every request's output independent of the batch it runs in and of prefix-cache hits "
                         "(attention in one form; default: $VLLM_BATCH_INVARIANT=1; see docs/SERVING.md)")
+    p.add_argument("--speculative-config", default=None, metavar="JSON",
+                   help="speculative decoding, as vLLM's: '{\"method\": \"ngram\", \"num_speculative_tokens\": 3, "
+                        "\"prompt_lookup_max\": 4}' (n-gram drafts from the prompt and output; docs/SERVING.md)")
     from mla_export.commands.verify import add_verify_flag
 
     add_verify_flag(p)
@@ -201,6 +204,14 @@ def _check_aliases(args) -> str | None:
     return None
 
 
+def _spec_note(engine) -> str:
+    cfg = engine.speculative_config
+    if cfg is None:
+        return ""
+    return (f", speculative {cfg.method} (k={cfg.num_speculative_tokens}, "
+            f"lookup {cfg.prompt_lookup_min}..{cfg.prompt_lookup_max})")
+
+
 def run(args) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from mla_export.server.startup import check_port
@@ -223,6 +234,13 @@ def run(args) -> int:
     if problem:
         print(f"mla-export serve: {problem}", file=sys.stderr)
         return 2
+    from mla_export.runtime.spec_decode import SpeculativeConfig
+
+    try:  # before the model loads: a bad config is one line and exit 2
+        args.speculative_config = SpeculativeConfig.parse(args.speculative_config)
+    except ValueError as e:
+        print(f"mla-export serve: --speculative-config: {e}", file=sys.stderr)
+        return 2
     out_dir = Path(args.out_dir)
     if args.kv_cache_memory is not None and args.num_blocks is not None:
         print("mla-export serve: give --kv-cache-memory or --num-blocks, not both", file=sys.stderr)
@@ -240,7 +258,8 @@ def run(args) -> int:
                            kv_cache_memory=args.kv_cache_memory, max_num_seqs=args.max_num_seqs,
                            max_num_batched_tokens=args.max_num_batched_tokens,
                            enable_prefix_caching=not args.no_prefix_caching, max_model_len=args.max_model_len,
-                           batch_invariant=args.batch_invariant, verify=args.verify)
+                           batch_invariant=args.batch_invariant, verify=args.verify,
+                           speculative_config=args.speculative_config)
     except (FileNotFoundError, ValueError) as e:
         print(f"mla-export serve: {e}", file=sys.stderr)
         return 2
@@ -271,7 +290,7 @@ def run(args) -> int:
           f"{stats['kv_blocks_total']} KV blocks of {stats['kv_block_size']} tokens "
           f"(KV cache {mem['kv_cache_bytes'] / GIB:.2f} GiB {engine.facts.cache_dtype}, weights {weights} GiB), "
           f"chat {'on' if st.chat_template else 'off'}, auth {'on' if args.api_key else 'off'}"
-          f"{', batch-invariant' if engine.backend.batch_invariant else ''}", file=sys.stderr)
+          f"{', batch-invariant' if engine.backend.batch_invariant else ''}{_spec_note(engine)}", file=sys.stderr)
     from mla_export.server.draining import DrainingServer
 
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,

@@ -27,6 +27,7 @@ from .model_dir import ModelFacts, load_model_dir
 from .request import Request
 from .sampling import NO_TOKEN, Sampler, SamplingParamError, SamplingParams, rows_logprobs, token_logprobs
 from .scheduler import Scheduler
+from .spec_decode import SpeculativeConfig, TokenBuffer, propose_ngram, verify_token
 from .structured_output import StructuredOutputs
 from .stop_strings import match_stop_strings
 
@@ -43,6 +44,9 @@ class RequestMetrics:
     num_computed_prompt_tokens: int  # prompt tokens run through the graph (again after a preemption)
     num_cached_prompt_tokens: int  # prompt tokens served by the prefix cache
     first_scheduled_time: float | None = None  # the first step it took part in (time.time(), as the others)
+    # Speculative decoding (engine speculative_config): drafts verified and drafts accepted so far.
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
 
 
 @dataclass
@@ -90,6 +94,7 @@ class LLMEngine:
         max_model_len: int | None = None,
         batch_invariant: bool | None = None,
         verify: str | None = None,
+        speculative_config: dict | str | SpeculativeConfig | None = None,
     ):
         """`max_model_len`: the longest sequence (prompt + output) served. Default: the model's
         max_position_embeddings, or less when the KV cache holds fewer tokens (one sequence must
@@ -99,7 +104,10 @@ class LLMEngine:
         environment has vLLM's switch, VLLM_BATCH_INVARIANT=1.
         `verify`: the export's files against their recorded digests before anything is compiled:
         "sampled" (~4 MiB read per file), "full" (every byte) or "none"; default
-        $MLA_EXPORT_VERIFY, else sampled (docs/SAFETY.md has the costs)."""
+        $MLA_EXPORT_VERIFY, else sampled (docs/SAFETY.md has the costs).
+        `speculative_config`: vLLM's, e.g. {"method": "ngram", "num_speculative_tokens": 3,
+        "prompt_lookup_max": 4} (runtime/spec_decode.py; docs/SERVING.md "Speculative decoding")."""
+        self.speculative_config = SpeculativeConfig.parse(speculative_config)
         if runtime not in RUNTIMES:
             raise ValueError(f"runtime must be one of {RUNTIMES}, got {runtime!r}")
         if batch_invariant is None:
@@ -131,6 +139,10 @@ class LLMEngine:
         self._requests: dict[str, Request] = {}
         self._generated_tokens = 0
         self._num_steps = 0
+        # vLLM's spec-decode counters: verify steps with drafts, drafts, accepted ones (also per position).
+        self._spec_drafts = self._spec_draft_tokens = self._spec_accepted = 0
+        k = self.speculative_config.num_speculative_tokens if self.speculative_config else 0
+        self._spec_accepted_per_pos = [0] * k
 
     @property
     def builder(self):
@@ -268,65 +280,150 @@ class LLMEngine:
         ends = list(itertools.accumulate(num_logits))  # row after each sequence's last logits row
         if len(ends) != len(reqs) or (ends and ends[-1] != len(reqs)):  # some returned prompt rows
             for req, start, n, end in zip(reqs, starts, num_logits, ends):
-                if n > 1 or req.needs_prompt_logits:
+                if req.needs_prompt_logits:  # (a verify step's rows are not prompt rows)
                     self._record_prompt_logprobs(req, logits[end - n:end], start)
         rows = [i for i, r in enumerate(reqs) if r.num_computed_tokens == r.num_tokens]
         if not rows:
             return outputs
-        # Every row (decode's usual case): the logits as they are, no copy of [B, vocab] floats.
-        if len(rows) == logits.shape[0]:
-            picked = logits
-        else:
-            picked = logits[[ends[i] - 1 for i in rows]]
-        # Grammar bitmasks first (vLLM's order): the processors, the sampler and the logprobs see the masked rows.
-        picked = self.structured.mask(picked, [reqs[i].grammar for i in rows], [reqs[i].output_token_ids for i in rows])
-        sampled = self.sampler.sample(
-            picked, [reqs[i].params for i in rows], [reqs[i].generator for i in rows],
-            [(reqs[i].prompt_token_ids, reqs[i].output_token_ids) for i in rows], self.facts.eos_token_ids,
-        )
         now = time.time()
-        for j, (i, token) in enumerate(zip(rows, sampled.tolist())):
-            req = reqs[i]
-            if token == NO_TOKEN:
-                outputs.append(self._fail(req, "no token can be generated: the request's allowed_token_ids, "
-                                               "bad_words and min_tokens (which holds back eos and stop_token_ids) "
-                                               "leave none"))
-                continue
-            if req.params.logprobs is not None:
-                self._record_logprobs(req, picked[j], token)
-            req.append_output(token)
-            self._generated_tokens += 1
-            if req.first_token_time is None:
-                req.first_token_time = now
-            if req.grammar is not None and not req.grammar.accept(token):
-                outputs.append(self._fail(req, f"structured output: {req.grammar.error}"))
-                continue
-            new_text = req.detokenizer.step(token) if req.detokenizer is not None else None
-            reason = self._stop_reason(req, token)
-            if req.grammar is not None and req.grammar.finished:  # the grammar is complete: nothing can follow
-                reason = "stop"
-            if req.params.stop and new_text is not None:
-                new_text, hit = self._match_stop_strings(req, new_text, final=reason is not None)
-                if hit is not None:
-                    reason, req.stop_reason = "stop", hit
-            if reason is not None:
-                self.scheduler.finish(req, reason)
-                req.finished_time = now
-                del self._requests[req.request_id]
-                if req.detokenizer is not None:
-                    rest, req.final_text = req.detokenizer.finish(req.output_token_ids)
-                    if req.params.stop:  # the text is what was emitted, cut at a stop string
-                        if req.stop_reason is None or isinstance(req.stop_reason, int):
-                            rest = req.pending_text + rest
-                            req.emitted_text.append(rest)
-                        else:
-                            rest = ""
-                        req.final_text = "".join(req.emitted_text)
-                    new_text += rest
-            if req.params.output_kind == "final_only" and reason is None:
-                continue
-            outputs.append(self._output(req, [token], new_text))
+        # Requests that verified drafts return several rows each (spec_decode.py); they run
+        # token by token. The others take the batched path.
+        spec = [i for i in rows if reqs[i].spec_token_ids]
+        if spec:
+            rows = [i for i in rows if not reqs[i].spec_token_ids]
+            for i in spec:
+                k = len(reqs[i].spec_token_ids)
+                out = self._verify(reqs[i], logits[ends[i] - 1 - k:ends[i]], now)
+                if out is not None:
+                    outputs.append(out)
+        if rows:
+            outputs.extend(self._sample_rows(logits, [reqs[i] for i in rows], [ends[i] - 1 for i in rows], now))
+        if self.speculative_config is not None:
+            for i in spec + rows:
+                self._propose(reqs[i])
         return outputs
+
+    def _sample_rows(self, logits: np.ndarray, reqs: list[Request], row_of: list[int], now: float) -> list:
+        """One token for each request from its logits row (plain decoding)."""
+        # Every row (decode's usual case): the logits as they are, no copy of [B, vocab] floats.
+        picked = logits if len(row_of) == logits.shape[0] else logits[row_of]
+        # Grammar bitmasks first (vLLM's order): the processors, the sampler and the logprobs see the masked rows.
+        picked = self.structured.mask(picked, [r.grammar for r in reqs], [r.output_token_ids for r in reqs])
+        sampled = self.sampler.sample(
+            picked, [r.params for r in reqs], [r.generator for r in reqs],
+            [(r.prompt_token_ids, r.output_token_ids) for r in reqs], self.facts.eos_token_ids,
+        )
+        outputs = []
+        for j, (req, token) in enumerate(zip(reqs, sampled.tolist())):
+            try:
+                text, reason = self._add_token(req, token, picked[j], now)
+            except _TokenRefused as e:
+                outputs.append(self._fail(req, str(e)))
+                continue
+            out = self._end_of_step(req, [token], None if text is None else [text], reason, now)
+            if out is not None:
+                outputs.append(out)
+        return outputs
+
+    def _verify(self, req: Request, rows: np.ndarray, now: float) -> RequestOutput | None:
+        """A verify step's k + 1 rows: the accepted drafts and one more token (the correction at
+        the first rejected position, or the bonus after all k), each checked with the request's
+        stop conditions in order, as plain decoding would emit them (spec_decode.py)."""
+        drafts, req.spec_token_ids = req.spec_token_ids, []
+        tokens: list[int] = []
+        texts: list[str] = []
+        reason, accepted = None, 0
+        for i in range(len(drafts) + 1):
+            draft = drafts[i] if i < len(drafts) else None
+            token, ok = verify_token(self.sampler, rows[i], req.params, req.generator,
+                                     (req.prompt_token_ids, req.output_token_ids), self.facts.eos_token_ids, draft)
+            try:
+                text, reason = self._add_token(req, token, rows[i], now)
+            except _TokenRefused as e:
+                self._count_drafts(req, len(drafts), accepted)
+                return self._fail(req, str(e))
+            tokens.append(token)
+            texts.append(text)
+            accepted += ok
+            if reason is not None or not ok:
+                break
+        self._count_drafts(req, len(drafts), accepted)
+        if reason is None:
+            self.scheduler.accept_drafts(req, accepted)
+        return self._end_of_step(req, tokens, None if req.detokenizer is None else texts, reason, now)
+
+    def _count_drafts(self, req: Request, num_drafts: int, num_accepted: int) -> None:
+        req.spec_num_drafts += 1
+        req.spec_num_draft_tokens += num_drafts
+        req.spec_num_accepted_tokens += num_accepted
+        self._spec_drafts += 1
+        self._spec_draft_tokens += num_drafts
+        self._spec_accepted += num_accepted
+        for pos in range(num_accepted):
+            self._spec_accepted_per_pos[pos] += 1
+
+    def _propose(self, req: Request) -> None:
+        """n-gram drafts for a request that just took a token and goes on. None for a request with
+        a grammar (its bitmask follows the grammar's state, one token at a time); every other
+        request speculates (its rows are processed one by one with the history as of that position,
+        so penalties, bad_words, min_tokens and logit_bias act as in plain decoding). The count is
+        cut so the drafts stay within max_tokens and max_model_len."""
+        cfg = self.speculative_config
+        if req.is_finished or req.grammar is not None:
+            return
+        k = min(cfg.num_speculative_tokens, req.params.max_tokens - len(req.output_token_ids) - 1,
+                self.max_model_len - req.num_tokens)
+        if k >= 1:
+            if req.spec_history is None:
+                req.spec_history = TokenBuffer()
+            req.spec_token_ids = propose_ngram(req.spec_history.sync(req.all_token_ids), k,
+                                               cfg.prompt_lookup_max, cfg.prompt_lookup_min)
+
+    def _add_token(self, req: Request, token: int, row: np.ndarray, now: float) -> tuple[str | None, str | None]:
+        """Append one sampled token to the request's output: (its new text, the finish reason or
+        None). Raises _TokenRefused when the token cannot be taken (the request then fails)."""
+        if token == NO_TOKEN:
+            raise _TokenRefused("no token can be generated: the request's allowed_token_ids, bad_words and "
+                                "min_tokens (which holds back eos and stop_token_ids) leave none")
+        if req.params.logprobs is not None:
+            self._record_logprobs(req, row, token)
+        req.append_output(token)
+        self._generated_tokens += 1
+        if req.first_token_time is None:
+            req.first_token_time = now
+        if req.grammar is not None and not req.grammar.accept(token):
+            raise _TokenRefused(f"structured output: {req.grammar.error}")
+        new_text = req.detokenizer.step(token) if req.detokenizer is not None else None
+        reason = self._stop_reason(req, token)
+        if req.grammar is not None and req.grammar.finished:  # the grammar is complete: nothing can follow
+            reason = "stop"
+        if req.params.stop and new_text is not None:
+            new_text, hit = self._match_stop_strings(req, new_text, final=reason is not None)
+            if hit is not None:
+                reason, req.stop_reason = "stop", hit
+        return new_text, reason
+
+    def _end_of_step(self, req: Request, tokens: list[int], texts: list[str] | None, reason: str | None,
+                     now: float) -> RequestOutput | None:
+        """The request's output for this step's tokens; finishes it when `reason` is set."""
+        new_text = None if texts is None else "".join(texts)
+        if reason is not None:
+            self.scheduler.finish(req, reason)
+            req.finished_time = now
+            del self._requests[req.request_id]
+            if req.detokenizer is not None:
+                rest, req.final_text = req.detokenizer.finish(req.output_token_ids)
+                if req.params.stop:  # the text is what was emitted, cut at a stop string
+                    if req.stop_reason is None or isinstance(req.stop_reason, int):
+                        rest = req.pending_text + rest
+                        req.emitted_text.append(rest)
+                    else:
+                        rest = ""
+                    req.final_text = "".join(req.emitted_text)
+                new_text += rest
+        if req.params.output_kind == "final_only" and reason is None:
+            return None
+        return self._output(req, tokens, new_text)
 
     def _record_logprobs(self, req: Request, row: np.ndarray, token: int) -> None:
         own, entries = token_logprobs(row, token, req.params.logprobs)
@@ -340,8 +437,8 @@ class LLMEngine:
     def _logit_rows(req: Request, start: int, count: int) -> int:
         """Logits rows the request's chunk returns: every new token's while its prompt logprobs
         are still wanted (a chunk then lies inside the prompt: they are complete once the prompt's
-        last token ran), else the last token's."""
-        return count if req.needs_prompt_logits else 1
+        last token ran), else the last token's and its drafts' (a verify step)."""
+        return count if req.needs_prompt_logits else 1 + len(req.spec_token_ids)
 
     def _record_prompt_logprobs(self, req: Request, rows: np.ndarray, start: int) -> None:
         """Rows of positions start.. predict the prompt tokens after them (the prompt's last row
@@ -367,7 +464,9 @@ class LLMEngine:
             seq_lens=[s + n for s, n in zip(starts, counts)],
             query_lens=counts,
             block_tables=[self.kv_cache.block_table(r.request_id) for r in reqs],
-            new_token_ids=[r.all_token_ids[s : s + n] for r, s, n in zip(reqs, starts, counts)],
+            # A verify step's tokens: the last sampled one, then its drafts.
+            new_token_ids=[r.all_token_ids[s : s + n] + r.spec_token_ids if r.spec_token_ids else r.all_token_ids[s : s + n]
+                           for r, s, n in zip(reqs, starts, counts)],
             num_logits=None if all(k == 1 for k in num_logits) else num_logits,
         )
 
@@ -458,6 +557,7 @@ class LLMEngine:
             metrics=RequestMetrics(
                 req.arrival_time, req.first_token_time, req.finished_time,
                 req.num_computed_prompt_tokens, req.num_cached_prompt_tokens, req.first_scheduled_time,
+                req.spec_num_draft_tokens, req.spec_num_accepted_tokens,
             ),
             new_text=new_text,
             logprobs=logprobs,
@@ -497,4 +597,14 @@ class LLMEngine:
             "num_preemptions": self.scheduler.num_preemptions,
             "generated_tokens": self._generated_tokens,
             "num_steps": self._num_steps,
+            **({} if self.speculative_config is None else {
+                "spec_decode_num_drafts": self._spec_drafts,
+                "spec_decode_num_draft_tokens": self._spec_draft_tokens,
+                "spec_decode_num_accepted_tokens": self._spec_accepted,
+                "spec_decode_num_accepted_tokens_per_pos": list(self._spec_accepted_per_pos),
+            }),
         }
+
+
+class _TokenRefused(Exception):
+    """A sampled token the request cannot take (none left, or its grammar refuses it): it fails."""

@@ -216,6 +216,18 @@ class KVCacheManager:
             self.pool.register(table[i], hashes[i])
         self._num_registered[request_id] = full
 
+    def free_tail(self, request_id: str, num_tokens: int) -> None:
+        """Return the blocks past the first ceil(num_tokens / block_size) of a request's table
+        (blocks that held only rejected speculative rows). They were never registered: only full
+        blocks of committed tokens are."""
+        table = self._tables.get(request_id)
+        if table is None:
+            return
+        keep = -(-num_tokens // self.block_size)
+        if len(table) > keep:
+            self.pool.release(table[keep:][::-1])
+            del table[keep:]
+
     def free(self, request_id: str) -> None:
         """Drop every reference a request holds (finished, aborted or preempted)."""
         table = self._tables.pop(request_id, [])

@@ -52,6 +52,13 @@ class Request:
     pending_text: str = ""
     emitted_text: list[str] = field(default_factory=list)
     grammar: Any = None  # structured_output.RequestGrammar of a request with params.structured_outputs
+    # Speculative decoding (spec_decode.py): the draft tokens the next step verifies after the last
+    # sampled token (never part of all_token_ids: only accepted tokens are), and the counters.
+    spec_token_ids: list[int] = field(default_factory=list)
+    spec_num_drafts: int = 0  # verify steps with at least one draft
+    spec_num_draft_tokens: int = 0  # drafts verified
+    spec_num_accepted_tokens: int = 0  # drafts accepted
+    spec_history: Any = None  # spec_decode.TokenBuffer of all_token_ids, for the proposer
 
     def __post_init__(self):
         self.all_token_ids = list(self.prompt_token_ids)

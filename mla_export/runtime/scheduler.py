@@ -64,6 +64,15 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            if req.spec_token_ids:  # drafts follow its last sampled token (the one token it lacks)
+                del req.spec_token_ids[budget - num_new:]  # the budget cuts drafts first
+                if req.spec_token_ids and self.kv.allocate_slots(
+                        req.request_id, req.num_computed_tokens, num_new + len(req.spec_token_ids)):
+                    out.scheduled.append((req, num_new + len(req.spec_token_ids)))
+                    budget -= num_new + len(req.spec_token_ids)
+                    i += 1
+                    continue
+                req.spec_token_ids.clear()  # no room for the drafts: run it plain, preempt nobody for a guess
             while not self.kv.allocate_slots(req.request_id, req.num_computed_tokens, num_new):
                 victim = self.running.pop()  # the newest; never one scheduled already (those sit before i)
                 self._preempt(victim)
@@ -101,12 +110,24 @@ class Scheduler:
         return out
 
     def update_after_step(self, out: SchedulerOutput) -> None:
-        """The step ran: the scheduled rows are in the cache; register newly full blocks."""
+        """The step ran: the scheduled rows are in the cache; register newly full blocks. A
+        request's draft rows are written but not committed: `accept_drafts` commits the accepted ones."""
         for req, num_new in out.scheduled:
+            num_new -= len(req.spec_token_ids)
             start = req.num_computed_tokens
             req.num_computed_prompt_tokens += max(0, min(start + num_new, req.num_prompt_tokens) - start)
             req.num_computed_tokens = start + num_new
             self.kv.cache_full_blocks(req.request_id, req.all_token_ids, req.num_computed_tokens)
+
+    def accept_drafts(self, req: Request, num_accepted: int) -> None:
+        """After a verify step: the first `num_accepted` draft rows hold accepted tokens (now in the
+        request's output, hence in all_token_ids), so they are committed; the rows of rejected
+        drafts lie past num_computed_tokens, where attention never reads (it stops at seq_lens)
+        and the next tokens overwrite them. Blocks holding only rejected rows are returned, and
+        full blocks of committed tokens enter the prefix cache (hashes never cover a draft)."""
+        req.num_computed_tokens += num_accepted
+        self.kv.free_tail(req.request_id, req.num_computed_tokens)
+        self.kv.cache_full_blocks(req.request_id, req.all_token_ids, req.num_computed_tokens)
 
     def finish(self, req: Request, reason: str) -> None:
         """Stop a request (done or aborted) and free its blocks."""
@@ -120,6 +141,7 @@ class Scheduler:
 
     def _preempt(self, req: Request) -> None:
         self.kv.free(req.request_id)
+        req.spec_token_ids.clear()  # it recomputes from its committed tokens; drafts are proposed again later
         req.status = RequestStatus.WAITING
         req.num_computed_tokens = 0
         req.num_preemptions += 1

@@ -308,6 +308,18 @@ class _SnapshotCollector:
         yield counter("vllm:prefix_cache_hits", "Prefix cache hits (in the engine's unit).", h, mn, name)
         yield counter("vllm:num_preemptions", "Cumulative number of preemptions from the engine.",
                       g("num_preemptions"), mn, name)
+        if "spec_decode_num_drafts" in stats:  # the engine speculates (vLLM's names and meanings)
+            yield counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts (verify steps with drafts).",
+                          g("spec_decode_num_drafts"), mn, name)
+            yield counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.",
+                          g("spec_decode_num_draft_tokens"), mn, name)
+            yield counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.",
+                          g("spec_decode_num_accepted_tokens"), mn, name)
+            fam = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                      "Accepted tokens per draft position.", labels=["model_name", "position"])
+            for pos, n in enumerate(stats.get("spec_decode_num_accepted_tokens_per_pos") or ()):
+                fam.add_metric([m.model_name, str(pos)], n)
+            yield fam
         if m.cache_config is not None:
             info = dict(m.cache_config)
             fam = GaugeMetricFamily("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",

@@ -129,6 +129,13 @@ class RayEngineClient:
             if s.get("up"):
                 for k in _SUMMED:
                     total[k] += int(s.get(k, 0) or 0)
+        spec = [s for s in self.replica_stats().values() if s.get("up") and "spec_decode_num_drafts" in s]
+        if spec:  # replicas that speculate: vLLM's spec-decode counters summed (per position too)
+            for k in ("spec_decode_num_drafts", "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens"):
+                total[k] = sum(int(s.get(k, 0) or 0) for s in spec)
+            per_pos = [s.get("spec_decode_num_accepted_tokens_per_pos") or [] for s in spec]
+            total["spec_decode_num_accepted_tokens_per_pos"] = [
+                sum(p[i] for p in per_pos if i < len(p)) for i in range(max(map(len, per_pos)))]
         total["server_in_flight"] = self._in_flight
         total["server_capacity"] = self.capacity
         total["num_replicas_up"] = sum(1 for s in self.replica_stats().values() if s.get("up"))

@@ -13,7 +13,9 @@ RoPE tables, and in each MoE layer top-k routed experts (every MoE form runs the
 only). Not counted: the KV cache (it grows with the context: docs/KV_CACHE.md has its bytes).
 
 llama.cpp: the GGUF's own tensor table (name, shape, ggml type) with ggml's block sizes, read the
-same way: token_embd one row, *_exps tensors top-k / n_expert of them, the rest whole. A tensor
+same way: token_embd one row (whole too when it serves as the output), *_exps tensors top-k /
+n_expert of them, attn_kv_b left out where the split attn_k_b / attn_v_b that MLA decode reads
+are there, the rest whole. A tensor
 type missing from GGML_BLOCKS makes the figure unknown, with the reason (never a guess).
 """
 
@@ -251,7 +253,11 @@ def gguf_bytes_per_token(path: str | Path) -> dict:
     arch = meta.get("general.architecture")
     n_exp, top_k = meta.get(f"{arch}.expert_count"), meta.get(f"{arch}.expert_used_count")
     parts = {"embedding row": 0.0, "routed experts (top-k)": 0.0, "other weights": 0.0}
+    names = {t[0] for t in tensors}
     for name, dims, ttype in tensors:
+        if name.endswith(".attn_kv_b.weight") and name.replace("attn_kv_b", "attn_k_b") in names:
+            continue  # llama.cpp's MLA decode reads the split attn_k_b / attn_v_b, not kv_b
+
         if ttype not in GGML_BLOCKS:
             raise Unknown(f"{Path(path).name}: tensor {name} has ggml type {ttype}, whose block size this "
                           f"count does not know")
@@ -262,6 +268,8 @@ def gguf_bytes_per_token(path: str | Path) -> dict:
         size = n // per_block * block_bytes
         if name == "token_embd.weight":
             parts["embedding row"] += size / dims[-1]  # one row of [vocab (outer), hidden]
+            if "output.weight" not in names:  # tied: the table is the output projection too, read whole
+                parts["other weights"] += size
         elif "_exps." in name:
             if not n_exp or not top_k:
                 raise Unknown(f"{Path(path).name}: expert tensors but no {arch}.expert_count / expert_used_count")

@@ -503,7 +503,7 @@ def _efficiency(r: dict, batch: int, before, after, bpt: dict | None) -> dict:
     if why:
         out["efficiency_unknown"] = why
         return out
-    out["efficiency"] = round(bpt["bytes"] * r["decode_tok_s"] / (sum(reads) / 2 * 1e9), 4)
+    out["efficiency"] = bpt["bytes"] * r["decode_tok_s"] / (sum(reads) / 2 * 1e9)
     return out
 
 

@@ -20,11 +20,11 @@ def main() -> int:
     p.add_argument("--passes", "--repeats", type=int, default=5, dest="passes")
     p.add_argument("--mib", type=int, default=DEFAULT_MIB, help=f"buffer MiB (default {DEFAULT_MIB}: far above an L3)")
     a = p.parse_args()
-    try:
-        gbps = read_gbps(a.threads, a.passes, a.mib)
-    except ValueError as e:
-        print(f"read_bandwidth: {e}", file=sys.stderr)
-        return 2
+    for flag, v in (("--threads", a.threads), ("--passes", a.passes), ("--mib", a.mib)):
+        if v < 1:
+            print(f"tools/read_bandwidth.py: {flag} must be >= 1, got {v}", file=sys.stderr)
+            return 2
+    gbps = read_gbps(a.threads, a.passes, a.mib)
     print(f"read {gbps:.1f} GB/s ({a.threads} threads, {a.mib} MiB, best of {a.passes})")
     return 0
 

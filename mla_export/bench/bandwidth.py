@@ -24,7 +24,7 @@ def read_gbps(threads: int = 2, passes: int = DEFAULT_PASSES, size_mib: int = DE
     """GB/s of `threads` threads reading a `size_mib` MiB buffer, best of `passes` passes."""
     for name, v, lo in (("threads", threads, 1), ("passes", passes, 1), ("size_mib", size_mib, 1)):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-            raise ValueError(f"read bandwidth: {name} must be an integer >= {lo}, got {v!r}")
+            raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
     size = size_mib << 20
     a = np.ones(size // 4, np.float32)  # written once: every page is resident before the timed reads
     parts = np.array_split(a, threads)

@@ -122,7 +122,7 @@ def _gguf(path: Path, tensors: list[tuple[str, tuple[int, ...], int]], meta: dic
     for k, v in meta.items():
         out += s(k) + (struct.pack("<I", 8) + s(v) if isinstance(v, str) else struct.pack("<II", 4, v))
     for name, dims, ttype in tensors:
-        out += s(name) + struct.pack("<I", len(dims)) + struct.pack(f"<{len(dims)}Q", *dims) + struct.pack("<IQ", ttype, 0)
+        out += s(name) + struct.pack(f"<I{len(dims)}Q", len(dims), *dims) + struct.pack("<IQ", ttype, 0)
     path.write_bytes(out)
     return path
 

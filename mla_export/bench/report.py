@@ -194,7 +194,8 @@ def markdown(doc: dict) -> str:
                      f"{_fmt(r['weight_bytes'] / 1e9 if r.get('weight_bytes') else None, '.2f')} | "
                      f"{_fmt(r.get('kv_bytes_per_token'), '.0f')} | {agr} | {r.get('inference_precision') or ''} | "
                      f"{'-'.join(format(x, '.1f') for x in r['loadavg_range']) if r.get('loadavg_range') else ''} | "
-                     f"{_read_cell(r)} | {_fmt(r['weight_bytes_per_token'] / 1e6 if r.get('weight_bytes_per_token') else None, '.3f')} | "
+                     f"{_read_cell(r)} | "
+                     f"{_fmt(r['weight_bytes_per_token'] / 1e6 if r.get('weight_bytes_per_token') else None, '.3f')} | "
                      f"{_efficiency_cell(r)} |")
     lines += ["",
               f"KV bytes per token ({kv['layers']} layers): ours {kv['latent_row_width']} x {kv['layers']} x the cache "

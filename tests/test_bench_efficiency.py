@@ -49,8 +49,8 @@ def ir_hand_count(export_dir: Path) -> float:
         name, size = layer.get("name"), int(layer.find("data").get("size"))
         if name.startswith("model.embed_tokens."):
             total += size / cfg["vocab_size"]
-        elif name in ("rope.cos", "rope.sin"):
-            total += size / cfg["max_position_embeddings"]
+        elif name in ("rope.cos", "rope.sin"):  # [positions the export holds, rope dims]
+            total += size / int(layer.find("data").get("shape").split(",")[0])
         elif ".mlp.experts." in name:
             total += size * cfg["num_experts_per_tok"] / cfg["n_routed_experts"]
         elif name.startswith(("model.", "lm_head.")):

@@ -32,7 +32,7 @@ def ckpt_and_export(tmp_path_factory):
 
 def bench(tmp_path, *args) -> int:
     return main(["bench", *args, "--out-dir", str(tmp_path / "res"), "--work-dir", str(tmp_path / "work"),
-                 "--mem-wait", "0", "--threads", "1"])
+                 "--mem-wait", "0", "--threads", "1", "--no-bandwidth"])
 
 
 class TestQuickFitsTheContext:

@@ -23,7 +23,7 @@ def test_bench_e2e_tiny_ours_and_transformers(tmp_path):
                "ours-f32,transformers,optimum,llamacpp-Q8_0", "--prompt-lens", "16", "--batches", "2",
                "--new-tokens", "3", "--optimum-python", str(tmp_path / "no-such-venv/bin/python"),
                "--llamacpp-dir", str(tmp_path / "no-llamacpp"), "--out-dir", str(out), "--work-dir", str(work),
-               "--timeout", "300", "--mem-wait", "0"])
+               "--timeout", "300", "--mem-wait", "0", "--bandwidth-mib", "64", "--bandwidth-passes", "1"])
     assert rc == 0
     doc = json.loads((out / "e2e.json").read_text())
     assert doc["schema_version"] == 2
@@ -46,6 +46,10 @@ def test_bench_e2e_tiny_ours_and_transformers(tmp_path):
     assert a["tokens_total"] == 6 and a["sequences"] == 2 and len(a["first_divergence"]) == 2
     assert a["tokens_matching"] == 6 and a["sequences_identical"] == 2 and a["frac"] == 1.0
     assert "agreement" not in by["transformers"]
+    # the reads around every run; no efficiency at batch 2, and none for a system whose bytes are not counted
+    assert all(x > 0 for name in ("ours-f32", "transformers") for x in by[name]["read_gbps"])
+    assert by["ours-f32"]["weight_bytes_per_token"] > 0 and by["ours-f32"]["efficiency_unknown"].startswith("batch 1 only")
+    assert "not counted" in doc["weight_bytes_per_token"]["transformers"]["unknown"]
     # the optimum env is missing: marked not available with the reason
     assert by["optimum"]["ok"] is False and "not found" in by["optimum"]["not_available"]
     assert by["llamacpp-Q8_0"]["ok"] is False and "llama.cpp peer not found" in by["llamacpp-Q8_0"]["not_available"]

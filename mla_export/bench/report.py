@@ -98,6 +98,13 @@ def aggregate(results: list[dict], kv: dict) -> list[dict]:
         row["agreement"] = first.get("agreement")
         loads = [x for r in ok for x in (r.get("loadavg") or [])]
         row["loadavg_range"] = [min(loads), max(loads)] if loads else None
+        # the plain read around each run and the run's efficiency against it (run.py _efficiency)
+        row["read_gbps_before"] = _stats([(r.get("read_gbps") or [None])[0] for r in ok])
+        row["read_gbps_after"] = _stats([(r.get("read_gbps") or [None, None])[1] for r in ok])
+        row["weight_bytes_per_token"] = first.get("weight_bytes_per_token")
+        row["efficiency"] = _stats([r.get("efficiency") for r in ok])
+        if row["efficiency"] is None:
+            row["efficiency_unknown"] = next((r["efficiency_unknown"] for r in ok if r.get("efficiency_unknown")), None)
         rows.append(row)
     return rows
 
@@ -119,6 +126,9 @@ def summary(doc: dict) -> dict:
                     s[key + "_decode"] = round(_med(at[a], "decode_tok_s") / _med(at[b], "decode_tok_s"), 2)
                     if _med(at[a], "ttft_s"):
                         s[key + "_ttft_peer_over_ours"] = round(_med(at[b], "ttft_s") / _med(at[a], "ttft_s"), 2)
+    for r in agg:
+        if r.get("ok") and r.get("efficiency"):
+            s[f"p{r['prompt_len']}_b{r['batch']}_{r['system']}_efficiency"] = round(r["efficiency"]["median"], 3)
     for system in dict.fromkeys(r["system"] for r in doc["results"]):
         agr = [r["agreement"] for r in doc["results"] if r["system"] == system and r.get("agreement")]
         if agr:
@@ -163,15 +173,16 @@ def markdown(doc: dict) -> str:
         f"AVX2 {'yes' if m['avx2'] else 'no'}, AVX-512 {'yes' if m['avx512f'] else 'no'}); {m['note']}.",
         "",
         "| system | prompt | batch | TTFT s | decode tok/s | peak RSS GB | weights GB | KV B/token | "
-        "greedy = transformers | precision ran | load avg |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|",
+        "greedy = transformers | precision ran | load avg | read GB/s before / after | weight MB/token | "
+        "efficiency |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|---:|---:|---|",
     ]
     for r in doc["aggregate"]:
         if not r.get("ok"):
             # the whole reason (it is one line, and says what to do); '|' would end the cell
             what = "not available" if r.get("not_available", True) else "failed"
             lines.append(f"| {r['system']} | {r['prompt_len']} | {r['batch']} | {what}: "
-                         f"{str(r.get('error')).replace('|', '/')} | | | | | | | |")
+                         f"{str(r.get('error')).replace('|', '/')} | | | | | | | | | | |")
             continue
         a = r.get("agreement")
         agr = "reference" if r["system"] == "transformers" else (
@@ -182,13 +193,22 @@ def markdown(doc: dict) -> str:
                      f"{_rng(r.get('decode_tok_s'), '.1f')} | {_rng(rss_gb, '.1f')} | "
                      f"{_fmt(r['weight_bytes'] / 1e9 if r.get('weight_bytes') else None, '.2f')} | "
                      f"{_fmt(r.get('kv_bytes_per_token'), '.0f')} | {agr} | {r.get('inference_precision') or ''} | "
-                     f"{'-'.join(format(x, '.1f') for x in r['loadavg_range']) if r.get('loadavg_range') else ''} |")
+                     f"{'-'.join(format(x, '.1f') for x in r['loadavg_range']) if r.get('loadavg_range') else ''} | "
+                     f"{_read_cell(r)} | "
+                     f"{_fmt(r['weight_bytes_per_token'] / 1e6 if r.get('weight_bytes_per_token') else None, '.3f')} | "
+                     f"{_efficiency_cell(r)} |")
     lines += ["",
               f"KV bytes per token ({kv['layers']} layers): ours {kv['latent_row_width']} x {kv['layers']} x the cache "
               f"dtype (one latent row per token and layer); a per-head expanded cache holds "
               f"{kv['expanded_values_per_layer']} values per layer (ratio "
               f"{kv['ratio_ours_vs_expanded_same_dtype']:.3f} at the same dtype). llama.cpp's figure is read from its "
               f"own log (llama_kv_cache size / cells), transformers' from its live cache, the others from their layout.",
+              "",
+              "efficiency = weight bytes a batch-1 decode token reads (MB/token: non-expert weights, one "
+              "embedding row, top-k routed + shared experts, as stored) x decode tok/s / the plain multi-thread read's "
+              "GB/s measured right before and after that run (their mean): the share of this moment's memory "
+              "bandwidth the run streams its weights at; it compares rounds taken at different moments of a shared "
+              "host, where tok/s alone follows the other tenants (docs/BENCHMARKS.md).",
               "",
               "TTFT = until every sequence of the batch has its first token. decode tok/s = batch / median "
               "full-batch decode step time (llama.cpp: llama-batched-bench's S_TG). Each system and grid point "
@@ -211,6 +231,42 @@ def markdown(doc: dict) -> str:
             f"{p['python_overhead_ms']:.1f}" for p in profs) + " |")
     lines += ["", "Summary: `" + json.dumps(doc["summary"]) + "`", ""]
     return "\n".join(lines)
+
+
+def _read_cell(r: dict) -> str:
+    b, a = r.get("read_gbps_before"), r.get("read_gbps_after")
+    if not b and not a:
+        return "-"
+    return f"{_rng(b, '.1f')} / {_rng(a, '.1f')}"
+
+
+def _efficiency_cell(r: dict) -> str:
+    if r.get("efficiency"):
+        return _rng(r["efficiency"], ".2f")
+    why = r.get("efficiency_unknown")
+    return f"not computed: {why}".replace("|", "/") if why else "-"
+
+
+def efficiency_line(doc: dict) -> str:
+    """The console's one line: each batch-1 row's median efficiency and the reads around it."""
+    rows = [r for r in doc["aggregate"] if r.get("ok") and r["batch"] == 1]
+    if "bandwidth" not in doc:
+        return "efficiency: not measured (a record made before the read bandwidth was measured)"
+    if doc["bandwidth"] is None:
+        return "efficiency: not measured (--no-bandwidth)"
+    if not rows:
+        return "efficiency: no batch-1 run measured"
+    parts = []
+    for r in rows:
+        where = f"{r['system']} p{r['prompt_len']}"
+        if r.get("efficiency"):
+            reads = [x for k in ("read_gbps_before", "read_gbps_after") for x in
+                     ([r[k]["min"], r[k]["max"]] if r.get(k) else [])]
+            parts.append(f"{where} {r['efficiency']['median']:.2f} ({r['decode_tok_s']['median']:.1f} tok/s x "
+                         f"{r['weight_bytes_per_token'] / 1e6:.1f} MB at {min(reads):.1f}-{max(reads):.1f} GB/s)")
+        else:
+            parts.append(f"{where} not computed ({r.get('efficiency_unknown')})")
+    return "efficiency (bytes/token x tok/s / plain read GB/s, batch 1): " + "; ".join(parts)
 
 
 def plot(doc: dict, path: Path) -> None:

@@ -41,11 +41,13 @@ import time
 from pathlib import Path
 
 from . import peers
+from .bandwidth import DEFAULT_MIB, DEFAULT_PASSES, read_gbps
+from .bytes_per_token import Unknown, export_bytes_per_token, gguf_bytes_per_token
 from .checkpoint import SHAPES, checkpoint_config, write_checkpoint
 from .common import error_tail, log, machine_info, parse_result, sh, type_bytes, wait_for_memory
 from .model_match import ModelMismatch, need_checkpoint_message
 from .model_match import check as check_match
-from .report import agreement, aggregate, kv_figures, markdown, plot, summary
+from .report import agreement, aggregate, efficiency_line, kv_figures, markdown, plot, summary
 
 SCHEMA_VERSION = 2
 QUICK_PROMPT_LEN = 1024
@@ -111,6 +113,12 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--work-dir", default=str(Path.home() / ".cache/mla-export-bench"),
                    help="checkpoints, exports and GGUFs (reused between runs)")
     p.add_argument("--timeout", type=float, default=3600.0, help="per worker process, seconds")
+    p.add_argument("--no-bandwidth", action="store_true",
+                   help="skip the plain read measured before and after every run (and the efficiency figure)")
+    p.add_argument("--bandwidth-mib", type=int, default=DEFAULT_MIB,
+                   help=f"buffer of that read, MiB (default {DEFAULT_MIB}: far larger than an L3)")
+    p.add_argument("--bandwidth-passes", type=int, default=DEFAULT_PASSES,
+                   help=f"passes of that read, the best is kept (default {DEFAULT_PASSES})")
     p.add_argument("--render", default=None, metavar="E2E_JSON", help="only re-write e2e.md and the plot from a e2e.json")
     return p
 
@@ -208,6 +216,9 @@ def run_bench(args) -> int:
     if args.repeats < 1 or args.threads < 1 or args.new_tokens < 2:
         print("mla-export bench: --repeats and --threads must be >= 1, --new-tokens >= 2", file=sys.stderr)
         return 2
+    if args.bandwidth_mib < 1 or args.bandwidth_passes < 1:
+        print("mla-export bench: --bandwidth-mib and --bandwidth-passes must be >= 1", file=sys.stderr)
+        return 2
     if "ours" in systems and not args.export_dir:
         print("mla-export bench: system 'ours' runs the directory given with --export-dir", file=sys.stderr)
         return 2
@@ -303,6 +314,8 @@ def run_bench(args) -> int:
             else:
                 opt_dirs[s] = d
 
+    bytes_pt = _bytes_per_token(systems, ours_dirs, ggufs, unavailable)
+
     # ------------------------------------------------------------------------------ the grid
     # Exports and GGUF conversions just wrote up to tens of GB: flush them before the first
     # measurement. Measured right after, the 27-layer V2-Lite's int4 export decoded 7.0 tok/s
@@ -342,15 +355,20 @@ def run_bench(args) -> int:
                     continue
                 log(f"round {rnd + 1}/{args.repeats}: {system}, prompt {plen} x batch {batch}, "
                     f"{args.new_tokens} new tokens")
+                bw0 = _bandwidth(args)
                 t, load0 = time.time(), os.getloadavg()[0]
                 r = _run_one(system, args, pf, ours_dirs, model_dir, ggufs, lc_dir, vllm, opt_py, opt_dirs, env, work)
                 # the 1-minute load average before and after: other jobs on a shared machine
                 r.update(base, wall_s=time.time() - t, loadavg=[round(load0, 1), round(os.getloadavg()[0], 1)])
+                r.update(_efficiency(r, batch, bw0, _bandwidth(args), bytes_pt.get(system)))
                 if not r.get("ok"):
                     log(f"  {system} failed: {r.get('error')}")
                 else:
+                    eff = "" if r.get("efficiency") is None else (
+                        f", read {r['read_gbps'][0]:.1f}/{r['read_gbps'][1]:.1f} GB/s before/after, "
+                        f"efficiency {r['efficiency']:.2f}")
                     log(f"  ttft {r['ttft_s']:.2f} s, decode {r.get('decode_tok_s') or float('nan'):.1f} tok/s, "
-                        f"peak RSS {r['peak_rss_mb']:.0f} MB ({r['wall_s']:.0f} s, load {r['loadavg']})")
+                        f"peak RSS {r['peak_rss_mb']:.0f} MB ({r['wall_s']:.0f} s, load {r['loadavg']}){eff}")
                 results.append(r)
 
     # greedy agreement with transformers (f32), per grid point and round
@@ -401,6 +419,11 @@ def run_bench(args) -> int:
                     for s in systems},
         "prep_s": prep,
         "kv_cache": kv,
+        "bandwidth": None if args.no_bandwidth else {
+            "threads": args.threads, "buffer_mib": args.bandwidth_mib, "passes": args.bandwidth_passes,
+            "how": "mla_export.bench.bandwidth.read_gbps: a plain multi-thread read, best of the passes, "
+                   "right before and right after every run"},
+        "weight_bytes_per_token": bytes_pt,
         "results": results,
         "profile_ours_decode": profile,
     }
@@ -411,6 +434,7 @@ def run_bench(args) -> int:
     log(f"wrote {out_dir / 'e2e.json'}, {out_dir / 'e2e.md'} in {doc['total_s']:.0f} s")
     print(markdown(doc))
     print(json.dumps(doc["summary"]))
+    print(efficiency_line(doc))
     return _exit_code(results)
 
 
@@ -425,6 +449,62 @@ def _exit_code(results: list[dict]) -> int:
     for system, reason in why.items():
         print(f"  {system}: {reason}", file=sys.stderr)
     return 1
+
+
+def _bytes_per_token(systems: list[str], ours_dirs: dict, ggufs: dict, unavailable: dict) -> dict:
+    """Per system: the weight bytes a batch-1 decode token reads ({"bytes", "parts", "how"}), or
+    {"unknown": why} where they cannot be computed (bytes_per_token.py; never a guess)."""
+    out = {}
+    for s in systems:
+        if s in unavailable:
+            continue
+        try:
+            if s in ours_dirs:
+                out[s] = export_bytes_per_token(ours_dirs[s])
+            elif s in ggufs:
+                out[s] = gguf_bytes_per_token(ggufs[s])
+            else:
+                out[s] = {"unknown": f"{s}: its weight layout in memory is not counted by the benchmark"}
+        except (Unknown, OSError) as e:
+            out[s] = {"unknown": str(e)}
+    return out
+
+
+def _bandwidth(args) -> float | str | None:
+    """The plain read's GB/s now (None with --no-bandwidth; the reason when it could not run)."""
+    if args.no_bandwidth:
+        return None
+    try:
+        return round(read_gbps(args.threads, args.bandwidth_passes, args.bandwidth_mib), 2)
+    except MemoryError:
+        return f"no memory for the {args.bandwidth_mib} MiB read buffer"
+
+
+def _efficiency(r: dict, batch: int, before, after, bpt: dict | None) -> dict:
+    """The run's read bandwidth before/after, its weight bytes per token and its efficiency =
+    bytes/token x decode tok/s / (the mean of the two reads): the share of a plain read's speed
+    the run streams its weights at. Batch 1 only: a larger batch's step reads the union of its
+    tokens' experts, which the routing decides."""
+    if before is None and after is None:
+        return {}
+    out = {"read_gbps": [before, after]}
+    if bpt is not None:
+        out["weight_bytes_per_token"] = bpt.get("bytes")
+    reads = [x for x in (before, after) if isinstance(x, float)]
+    why = None
+    if not r.get("ok") or not r.get("decode_tok_s"):
+        why = "no decode speed"
+    elif batch != 1:
+        why = "batch 1 only (a batch's step reads the experts its tokens' routing picks)"
+    elif len(reads) != 2:
+        why = "the read bandwidth was not measured: " + "; ".join(x for x in (before, after) if isinstance(x, str))
+    elif bpt is None or bpt.get("bytes") is None:
+        why = (bpt or {}).get("unknown", "weight bytes per token not computed")
+    if why:
+        out["efficiency_unknown"] = why
+        return out
+    out["efficiency"] = bpt["bytes"] * r["decode_tok_s"] / (sum(reads) / 2 * 1e9)
+    return out
 
 
 def _ours_need_gb(export_dir: Path, precision: str) -> float:
@@ -507,6 +587,7 @@ def render(path: Path) -> int:
     write_outputs(doc, path.parent)
     print(markdown(doc))
     print(json.dumps(doc["summary"]))
+    print(efficiency_line(doc))
     return 0
 
 

@@ -33,6 +33,8 @@ class SignalState:
         self.armed = False  # inside the work: the first signal raises
         self.raised = False
         self.complete = False  # the export is in place: signals are only recorded
+        self.held = 0  # inside signals_held: a signal is kept for the block's end
+        self.pending: int | None = None
 
     @property
     def fired(self) -> bool:  # SIGTERM came first
@@ -45,6 +47,15 @@ class SignalState:
     def on_signal(self, signum, frame):
         if self.first is None:
             self.first = signum
+        if self.held:
+            # Blocking the signals (pthread_sigmask) covers the main thread only: another thread
+            # (a library's pool) may take a process-directed signal, and Python then runs this
+            # handler in the main thread anyway, inside the block. So the block defers it here too.
+            self.pending = self.pending or signum
+            return
+        self.fire(signum)
+
+    def fire(self, signum):
         if self.armed and not self.complete and not self.raised:
             self.raised = True
             raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
@@ -99,11 +110,19 @@ def signals_held():
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    state = _ACTIVE
+    if state is not None:
+        state.held += 1
     held = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)  # a signal blocked until now is handled here
+        if state is not None:
+            state.held -= 1
+            if state.held == 0 and state.pending is not None:
+                signum, state.pending = state.pending, None
+                state.fire(signum)  # one that another thread took, kept by on_signal
 
 
 def mark_complete() -> None:

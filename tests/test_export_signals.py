@@ -174,3 +174,36 @@ class TestExportSignalsAndRaces:
         assert _lines(err) == [f"mla-export export: Broken pipe after the export was complete; {out} is in place"]
         load_contract(out)
         assert _leftovers(tmp_path) == []
+
+
+class TestHeldBlockDefersSignalsFromAnyThread:
+    """Blocking SIGINT/SIGTERM (pthread_sigmask) covers the main thread only: when another thread
+    (tqdm's monitor, a library's pool) takes the process-directed signal, Python still runs the
+    handler in the main thread, inside the held block. CI once left `.OUT.partial-*.owner.PID`
+    (write_owner's temporary) that way. The handler must keep the signal for the block's end."""
+
+    def test_signal_inside_the_block_fires_at_its_end(self):
+        import signal as sig
+
+        from mla_export import export_signals as es
+
+        with es.export_signals() as state:
+            state.armed = True
+            steps = []
+            with pytest.raises(es.Terminated):
+                with es.signals_held():
+                    state.on_signal(sig.SIGTERM, None)  # what Python runs when another thread took it
+                    steps.append("the held step finished")
+            assert steps == ["the held step finished"] and state.fired
+
+    def test_no_signal_after_completion(self):
+        import signal as sig
+
+        from mla_export import export_signals as es
+
+        with es.export_signals() as state:
+            state.armed = True
+            with es.signals_held():
+                state.on_signal(sig.SIGINT, None)
+                es.mark_complete()
+            assert state.interrupted and not state.raised

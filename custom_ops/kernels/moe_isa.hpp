@@ -93,8 +93,8 @@ struct MoeIsa {
     // AVX512_BF16: each code's bf16 bits made in registers (sign, exponent + 120, mantissa: exact for
     // every normal code and zero; the subnormal codes, below 2^-6 of their scale's unit, count as 0,
     // as vdpbf16ps would take them), vdpbf16ps pairs summed in f32 and each group folded with its
-    // scale. [M - 1] for M = 1..8 tokens; null where not compiled (qmode_fp8 checks the CPU).
-    void (*qdot_fp8_bf16[8])(int64_t K, int64_t group, const uint16_t* const* x, const QBlock& blk, float* out,
+    // scale. [M - 1]; null where not compiled (qmode_fp8 checks the CPU).
+    void (*qdot_fp8_bf16[4])(int64_t K, int64_t group, const uint16_t* const* x, const QBlock& blk, float* out,
                              int64_t ldo);
 };
 

@@ -261,20 +261,18 @@ void qdot_fp8(int64_t K, int64_t group, const float* const* x, const float* cons
 #if defined(__AVX512BF16__)
 // MoeIsa::qdot_fp8_bf16: 32 inputs a step, a row's two 16-code chunks (k and k + 16: one 64-byte line
 // apart) made one vector of 32 bf16 weights (e4m3_to_bf16x32). Half the instructions a weight of
-// the f16 route (qdot_fp8), which is what bounds it at 1-2 tokens. Rows R0..R0+NR-1 of the block
-// against M tokens: accumulators NR x M stay in registers (4 x 4, or 2 x 8).
-template <int M, int R0, int NR>
-void qdot_fp8_bf16_rows(int64_t K, int64_t group, const uint16_t* const* x, const QBlock& blk, float* out,
-                        int64_t ldo) {
+// the f16 route (qdot_fp8), which is what bounds it at 1-2 tokens.
+template <int M>
+void qdot_fp8_bf16(int64_t K, int64_t group, const uint16_t* const* x, const QBlock& blk, float* out, int64_t ldo) {
     static const bool intel = __builtin_cpu_is("intel");
     const bool prefetch = intel && M <= 2;
-    __m512 tot[NR][M];
-    for (int r = 0; r < NR; ++r)
+    __m512 tot[4][M];
+    for (int r = 0; r < 4; ++r)
         for (int t = 0; t < M; ++t) tot[r][t] = _mm512_setzero_ps();
     const int64_t groups = K / group;
     for (int64_t g = 0; g < groups; ++g) {
-        __m512 acc[NR][M];
-        for (int r = 0; r < NR; ++r)
+        __m512 acc[4][M];
+        for (int r = 0; r < 4; ++r)
             for (int t = 0; t < M; ++t) acc[r][t] = _mm512_setzero_ps();
         for (int64_t k = g * group; k < (g + 1) * group; k += 32) {
             const uint8_t* line = blk.q + (k / 16) * 64;
@@ -284,35 +282,20 @@ void qdot_fp8_bf16_rows(int64_t K, int64_t group, const uint16_t* const* x, cons
             }
             __m512i xv[M];
             for (int t = 0; t < M; ++t) xv[t] = _mm512_loadu_si512(x[t] + k);
-            for (int r = 0; r < NR; ++r) {
-                const __m512i w = e4m3_to_bf16x32(line + 16 * (R0 + r), line + 64 + 16 * (R0 + r));
+            for (int r = 0; r < 4; ++r) {
+                const __m512i w = e4m3_to_bf16x32(line + 16 * r, line + 64 + 16 * r);
                 for (int t = 0; t < M; ++t) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)w, (__m512bh)xv[t]);
             }
         }
-        for (int r = 0; r < NR; ++r) {
-            const __m512 s = _mm512_set1_ps(blk.s[R0 + r][g]);
+        for (int r = 0; r < 4; ++r) {
+            const __m512 s = _mm512_set1_ps(blk.s[r][g]);
             for (int t = 0; t < M; ++t) tot[r][t] = _mm512_fmadd_ps(acc[r][t], s, tot[r][t]);
         }
     }
     for (int t = 0; t < M; ++t)
-        for (int r = 0; r < NR; ++r) out[t * ldo + R0 + r] = _mm512_reduce_add_ps(tot[r][t]);
+        for (int r = 0; r < 4; ++r) out[t * ldo + r] = _mm512_reduce_add_ps(tot[r][t]);
 }
-
-// M <= 4 tokens: the block's 4 rows in one pass. 5-8 tokens: two passes of 2 rows (the 2 x 8
-// accumulators fit the registers where 4 x 8 would spill), so each code is decoded once for up to
-// 8 tokens instead of once per 4 (a decode batch of 8 made two 4-token passes, each decoding every
-// code).
-template <int M>
-void qdot_fp8_bf16(int64_t K, int64_t group, const uint16_t* const* x, const QBlock& blk, float* out, int64_t ldo) {
-    if constexpr (M <= 4) {
-        qdot_fp8_bf16_rows<M, 0, 4>(K, group, x, blk, out, ldo);
-    } else {
-        qdot_fp8_bf16_rows<M, 0, 2>(K, group, x, blk, out, ldo);
-        qdot_fp8_bf16_rows<M, 2, 2>(K, group, x, blk, out, ldo);
-    }
-}
-#define MLA_MOE_FP8_BF16 {qdot_fp8_bf16<1>, qdot_fp8_bf16<2>, qdot_fp8_bf16<3>, qdot_fp8_bf16<4>, \
-                          qdot_fp8_bf16<5>, qdot_fp8_bf16<6>, qdot_fp8_bf16<7>, qdot_fp8_bf16<8>}
+#define MLA_MOE_FP8_BF16 {qdot_fp8_bf16<1>, qdot_fp8_bf16<2>, qdot_fp8_bf16<3>, qdot_fp8_bf16<4>}
 #endif
 #else
 template <int M>

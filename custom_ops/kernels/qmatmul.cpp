@@ -196,8 +196,8 @@ void qtile(const MoeIsa& isa, int bi, const QActs& acts, const int64_t* rows, in
             s.b.resize(m);
             for (int64_t t = 0; t < m; ++t) s.b[t] = acts.bf16(rows[t]);
             for (int64_t r0 = 0; r0 < kTileRows; r0 += 4)
-                for (int64_t t0 = 0; t0 < m; t0 += 8) {  // up to 8 tokens per decoded code
-                    const int64_t mt = std::min<int64_t>(8, m - t0);
+                for (int64_t t0 = 0; t0 < m; t0 += 4) {
+                    const int64_t mt = std::min<int64_t>(4, m - t0);
                     isa.qdot_fp8_bf16[mt - 1](K, group, s.b.data() + t0, blocks[r0 / 4], c + t0 * kTileRows + r0,
                                               kTileRows);
                 }

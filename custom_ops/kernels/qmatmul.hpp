@@ -58,13 +58,11 @@ QMode qmode(bool reduced, const MoeIsa& isa);
 // The mode of a projection in fp8 codes: bf16 dots under the reduced precision where the table has
 // them and the CPU has AVX512_BF16, else f32 dots (never int8 activations).
 QMode qmode_fp8(bool reduced, const MoeIsa& isa);
-// fp8 codes on bf16 rows: bf16 dots at every row count (AMX-BF16 tiles from 8 rows where the CPU
-// has them, qtile), never f32 panels: 8 tokens a pass decode each code once and take 8 vdpbf16ps
-// (~18 products an instruction), where a dequantised f32 panel's FMAs take ~8. A prefill chunk's
-// 4-row blocks of codes (8 KB at K = 2048) stay in L1/L2 across its passes. On the Zen 4 (no AMX),
-// 3-layer V2-Lite dims, prompt 1024: time to first token 3.24 -> see docs/BENCHMARKS.md, "fp8".
+// fp8 codes on bf16 rows: dots up to 16 rows (2-4 passes over a tile whose 64 KB of codes stay in
+// L2), panels from there.
+constexpr int64_t kManyRowsFp8Bf16 = 16;
 inline int64_t many_rows(const QMode& mode) {
-    return mode.q8_dots || mode.fp8_bf16 ? kNeverMany : kManyRows;
+    return mode.q8_dots ? kNeverMany : mode.fp8_bf16 ? kManyRowsFp8Bf16 : kManyRows;
 }
 
 // The weights of one projection: codes [rows, in / per_byte] (4-row interleaved), scales and zero

@@ -91,8 +91,13 @@ def wait_until(predicate, what: str, deadline_s: float = 120.0, interval: float 
 def start_serve_subprocess(out_dir: Path, *args: str) -> tuple[subprocess.Popen, str]:
     port = free_port()
     cmd = [sys.executable, "-m", "mla_export.cli", "serve", str(out_dir), "--port", str(port), *args]
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    return start_serve_command(cmd, port, REPO, dict(os.environ, PYTHONUNBUFFERED="1"))
+
+
+def start_serve_command(cmd: list[str], port: int, cwd: Path, env: dict,
+                        what: str = "mla-export serve") -> tuple[subprocess.Popen, str]:
+    """`cmd` (a serve command on `port`) started, once /health answers 200: (process, base URL)."""
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     base = f"http://127.0.0.1:{port}"
 
     def ready():
@@ -103,7 +108,7 @@ def start_serve_subprocess(out_dir: Path, *args: str) -> tuple[subprocess.Popen,
         except httpx.TransportError:
             return False
 
-    wait_until(ready, "mla-export serve to answer /health", READY_DEADLINE_S, 0.1)
+    wait_until(ready, f"{what} to answer /health", READY_DEADLINE_S, 0.1)
     return proc, base
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from server_helpers import READY_DEADLINE_S, free_port, wait_until
+from server_helpers import free_port, start_serve_command
 
 REPO = Path(__file__).resolve().parent.parent
 # What would let pip (or a build backend it ran) compile anything.
@@ -135,20 +135,9 @@ class TestCompilerFreeInstall:
         out = fresh.root / "tiny-serve"
         fresh.mla_export("export", "--preset", "tiny", "-o", str(out))
         port = free_port()
-        proc = subprocess.Popen([str(fresh.venv / "bin" / "mla-export"), "serve", str(out), "--port", str(port)],
-                                cwd=fresh.root, env=fresh.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
-        base = f"http://127.0.0.1:{port}"
+        proc, base = start_serve_command([str(fresh.venv / "bin" / "mla-export"), "serve", str(out), "--port", str(port)],
+                                         port, fresh.root, fresh.env, "the installed mla-export serve")
         try:
-            def ready():
-                if proc.poll() is not None:
-                    raise AssertionError(f"serve exited early ({proc.returncode}):\n{proc.stderr.read()}")
-                try:
-                    return httpx.get(f"{base}/health", timeout=5).status_code == 200
-                except httpx.TransportError:
-                    return False
-
-            wait_until(ready, "the installed mla-export serve to answer /health", READY_DEADLINE_S, 0.2)
             r = httpx.post(f"{base}/v1/completions", timeout=300,
                            json={"model": out.name, "prompt": PROMPT, "max_tokens": 4, "ignore_eos": True})
             assert r.status_code == 200, r.text

@@ -86,6 +86,7 @@ _VARS = [
     EnvVar("MLA_EXPORT_ORT_THREADS", "kernels", None, _text,
            "onnxruntime custom ops' thread count when the session gives none (default: the CPU's)."),
     EnvVar("MLA_LLAMACPP_PEER", "bench", None, _text, "`bench`: the llama.cpp peer's directory."),
+    EnvVar("MLA_IK_LLAMACPP_PEER", "bench", None, _text, "`bench`: the ik_llama.cpp peer's directory."),
     EnvVar("MLA_VLLM_PYTHON", "bench", None, _text, "`bench`: the python of the vLLM CPU peer's venv."),
     EnvVar("MLA_OPTIMUM_PEER", "bench", None, _text, "`bench`: the optimum-intel peer's directory."),
     EnvVar("MLA_OPTIMUM_SCRIPT", "bench", None, _text, "`bench`: the optimum-intel peer's export script."),

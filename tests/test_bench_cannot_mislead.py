@@ -79,6 +79,13 @@ class TestNothingMeasuredExitsNonZero:
                      "--batches", "1", "--llamacpp-dir", str(tmp_path / "no-llamacpp")) == 1
         assert "llamacpp-Q8_0: llama.cpp peer not found" in capsys.readouterr().err
 
+    def test_ik_system_not_available_names_its_peer(self, ckpt_and_export, tmp_path, capsys):
+        ckpt, _ = ckpt_and_export
+        assert bench(tmp_path, "--checkpoint", str(ckpt), "--systems", "ik-Q8_0", "--prompt-lens", "8",
+                     "--batches", "1", "--ik-dir", str(tmp_path / "no-ik")) == 1
+        err = capsys.readouterr().err
+        assert "ik-Q8_0: ik_llama.cpp peer not found" in err and "setup-peers ik_llamacpp" in err
+
     def test_one_system_measured_is_success(self, ckpt_and_export, tmp_path):
         ckpt, export = ckpt_and_export
         assert bench(tmp_path, "--export-dir", str(export), "--checkpoint", str(ckpt), "--systems",
@@ -139,6 +146,8 @@ class TestPeerReasonsAreWholeAndActionable:
         monkeypatch.delenv("MLA_LLAMACPP_PEER", raising=False)
         _, why = peers.llamacpp_dir(str(tmp_path / "nowhere"))
         assert why.endswith("set it up with `mla-export bench setup-peers llamacpp`, or pass --llamacpp-dir DIR")
+        _, why = peers.ik_dir(str(tmp_path / "nowhere"))
+        assert why.endswith("set it up with `mla-export bench setup-peers ik_llamacpp`, or pass --ik-dir DIR")
         _, why = peers.vllm_python(str(tmp_path / "nowhere/python"))
         assert "`mla-export bench setup-peers vllm`" in why
         _, why = peers.optimum_python(str(tmp_path / "nowhere/python"))

@@ -41,14 +41,34 @@ def llamacpp_dir(arg: str | None) -> tuple[Path | None, str | None]:
     return d, None
 
 
-def llamacpp_gguf(d: Path, ckpt: Path, qtype: str, work: Path, env: dict, timeout: float) -> tuple[Path | None, str]:
-    """The checkpoint as a GGUF of `qtype` (made once, kept in `work`); (path, "") or (None, why)."""
+def ik_dir(arg: str | None) -> tuple[Path | None, str | None]:
+    """The ik_llama.cpp peer (peer_setup/ik_llamacpp): its tools, its converter and their venv."""
+    d = Path(arg or envs.get("MLA_IK_LLAMACPP_PEER") or Path.home() / ".cache/mla-peers/ik_llamacpp")
+    need = [d / "bin/llama-batched-bench", d / "bin/llama-quantize", d / "convert.py", d / "venv/bin/python"]
+    missing = [str(p.relative_to(d)) for p in need if not p.exists()]
+    if missing:
+        return None, (f"ik_llama.cpp peer not found in {d} (no {', '.join(missing)}); set it up with "
+                      f"`{setup_command('ik_llamacpp')}`, or pass --ik-dir DIR")
+    return d, None
+
+
+# ik_llama.cpp's DeepSeek flags (its README's and the issue's): MLA-3 (latent cache, absorbed
+# attention), its flash attention, weights repacked at load for its CPU kernels; fused MoE is on by
+# default. Its flash attention aborted with several sequences (GGML_ASSERT(S > 0),
+# iqk_fa_templates.h, batch 8): there the run is repeated with -fa off, and says so.
+IK_FLAGS = ["-mla", "3", "-fa", "on", "-rtr"]
+
+
+def llamacpp_gguf(d: Path, ckpt: Path, qtype: str, work: Path, env: dict, timeout: float,
+                  prefix: str = "gguf") -> tuple[Path | None, str]:
+    """The checkpoint as a GGUF of `qtype` (made once, kept in `work`, named `prefix`-...: each
+    peer's own converter and quantizer); (path, "") or (None, why)."""
     tag = ckpt.name
-    out = work / f"gguf-{tag}-{qtype}.gguf"
+    out = work / f"{prefix}-{tag}-{qtype}.gguf"
     if out.exists():
         return out, ""
     direct = {"Q8_0": "q8_0", "BF16": "bf16", "F16": "f16", "F32": "f32"}
-    src = out if qtype in direct else work / f"gguf-{tag}-BF16.gguf"
+    src = out if qtype in direct else work / f"{prefix}-{tag}-BF16.gguf"
     if not src.exists():
         log(f"llama.cpp: converting {ckpt} -> {src.name}")
         outtype = direct.get(qtype, "bf16")
@@ -85,13 +105,20 @@ def parse_batched_bench(text: str) -> list[dict]:
 
 
 def run_llamacpp(d: Path, gguf: Path, prompt_len: int, batch: int, new_tokens: int, threads: int, env: dict,
-                 timeout: float) -> dict:
+                 timeout: float, ik: bool = False) -> dict:
+    """llama-batched-bench of the llama.cpp peer, or with ik=True of the ik_llama.cpp peer (IK_FLAGS)."""
     ctx = batch * (prompt_len + new_tokens) + 16
     cmd = [str(d / "bin/llama-batched-bench"), "-m", str(gguf), "-t", str(threads), "-tb", str(threads),
            "-c", str(ctx), "-b", "2048", "-ub", "512", "-npp", str(prompt_len), "-ntg", str(new_tokens),
-           "-npl", str(batch), "--output-format", "jsonl"]
+           "-npl", str(batch)] + (IK_FLAGS if ik else ["--output-format", "jsonl"])
     rc, out, err, rss = sh_rss(cmd, timeout=timeout, env=env)
     note = "llama-batched-bench: TTFT = T_PP (prompt processing of the whole batch), decode = S_TG"
+    if ik:
+        note += f"; ik_llama.cpp flags {' '.join(IK_FLAGS)}"
+        if rc != 0 and "S > 0" in err:
+            cmd[cmd.index("-fa") + 1] = "off"
+            rc, out, err, rss = sh_rss(cmd, timeout=timeout, env=env)
+            note += "; -fa off: its flash attention aborts with several sequences (GGML_ASSERT(S > 0))"
     if rc != 0 and "cur_backend_id != -1" in err:
         # On AMX CPUs llama.cpp repacks Q8_0/Q4_K weights into its AMX buffer type, and its graph
         # scheduler then aborts on this model (GGML_ASSERT(*cur_backend_id != -1), seen with the
@@ -108,7 +135,8 @@ def run_llamacpp(d: Path, gguf: Path, prompt_len: int, batch: int, new_tokens: i
     kv = re.search(r"llama_kv_cache.*?size\s*=\s*([\d.]+) MiB \(\s*(\d+) cells", err)
     return {"ok": True, "kv_bytes_per_token_measured": float(kv.group(1)) * 2**20 / int(kv.group(2)) if kv else None, "ttft_s": r["t_pp"], "decode_tok_s": r["speed_tg"], "prefill_tok_s": r["speed_pp"],
             "peak_rss_mb": rss, "weight_bytes": gguf.stat().st_size, "gguf": gguf.name,
-            "inference_precision": "ggml CPU (its quantized dot products)", "threads": threads,
+            "inference_precision": "ik_llama.cpp CPU (its repacked quantized kernels)" if ik
+            else "ggml CPU (its quantized dot products)", "threads": threads,
             "kv_cache_dtype": "f16", "command": " ".join(cmd), "raw": r,
             "note": note}
 

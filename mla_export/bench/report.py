@@ -13,7 +13,8 @@ from .common import type_bytes
 # headline pairs: (ours, peer) compared at the same weight bits where both ran
 PAIRS = [("ours-int8", "llamacpp-Q8_0"), ("ours-int4", "llamacpp-Q4_K_M"), ("ours-int4-all", "llamacpp-Q4_K_M"), ("ours-bf16", "vllm-bf16"),
          ("ours-int8", "vllm-bf16"), ("ours-int4", "vllm-bf16"), ("ours-bf16", "llamacpp-Q8_0"),
-         ("ours-f32", "transformers"), ("ours-bf16", "optimum"), ("ours-int8", "optimum-int8"), ("ours-fp8", "ours-int8")]
+         ("ours-f32", "transformers"), ("ours-bf16", "optimum"), ("ours-int8", "optimum-int8"), ("ours-fp8", "ours-int8"),
+         ("ours-int8", "ik-Q8_0"), ("ours-int4", "ik-Q4_K_M"), ("ours-int4-all", "ik-Q4_K_M")]
 
 
 def agreement(toks: list[list[int]], ref: list[list[int]]) -> dict:

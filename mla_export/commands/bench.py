@@ -16,7 +16,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     add_arguments(p)
     # An optional action: `bench [options]` runs the benchmark, `bench setup-peers ...` sets peers up.
     actions = p.add_subparsers(dest="bench_action", metavar="ACTION", required=False)
-    setup = actions.add_parser("setup-peers", help="build the peer systems' environments (llamacpp, vllm, optimum)",
+    setup = actions.add_parser("setup-peers", help="build the peer systems' environments (llamacpp, ik_llamacpp, vllm, optimum)",
                                description=setup_doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_setup_arguments(setup)
     return p

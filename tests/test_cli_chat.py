@@ -82,6 +82,16 @@ class TestConversationThroughAPipe:
         proc = run_piped(export, "more\n", "-p", "Hi", "--system", "Be brief.")
         assert proc.returncode == 0 and proc.stdout == shown([a, b])
 
+    def test_speculative_config(self, exports):
+        """n-gram drafts change no greedy reply (f32); a method that is not built is refused by name."""
+        export = exports.tiny()
+        replies = engine_replies(export, [["Hello", "Hello again"]])[0]
+        spec = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}'
+        proc = run_piped(export, "Hello\nHello again\n", "--speculative-config", spec)
+        assert proc.returncode == 0 and proc.stdout == shown(replies), proc.stderr
+        proc = run_piped(export, "Hello\n", "--speculative-config", '{"method": "mtp", "num_speculative_tokens": 1}')
+        assert proc.returncode == 2 and "mtp" in proc.stderr
+
     def test_single_turn(self, exports):
         export = exports.tiny()
         (first,), = engine_replies(export, [["Hi"]])

@@ -20,7 +20,7 @@ from server_helpers import REPO, ServerThread, start_serve_subprocess
 from mla_export.server.access_log import PathFilter
 from mla_export.server.metrics import buckets_1_2_5, parse_prometheus_text
 from mla_export.server.startup import check_port
-from mla_export.server.stats_log import StatsLine
+from mla_export.server.stats_log import SpecLine, StatsLine
 
 PRECISION = "f32"
 SECRET = "the secret prompt text 4242"
@@ -56,6 +56,22 @@ def test_stats_line_with_empty_cache_and_no_lookups():
     text = line.update(2.0, {"prompt_tokens": 0, "generation_tokens": 10}, {"kv_blocks_total": 0})
     assert text.endswith("Avg generation throughput: 5.0 tokens/s, Running: 0 reqs, Waiting: 0 reqs, "
                          "KV cache usage: 0.0%, Prefix cache hit rate: 0.0%")
+
+
+def test_spec_decoding_line_from_known_counts():
+    """vLLM's SpecDecoding line over the interval: 85 verify steps with 255 drafts, 120 accepted in 10 s."""
+    spec = SpecLine()
+    assert spec.update(5.0, {}) is None  # not speculating: no line, ever
+    base = {"spec_decode_num_drafts": 15, "spec_decode_num_draft_tokens": 45, "spec_decode_num_accepted_tokens": 20,
+            "spec_decode_num_accepted_tokens_per_pos": [10, 6, 4]}
+    assert spec.update(100.0, base) is None  # the baseline
+    now = {"spec_decode_num_drafts": 100, "spec_decode_num_draft_tokens": 300, "spec_decode_num_accepted_tokens": 140,
+           "spec_decode_num_accepted_tokens_per_pos": [70, 46, 24]}
+    assert spec.update(110.0, now) == (
+        "SpecDecoding metrics: Mean acceptance length: 2.41, Accepted throughput: 12.00 tokens/s, "
+        "Drafted throughput: 25.50 tokens/s, Accepted: 120 tokens, Drafted: 255 tokens, "
+        "Per-position acceptance rate: 0.706, 0.471, 0.235, Avg Draft acceptance rate: 47.1%")
+    assert spec.update(120.0, now) is None  # no verify step in the interval: no line
 
 
 def test_vllm_token_buckets():

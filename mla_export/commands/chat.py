@@ -38,6 +38,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=int, default=None,
                    help="longest conversation (default: the model's context, or what the KV cache holds if less)")
     p.add_argument("--runtime", choices=("openvino", "onnxruntime"), default="openvino")
+    p.add_argument("--speculative-config", default=None, metavar="JSON",
+                   help="speculative decoding with n-gram drafts (vLLM's JSON, as `generate` takes it; docs/SERVING.md)")
     from mla_export.commands.verify import add_verify_flag
 
     add_verify_flag(p)
@@ -60,7 +62,8 @@ def run(args, stdin=None, stdout=None) -> int:
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                                 top_k=args.top_k, seed=args.seed, output_kind="delta", stop=tuple(args.stop or ()))
         engine = LLMEngine(out_dir, runtime=args.runtime, precision=args.precision, num_threads=args.threads,
-                           max_num_seqs=1, max_model_len=args.max_model_len, verify=args.verify)
+                           max_num_seqs=1, max_model_len=args.max_model_len, verify=args.verify,
+                           speculative_config=args.speculative_config)
         from mla_export.runtime.chat_prompt import ChatPrompter
 
         prompter = ChatPrompter(engine, args.chat_template)

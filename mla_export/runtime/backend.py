@@ -66,8 +66,8 @@ class MLABackend:
         self.builder = MLAMetadataBuilder(cache["block_size"], num_blocks, model["max_position_embeddings"],
                                           model["vocab_size"])
         self.batch_invariant = batch_invariant
-        extra = {"batch_invariant": True} if batch_invariant else {}
-        self.executor = impl(contract, self.kv_caches, precision=precision, num_threads=num_threads, **extra)
+        self.executor = impl(contract, self.kv_caches, precision=precision, num_threads=num_threads,
+                             batch_invariant=batch_invariant)
 
     def execute(self, seq_lens: Sequence[int], query_lens: Sequence[int], block_tables: Sequence[Sequence[int]],
                 new_token_ids, num_logits: Sequence[int] | None = None) -> np.ndarray:

@@ -16,7 +16,8 @@ AMX), the tiny preset, 16 prompts answered one by one and then all at once, 32 g
 - The plugin's own nodes in an int8/int4 export under a bf16 hint (compressed FullyConnected with
   dynamic quantization, the router's bf16 FullyConnected, RMS, TopK, element-wise) gave each row
   the same bits at M = 1..600 alone and in the model. Under an f32 hint its compressed
-  FullyConnected dequantises instead and changes kernel from M = 2: refused.
+  FullyConnected (projections MlaQLinear cannot hold) dequantises instead and changes kernel from
+  M = 2: one more reason integer weights are refused at f32.
 - The plugin's grouped MoE (float-weight exports: --weight-format bf16/f16/f32, or --moe-form
   grouped / gather_matmul) under a bf16 hint is not invariant (3-11 of 16 moved with the form
   pinned; the node that reorders its sums was not pinned down): refused at bf16. At f32 float
@@ -35,8 +36,7 @@ from pathlib import Path
 from ..contract import Contract
 from ..cpu_flags import cpu_flags
 
-__all__ = ["ABSORBED", "problem", "openvino_problem", "plugin_compressed_matmuls", "pin_attention_form_openvino",
-           "pinned_onnx_bytes"]
+__all__ = ["ABSORBED", "problem", "pin_attention_form_openvino", "pinned_onnx_bytes"]
 
 ABSORBED = 1  # MlaPagedAttention's `form` attribute: 0 automatic, 1 absorbed, 2 expanded
 
@@ -80,40 +80,6 @@ def problem(contract: Contract, precision: str, runtime: str) -> str | None:
         return (f"this export's MoE experts run as OpenVINO's own nodes (moe_form {moe_form!r}, weight format "
                 f"{wformat!r}), whose bf16 sums depend on the batch; re-export with --weight-format int8 or int4 "
                 "(the fused MlaMoeExperts op), or run with precision f32")
-    return None
-
-
-def plugin_compressed_matmuls(model) -> list[str]:
-    """The MatMuls the OpenVINO plugin runs on integer weights itself (a projection MlaQLinear
-    cannot hold, e.g. sizes not multiples of 32): Constant(int) -> Convert -> ... -> MatMul."""
-    found = []
-    for op in model.get_ops():
-        if op.get_type_name() != "MatMul":
-            continue
-        node = op.input_value(1).get_node()
-        for _ in range(4):  # Convert -> Subtract (zero point) -> Multiply (scale) -> [Reshape]
-            if node.get_type_name() == "Convert":
-                src = node.input_value(0).get_node()
-                if src.get_type_name() == "Constant" and src.get_element_type().is_integral():
-                    found.append(op.get_friendly_name())
-                break
-            if node.get_input_size() == 0:
-                break
-            node = node.input_value(0).get_node()
-    return found
-
-
-def openvino_problem(model, precision: str) -> str | None:
-    """Why this IR cannot run batch-invariantly at `precision` on OpenVINO (None: it can). Under a
-    bf16 hint the plugin's compressed FullyConnected quantises each row's activations
-    (dynamic quantization) and gave every row the same bits at any M; under an f32 hint it
-    dequantises instead and its kernel, and so its sums' order, changes with M from M = 2."""
-    if precision == "f32":
-        compressed = plugin_compressed_matmuls(model)
-        if compressed:
-            return (f"{len(compressed)} projections (e.g. {compressed[0]}) are integer-weight MatMuls that OpenVINO "
-                    "runs itself, whose f32 sums depend on the batch size; run with precision bf16, or export "
-                    "with float weights for f32")
     return None
 
 

@@ -25,7 +25,7 @@ from ..ov_op_errors import checked_infer, step_check
 from ..cache_binding import cache_binding
 from ..ov_tensors import shared_tensor
 from ..contract import Contract
-from .batch_invariance import openvino_problem, pin_attention_form_openvino
+from .batch_invariance import pin_attention_form_openvino
 from .executor_common import CacheNotInPlaceError, MLAExecutor, check_cache_bindings
 from .graph_feeds import graph_feeds
 from .memory_plan import check_fits
@@ -60,8 +60,6 @@ class OpenVINOMLAExecutor(MLAExecutor):
         check_cache_bindings(contract, self._bound)
         match_moe_compute(model, precision)
         if batch_invariant:  # every chunk's attention in one form, whatever its length (batch_invariance.py)
-            if why := openvino_problem(model, precision):
-                raise ValueError(f"batch_invariant: {why}")
             pin_attention_form_openvino(model)
         # VNNI CPUs (AMX or not): int8 projections in 16-row tiles (qlinear_tiles.py)
         self.tiled_projections = pack_qlinear_tiles(model, self._weights_memory, precision)

@@ -16,7 +16,7 @@ COMMANDS_HELP = "/exit (or Ctrl-D) leaves, /clear starts a new conversation, /he
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    from mla_export.commands.generate import add_prompt_options, dtype_arg
+    from mla_export.commands.generate import add_prompt_options, add_run_options
 
     p = subparsers.add_parser("chat", help="chat with an exported model in the terminal (multi-turn, streaming)",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -28,21 +28,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--system", "-sys", "--system-prompt", default=None, help="a system message for the conversation")
     p.add_argument("-n", "--max-tokens", "--n-predict", dest="max_tokens", type=int, default=512,
                    help="most tokens per reply (default 512; a reply also ends at the end-of-sequence token)")
-    p.add_argument("--temperature", "--temp", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=-1)
-    p.add_argument("-s", "--seed", type=int, default=None)
-    p.add_argument("--precision", "--dtype", dest="precision", type=dtype_arg, default="bf16",
-                   help="inference precision hint: bf16 (default) or f32")
-    p.add_argument("-t", "--threads", type=int, default=None, help="inference threads (default: the plugin's)")
-    p.add_argument("--max-model-len", type=int, default=None,
-                   help="longest conversation (default: the model's context, or what the KV cache holds if less)")
-    p.add_argument("--runtime", choices=("openvino", "onnxruntime"), default="openvino")
-    p.add_argument("--speculative-config", default=None, metavar="JSON",
-                   help="speculative decoding with n-gram drafts (vLLM's JSON, as `generate` takes it; docs/SERVING.md)")
-    from mla_export.commands.verify import add_verify_flag
-
-    add_verify_flag(p)
+    add_run_options(p, "longest conversation")  # sampling and engine options, as generate's
     # accepted for llama-cli habits: a conversation is what this command is
     p.add_argument("-cnv", "--conversation", "-i", "--interactive", action="store_true", help=argparse.SUPPRESS)
     from mla_export.cli_hints import add_foreign_flags

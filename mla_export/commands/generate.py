@@ -25,6 +25,27 @@ def dtype_arg(text: str) -> str:
     raise argparse.ArgumentTypeError(f"must be one of {', '.join(DTYPES)}, got {text!r}")
 
 
+def add_run_options(p, max_model_len_what: str) -> None:
+    """The sampling and engine options `generate` and `chat` share (their own defaults stay theirs:
+    -n/--max-tokens, the prompt options)."""
+    p.add_argument("--temperature", "--temp", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=-1)
+    p.add_argument("-s", "--seed", type=int, default=None)
+    p.add_argument("--precision", "--dtype", dest="precision", type=dtype_arg, default="bf16",
+                   help="inference precision hint: bf16 (default) or f32; vLLM's --dtype values are accepted")
+    p.add_argument("-t", "--threads", type=int, default=None, help="inference threads (default: the plugin's)")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help=f"{max_model_len_what} (default: the model's context, or what the KV cache holds if less)")
+    p.add_argument("--runtime", choices=("openvino", "onnxruntime"), default="openvino")
+    p.add_argument("--speculative-config", default=None, metavar="JSON",
+                   help="speculative decoding with n-gram drafts, vLLM's JSON: '{\"method\": \"ngram\", "
+                        "\"num_speculative_tokens\": 3, \"prompt_lookup_max\": 4}' (docs/SERVING.md)")
+    from mla_export.commands.verify import add_verify_flag
+
+    add_verify_flag(p)
+
+
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("generate", help="generate text from an exported model directory",
                               description=__doc__.splitlines()[0])
@@ -38,24 +59,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="apply the export's chat template to --prompt as one user turn (needs jinja2)")
     p.add_argument("--system", "-sys", "--system-prompt", default=None, help="a system message for --chat")
     p.add_argument("-n", "--max-tokens", "--n-predict", dest="max_tokens", type=int, default=32)
-    p.add_argument("--temperature", "--temp", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=-1)
-    p.add_argument("-s", "--seed", type=int, default=None)
     p.add_argument("--ignore-eos", action="store_true", help="keep generating after the end-of-sequence token")
     p.add_argument("--json", action="store_true", help="print token ids and timings as JSON at the end")
-    p.add_argument("--precision", "--dtype", dest="precision", type=dtype_arg, default="bf16",
-                   help="inference precision hint: bf16 (default) or f32; vLLM's --dtype values are accepted")
-    p.add_argument("-t", "--threads", type=int, default=None, help="inference threads (default: the plugin's)")
-    p.add_argument("--max-model-len", type=int, default=None,
-                   help="longest sequence served (default: the model's context, or what the KV cache holds if less)")
-    p.add_argument("--runtime", choices=("openvino", "onnxruntime"), default="openvino")
-    p.add_argument("--speculative-config", default=None, metavar="JSON",
-                   help="speculative decoding with n-gram drafts, vLLM's JSON: '{\"method\": \"ngram\", "
-                        "\"num_speculative_tokens\": 3, \"prompt_lookup_max\": 4}' (docs/SERVING.md)")
-    from mla_export.commands.verify import add_verify_flag
-
-    add_verify_flag(p)
+    add_run_options(p, "longest sequence served")
     from mla_export.cli_hints import add_foreign_flags
 
     # llama.cpp flags that argparse would read as -n/-s/-t with a value attached, or as an

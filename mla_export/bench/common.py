@@ -153,13 +153,15 @@ def type_bytes(name: str | None) -> int | None:
 
 
 def machine_info() -> dict:
-    flags = model = ""
+    flags = model = family = number = ""
     try:
-        flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags"))
-        model = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+        lines = open("/proc/cpuinfo").read().splitlines()
+        flags = next(line for line in lines if line.startswith("flags"))
+        field = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in lines[:30])}
+        model, family, number = field.get("model name", ""), field.get("cpu family", ""), field.get("model", "")
     except (OSError, StopIteration):
         pass
-    return {"cpu": model, "cores": os.cpu_count(), "avx2": " avx2" in flags, "avx512f": " avx512f" in flags,
+    return {"cpu": f"{model} (family {family} model {number})" if family else model, "cores": os.cpu_count(), "avx2": " avx2" in flags, "avx512f": " avx512f" in flags,
             "avx512_bf16": "avx512_bf16" in flags, "amx_bf16": "amx_bf16" in flags,
             "python": platform.python_version(), "mem_total_gb": round(_meminfo_gb("MemTotal", float("nan")), 1),
             "note": "shared machine: other jobs may run; compare the ratios within one run (alternated runs, medians)"}

@@ -60,9 +60,10 @@ IK_FLAGS = ["-mla", "3", "-fa", "on", "-rtr"]
 
 
 def llamacpp_gguf(d: Path, ckpt: Path, qtype: str, work: Path, env: dict, timeout: float,
-                  prefix: str = "gguf") -> tuple[Path | None, str]:
+                  prefix: str = "gguf", keep_bf16: bool = False) -> tuple[Path | None, str]:
     """The checkpoint as a GGUF of `qtype` (made once, kept in `work`, named `prefix`-...: each
-    peer's own converter and quantizer); (path, "") or (None, why)."""
+    peer's own converter and quantizer); (path, "") or (None, why). The BF16 GGUF a quantised one
+    is made from is deleted after, unless keep_bf16 (`bench quality` runs it as the base)."""
     tag = ckpt.name
     out = work / f"{prefix}-{tag}-{qtype}.gguf"
     if out.exists():
@@ -83,7 +84,7 @@ def llamacpp_gguf(d: Path, ckpt: Path, qtype: str, work: Path, env: dict, timeou
         if rc != 0:
             return None, f"llama-quantize {qtype} failed: {error_tail(o + e)}"
         os.replace(str(out) + ".partial", out)
-        if src.name.endswith("-BF16.gguf") and qtype != "BF16":
+        if src.name.endswith("-BF16.gguf") and qtype != "BF16" and not keep_bf16:
             src.unlink()  # the intermediate bf16 GGUF (the checkpoint's size) is not kept
     return out, ""
 

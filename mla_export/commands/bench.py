@@ -1,6 +1,7 @@
 """`mla-export bench`: the end-to-end benchmark (mla_export.bench.run) of an export directory or
 a checkpoint against llama.cpp, the vLLM CPU engine, optimum-intel and transformers;
-`mla-export bench setup-peers PEER...` builds those peers' environments (mla_export.bench.setup_peers)."""
+`mla-export bench setup-peers PEER...` builds those peers' environments (mla_export.bench.setup_peers);
+`mla-export bench quality` measures what the quantised formats cost (mla_export.bench.quality_run)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     setup = actions.add_parser("setup-peers", help="build the peer systems' environments (llamacpp, ik_llamacpp, vllm, optimum)",
                                description=setup_doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_setup_arguments(setup)
+    from mla_export.bench.quality_run import __doc__ as quality_doc, add_arguments as add_quality_arguments
+
+    quality = actions.add_parser("quality", help="KL divergence of quantised systems from their 16-bit base (ours and peers)",
+                                 description=quality_doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_quality_arguments(quality)
     return p
 
 
@@ -27,6 +33,10 @@ def run(args) -> int:
         from mla_export.bench.setup_peers import run as setup
 
         return int(setup(args) or 0)
+    if getattr(args, "bench_action", None) == "quality":
+        from mla_export.bench.quality_run import run_quality
+
+        return run_quality(args)
     from mla_export.bench.run import run_bench
 
     return int(run_bench(args) or 0)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds ik_llama.cpp's benchmark tools (llama-batched-bench, llama-bench, llama-sweep-bench,
-# llama-quantize) from the sources the PyPI sdist ik-llama-cpp-python 0.1.5 vendors, for
+# llama-quantize, llama-perplexity for `bench quality`) from the sources the PyPI sdist ik-llama-cpp-python 0.1.5 vendors, for
 # side-by-side benchmarks only (the fastest CPU DeepSeek runtime: MLA-3, fused MoE, run-time
 # repacking). Never a dependency of the project or its CI.
 #   usage: setup_ik_llamacpp_peer.sh [DIR]     (default DIR: $HOME/.cache/mla-peers/ik_llamacpp)
@@ -53,9 +53,9 @@ for rel, pairs in edits.items():
 PY
 cmake -S src -B build -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
       -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF >/dev/null
-cmake --build build -j2 --target llama-batched-bench llama-bench llama-sweep-bench llama-quantize >build.log 2>&1 \
+cmake --build build -j2 --target llama-batched-bench llama-bench llama-sweep-bench llama-quantize llama-perplexity >build.log 2>&1 \
   || { tail -30 build.log; exit 1; }
-mkdir -p bin && for t in llama-batched-bench llama-bench llama-sweep-bench llama-quantize; do
+mkdir -p bin && for t in llama-batched-bench llama-bench llama-sweep-bench llama-quantize llama-perplexity; do
   ln -sfn "$DIR/build/bin/$t" "bin/$t"; done
 [ -x venv/bin/python ] || python3 -m venv venv
 venv/bin/pip install -q numpy sentencepiece safetensors "transformers>=4.45" torch==2.13.0 2>&1 | tail -2 || true

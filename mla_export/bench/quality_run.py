@@ -12,6 +12,7 @@ Writes quality.json and quality.md in --out-dir; exits 1 when nothing was measur
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -37,7 +38,9 @@ def add_arguments(p) -> None:
                    help="the hint ours-* systems run at (the base runs at f32)")
     p.add_argument("--runtime", default="openvino", choices=("openvino", "onnxruntime"))
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--export-args", default="", help="extra `mla-export export` options for ours")
+    p.add_argument("--export-args", default="",
+                   help="extra `mla-export export` options for the ours-* systems (not the base), e.g. '--group-size 32'")
+    p.add_argument("--reexport", action="store_true", help="export ours again even if the work dir has it")
     p.add_argument("--llamacpp-dir", default=None, help="llama.cpp peer dir (default ~/.cache/mla-peers/llamacpp)")
     p.add_argument("--ik-dir", default=None, help="ik_llama.cpp peer dir (default ~/.cache/mla-peers/ik_llamacpp)")
     p.add_argument("--out-dir", default=str(Path.cwd() / "bench_results"))
@@ -68,10 +71,13 @@ def _check_args(args) -> None:
 
 
 def _export(system: str, ckpt: Path, work: Path, args, env: dict) -> tuple[Path | None, str]:
-    d = work / f"{system}-{ckpt.name}"
-    if (d / "mla_graph.json").exists():
+    # --export-args change what an export holds: such exports get their own directory
+    extra = args.export_args.strip() if system != BASE else ""
+    suffix = "-x" + hashlib.sha256(extra.encode()).hexdigest()[:8] if extra else ""
+    d = work / f"{system}-{ckpt.name}{suffix}"
+    if (d / "mla_graph.json").exists() and not args.reexport:
         return d, ""
-    cmd = _export_cmd(system, ckpt, d, True, args.export_args, sys.executable)
+    cmd = _export_cmd(system, ckpt, d, True, extra, sys.executable)
     if isinstance(cmd, str):
         return None, cmd
     log(f"exporting {system} -> {d}")
@@ -147,6 +153,7 @@ def _peer(kind: str, systems: list[str], ckpt: Path, work: Path, args, env: dict
         log(f"{kind}: llama-perplexity --kl-divergence on {gguf.name}")
         t = time.time()
         rc, text = _perplexity(d, gguf, kld_file, args, env, flags, base=False)
+        (Path(args.out_dir) / f"{s}.llama-perplexity.log").write_text(text)  # the peer's own report, kept
         try:
             if rc != 0:
                 raise ValueError(f"llama-perplexity failed: {error_tail(text)}")

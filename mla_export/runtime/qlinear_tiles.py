@@ -31,10 +31,11 @@ import numpy as np
 import openvino as ov
 
 from .. import kernel_config
+from ..weight_format import FORMATS, TILE16_ROWS
 
 __all__ = ["rows4_to_tile16", "tile16_to_rows4", "want_tile16", "pack_qlinear_tiles"]
 
-TILE_ROWS = 16
+TILE_ROWS = TILE16_ROWS
 _CHUNK_ROWS = 4096  # rows rewritten at a time: a bounded temporary (8 MiB at K = 2048)
 
 
@@ -88,7 +89,8 @@ def pack_qlinear_tiles(model: ov.Model, weights: mmap.mmap | None, precision: st
         if op.get_type_name() != "MlaQLinear":
             continue
         attrs = op.get_attributes()
-        if attrs.get("bits") != 8 or attrs.get("layout", "rows4") != "rows4":
+        bits = attrs.get("bits")
+        if bits not in (f.bits for f in FORMATS if f.tile16) or attrs.get("layout", "rows4") != "rows4":
             continue
         const = op.input_value(1).get_node()
         if const.get_type_name() != "Constant":

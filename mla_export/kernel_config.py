@@ -50,7 +50,7 @@ def _call(fn, spec: str | None) -> KernelConfig:
 
 @lru_cache(maxsize=1)
 def _ov_library() -> ctypes.CDLL:
-    import openvino  # noqa: F401  (loads libopenvino, which the extension links)
+    import openvino  # noqa: F401  (loaded first: the extension links libopenvino)
 
     from . import extension_path
 

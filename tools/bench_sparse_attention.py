@@ -25,7 +25,6 @@ import time
 import ml_dtypes
 import numpy as np
 
-import mla_export
 from mla_export import kernel_config, kernels
 
 BF16 = ml_dtypes.bfloat16

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["WeightFormat", "FORMATS", "by_bits", "by_name", "ROWS4_BLOCK_ROWS", "ROWS4_CHUNK_BYTES",
+__all__ = ["WeightFormat", "FORMATS", "CODE_BITS", "by_bits", "by_name", "ROWS4_BLOCK_ROWS", "ROWS4_CHUNK_BYTES",
            "TILE16_ROWS"]
 
 # The 4-row layout every format lies in: blocks of 4 rows interleaved by 16-byte chunks (chunk c
@@ -42,6 +42,7 @@ FORMATS = (
     # float8 e4m3fn codes (DeepSeek-V3 / R1 and Kimi K2 checkpoints' own), the ops' `bits` = 43 ("e4m3")
     WeightFormat("fp8", 43, 2, 1, 0, 32, 16, False),
 )
+CODE_BITS = tuple(f.bits for f in FORMATS)  # the `bits` values our ops read
 _BY_NAME = {f.name: f for f in FORMATS}
 _BY_BITS = {f.bits: f for f in FORMATS}
 

@@ -21,6 +21,7 @@ def _find_library(stem: str) -> Path | None:
     """The installed shared library `lib<stem>.so` inside the package (wheel or editable)."""
     from . import envs
 
+    envs.check_retired()  # every load of the kernels passes here: refuse what they no longer read
     env = envs.MLA_EXPORT_LIB_DIR
     dirs = [Path(env)] if env else []
     dirs.append(_LIB_DIR)

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
-__all__ = ["EnvVar", "VARIABLES", "get"]
+__all__ = ["EnvVar", "VARIABLES", "RETIRED", "check_retired", "get"]
 
 
 def _flag(name: str, text: str) -> bool:
@@ -28,10 +28,6 @@ def _choice(*allowed: str) -> Callable[[str, str], str]:
             raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {text!r}")
         return text
     return parse
-
-
-def _tristate(name: str, text: str) -> bool | None:
-    return None if text == "" else _flag(name, text)
 
 
 def _text(name: str, text: str) -> str:
@@ -66,9 +62,6 @@ _VARS = [
            "1: OpenVINO maps the weights file itself instead of reading it into huge-page memory."),
     EnvVar("MLA_EXPORT_SKIP_MEMORY_CHECK", "python", False, _flag,
            "1: load even when the weights and cache look larger than the memory available."),
-    EnvVar("MLA_EXPORT_QLINEAR_TILES", "python", None, _tristate,
-           "0/1: force int8 MlaQLinear codes into the 4-row layout (0) or the 16-row tiles (1); unset: "
-           "tiles on VNNI CPUs under a bf16 hint."),
     EnvVar("MLA_EXPORT_API_KEY", "python", None, _text,
            "`serve`'s --api-key default: requests to /v1/* need 'Authorization: Bearer KEY'."),
     EnvVar("VLLM_BATCH_INVARIANT", "python", False, _flag,
@@ -76,13 +69,12 @@ _VARS = [
            "LLM(batch_invariant=True)) when not given explicitly."),
     EnvVar("VLLM_LOG_STATS_INTERVAL", "python", 10.0, _positive_seconds_or_default,
            "Seconds between `serve`'s stats lines (vLLM's variable; not a positive number: 10)."),
-    EnvVar("MLA_EXPORT_ISA", "kernels", None, _choice("avx512", "avx2", "generic"),
-           "Force the kernels' vector table; one this build or CPU cannot run is an error. Python reads it "
-           "too (no 16-row tiles for avx2/generic)."),
-    EnvVar("MLA_EXPORT_AMX", "kernels", None, _choice("0", "1"),
-           "0: never use AMX tiles (the AVX-512 paths instead), on a CPU that has them."),
-    EnvVar("MLA_EXPORT_AVX512_BF16", "kernels", None, _choice("0", "1"),
-           "0: never use AVX512-BF16 dot products in attention's bf16 decode rows."),
+    EnvVar("MLA_EXPORT_KERNELS", "kernels", None, _text,
+           "Which kernels run, as comma-separated key=value (keys left out: the best this build and CPU run): "
+           "isa=generic|avx2|avx512 (the vector tables), amx=0|1 (AMX tiles), decode_rows=f32|bf16|amx (the "
+           "absorbed bf16 decode rows' engine), qlinear=rows4|tile16 (MlaQLinear's int8 layout; auto: tile16 on "
+           "VNNI CPUs under a bf16 hint). What this build or CPU cannot run is an error naming the key. "
+           "Python: mla_export.kernel_config.configure() sets the same in process."),
     EnvVar("MLA_EXPORT_ORT_THREADS", "kernels", None, _text,
            "onnxruntime custom ops' thread count when the session gives none (default: the CPU's)."),
     EnvVar("MLA_LLAMACPP_PEER", "bench", None, _text, "`bench`: the llama.cpp peer's directory."),
@@ -92,6 +84,24 @@ _VARS = [
     EnvVar("MLA_OPTIMUM_SCRIPT", "bench", None, _text, "`bench`: the optimum-intel peer's export script."),
 ]
 VARIABLES: dict[str, EnvVar] = {v.name: v for v in _VARS}
+
+# Variables no longer read, each refused (when the kernels' libraries load) with its replacement,
+# so a script that still sets one learns it, instead of silently running other kernels.
+RETIRED: dict[str, str] = {
+    "MLA_EXPORT_ISA": "MLA_EXPORT_KERNELS=isa={value}",
+    "MLA_EXPORT_AMX": "MLA_EXPORT_KERNELS=amx={value}",
+    "MLA_EXPORT_AVX512_BF16": "MLA_EXPORT_KERNELS=decode_rows=f32 (0; or decode_rows=bf16)",
+    "MLA_EXPORT_QLINEAR_TILES": "MLA_EXPORT_KERNELS=qlinear=rows4 (0) or qlinear=tile16 (1)",
+}
+
+
+def check_retired() -> None:
+    """ValueError naming the first retired variable set in the environment and its replacement."""
+    for name, instead in RETIRED.items():
+        value = os.environ.get(name)
+        if value is not None:
+            raise ValueError(f"{name} is no longer read: set {instead.format(value=value)} instead "
+                             "(docs/ENVIRONMENT.md)")
 
 
 def get(name: str) -> Any:

@@ -210,7 +210,7 @@ def q8_block(group: int) -> int:
 
 def q8_activations(x, block: int) -> np.ndarray:
     """Activation rows as the integer-weight ops see them in their reduced-precision mode on AVX2
-    and AVX-512 VNNI CPUs (moe_isa.hpp, QRow): each block of `block` inputs scaled by d = max|x| / 127 and rounded
+    and AVX-512 VNNI CPUs (qgemm.hpp, QRow): each block of `block` inputs scaled by d = max|x| / 127 and rounded
     to int8 codes. Returns d * codes, float64, same shape. The codes are computed in f32 exactly as
     the kernels compute them (x * (127 / max|x|), rounded half to even): a float64 division lands
     on the other side of a .5 now and then (one code in ~1e5), which is not an error of either."""

@@ -38,6 +38,18 @@ class TestOneTable:
         listed = re.findall(r"^\| `([A-Z0-9_]+)` \|", doc, re.M)
         assert listed == list(envs.VARIABLES), "docs/ENVIRONMENT.md and mla_export/envs.py differ"
 
+    def test_the_kernels_read_one_variable_once(self):
+        """One getenv in all of custom_ops/kernels (the switchboard's, kernel_config.cpp)."""
+        calls = [f"{p.relative_to(REPO)}:{i}" for p in (REPO / "custom_ops" / "kernels").rglob("*.[ch]pp")
+                 for i, line in enumerate(p.read_text().splitlines(), 1) if "getenv(" in line]
+        assert calls == ["custom_ops/kernels/kernel_config.cpp:" + calls[0].rsplit(":", 1)[1]], calls
+
+    def test_retired_variables_are_documented_and_not_read(self):
+        doc = (REPO / "docs" / "ENVIRONMENT.md").read_text()
+        for name in envs.RETIRED:
+            assert name not in envs.VARIABLES
+            assert f"`{name}=" in doc, f"docs/ENVIRONMENT.md does not say {name} is retired"
+
 
 class TestValues:
     def test_read_when_used(self, monkeypatch):
@@ -49,8 +61,7 @@ class TestValues:
         assert envs.VLLM_BATCH_INVARIANT is False
 
     @pytest.mark.parametrize("name,bad", [("MLA_EXPORT_WEIGHTS_MMAP", "yes"), ("VLLM_BATCH_INVARIANT", "true"),
-                                          ("MLA_EXPORT_QLINEAR_TILES", "2"), ("MLA_EXPORT_VERIFY", "fast"),
-                                          ("MLA_EXPORT_ISA", "sse")])
+                                          ("MLA_EXPORT_VERIFY", "fast")])
     def test_a_value_that_does_not_parse_names_the_variable(self, monkeypatch, name, bad):
         monkeypatch.setenv(name, bad)
         with pytest.raises(ValueError, match=rf"^{name} must be .*got '{bad}'"):

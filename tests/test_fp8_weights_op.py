@@ -1,9 +1,9 @@
-"""fp8 (e4m3) weight codes in MlaQLinear and MlaMoeExperts (`bits` = 43, custom_ops/kernels/moe_isa.hpp).
+"""fp8 (e4m3) weight codes in MlaQLinear and MlaMoeExperts (`bits` = 43, custom_ops/kernels/qgemm.hpp).
 
 f32 exactness against the float64 reference (mla_export.reference) on the weights the codes
 decode to (fp8_dequantize): few rows of x (dot products on the codes) and many (dequantised
 panels), mixed fp8 / int8 projections in the MoE op, both runtimes, and every vector table this
-CPU runs (generic, avx2, avx512 through MLA_EXPORT_ISA in a child process). compute="bf16" (the
+CPU runs (tests/test_ops_isa.py switches them in process). compute="bf16" (the
 runtime's reduced precision) on AVX512_BF16 CPUs runs fewer than 16 rows as bf16 dots, and from 8
 rows AMX-BF16 tiles where the CPU has them: exact against the reference on bf16-rounded
 activations with the subnormal codes as 0. Every finite
@@ -12,12 +12,11 @@ e4m3 code, subnormals and -0 included, decodes to its exact value (f32).
 
 from __future__ import annotations
 
-import os
-
 import ml_dtypes
 import numpy as np
 import pytest
 
+from mla_export import kernel_config
 from mla_export import reference as ref
 from mla_export.export.quantize import FP8_BITS, fp8_dequantize, fp8_operands, interleave_rows4
 from test_moe_experts_op import RUNTIMES, TOL, _model as moe_model
@@ -33,21 +32,18 @@ def _fp8(rng, shape, group):
     return [codes, scales, zp], fp8_dequantize(codes, scales)
 
 
-def _bf16_dots(isa: str = "avx512") -> bool:
+def _bf16_dots() -> bool:
     """Whether compute="bf16" takes the fp8 codes' bf16 dots here (AVX512_BF16 and the AVX-512 table)."""
     from test_moe_experts_op import _cpu_has
 
-    return isa == "avx512" and _cpu_has("avx512_bf16")
+    return kernel_config.config().isa == "avx512" and _cpu_has("avx512_bf16")
 
 
-def _bf16_path(rows: int, isa: str = "avx512") -> bool:
+def _bf16_path(rows: int) -> bool:
     """Whether compute="bf16" runs `rows` rows of x on bf16 activations here: bf16 dots below 16
     rows, AMX-BF16 tiles from 8 (where the CPU and OS have them), else f32 panels."""
-    from test_moe_experts_op import _cpu_has
-
-    amx = (_bf16_dots(isa) and _cpu_has("amx_bf16") and _cpu_has("amx_tile")
-           and os.environ.get("MLA_EXPORT_AMX", "1") != "0")
-    return (rows < BF16_DOT_ROWS and _bf16_dots(isa)) or (rows >= 8 and amx)
+    amx = _bf16_dots() and kernel_config.config().amx
+    return (rows < BF16_DOT_ROWS and _bf16_dots()) or (rows >= 8 and amx)
 
 
 def _bf16_reference(x, weights):
@@ -115,33 +111,6 @@ def test_moe_fp8_matches_reference(rng, runtime, bits, tokens):
     want = ref.moe_experts(x, ids, wts, *deq)
     err = np.abs(got - want).max() / np.abs(want).max()
     assert err < TOL, f"{runtime} {bits} T{tokens}: max rel error {err:.2e}"
-
-
-def test_every_table_decodes_fp8(tmp_path, rng):
-    """MlaQLinear on fp8 codes under each vector table this CPU runs (MLA_EXPORT_ISA, child process),
-    f32 and compute="bf16", few rows and many: f32-exact against the reference in every one (the
-    bf16 rows' reference where they run on bf16 activations)."""
-    from test_qlinear_op import errors_per_table
-
-    cases, computes, rows_of = [], {}, {}
-    for i, (compute, rows) in enumerate([(None, 1), (None, 4), ("bf16", 2), (None, 12), ("bf16", 40)]):
-        weights, w = _fp8(rng, (64, 256), 128)
-        x = rng.standard_normal((rows, 256)).astype(np.float32)
-        (tmp_path / f"m{i}.onnx").write_bytes(qlinear_model(256, 64, weights, FP8_BITS, compute=compute)
-                                              .SerializeToString())
-        np.save(tmp_path / f"x{i}.npy", x)
-        np.save(tmp_path / f"f32_{i}.npy", ref.linear(x, w))
-        np.save(tmp_path / f"bf16_{i}.npy", _bf16_reference(x, weights))
-        cases.append(i)
-        computes[i], rows_of[i] = compute, rows
-    ran = []
-    for isa, errs in errors_per_table(tmp_path, cases, kinds=("f32", "bf16")):
-        for i in cases:
-            bf16 = computes[i] == "bf16" and _bf16_path(rows_of[i], isa)
-            assert errs[i, "bf16" if bf16 else "f32"] < TOL, (isa, i, errs)
-        ran.append(isa)
-    assert "generic" in ran
-    print(f"[fp8 qlinear tables] {ran}")
 
 
 @pytest.mark.parametrize("runtime", list(RUNTIMES))

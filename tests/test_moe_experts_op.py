@@ -3,23 +3,18 @@
 Against the float64 reference (mla_export.reference.moe_experts) on the weights the codes decode
 to: random shapes, int8 / int4 / mixed projections, shuffled expert ids, tokens routed so that
 some experts get many tokens (the dequantised-panel path, >= 8) and others few (dot products on
-the codes), bf16 activations, and every vector table this CPU has (generic, avx2, avx512 forced
-through MLA_EXPORT_ISA in a subprocess). Then the boundary: bad ids, shapes, types and zero
-points fail with a message naming the input.
+the codes), bf16 activations (every vector table this CPU has: tests/test_ops_isa.py). Then the
+boundary: bad ids, shapes, types and zero points fail with a message naming the input.
 """
 
 from __future__ import annotations
-
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from kernel_paths import cpu_has, int8_activations
 from mla_export import reference as ref
-from mla_export.cpu_flags import cpu_flags
 from mla_export.export.quantize import (deinterleave_rows4, dequantize, interleave_rows4, moe_operands, pack_u4_halves,
                                         quantize, unpack_u4_halves)
 
@@ -164,37 +159,6 @@ def test_int4_layout_roundtrip(rng):
     assert np.array_equal(deinterleave_rows4(mixed), rows)
 
 
-def test_every_vector_table_agrees(tmp_path, rng):
-    """The generic, AVX2 and AVX-512 tables (those this CPU has) give the reference's result."""
-    weights, feeds, want = _case(rng, 6, 128, 64, 2, 30, (4, 8), 32)
-    model = _model(128, (4, 8), weights)
-    (tmp_path / "m.onnx").write_bytes(model.SerializeToString())
-    np.savez(tmp_path / "feeds.npz", **feeds)
-    np.save(tmp_path / "want.npy", want)
-    script = f"""
-import numpy as np, onnx, sys
-sys.path.insert(0, {os.path.dirname(__file__)!r})
-from test_moe_experts_op import _run_openvino
-from mla_export import ov_core
-feeds = dict(np.load({str(tmp_path / 'feeds.npz')!r}))
-got = _run_openvino(onnx.load({str(tmp_path / 'm.onnx')!r}), feeds)
-want = np.load({str(tmp_path / 'want.npy')!r})
-import ctypes
-print("ERR", np.abs(got - want).max() / np.abs(want).max())
-"""
-    from test_ops_isa import HAS  # the tables this CPU can run (an AVX2 machine has no avx512 one)
-
-    ran = {}
-    for isa in [name for name, runs in HAS.items() if runs]:
-        res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                             env=dict(os.environ, MLA_EXPORT_ISA=isa))
-        assert res.returncode == 0, res.stderr[-2000:]
-        err = float(res.stdout.split("ERR")[-1])
-        assert err < TOL, (isa, err)
-        ran[isa] = err
-    print("[moe tables]", ran)
-
-
 BAD = [
     ("ids", lambda f, w: f.update(ids=np.where(f["ids"] == f["ids"][0, 0], 99, f["ids"])), "topk_ids.*outside"),
     ("ids", lambda f, w: f.update(ids=f["ids"][:, :1]), "topk_weights"),
@@ -277,15 +241,13 @@ def test_onnxruntime_scans_constant_int4_zero_points_when_the_session_is_made(rn
 
 
 def _cpu_has(flag: str) -> bool:
-    return flag in cpu_flags()
+    return cpu_has(flag)
 
 
 def int8_activations_here() -> bool:
-    """Whether the integer-weight ops run int8 activations under compute="bf16" on this CPU, as
-    qmode() in qmatmul.cpp decides: the AVX-512 table with VNNI, or the AVX2 table (vpmaddubsw)."""
-    from test_ops_isa import HAS
-
-    return _cpu_has("avx512_vnni") if HAS["avx512"] else HAS["avx2"]
+    """Whether the integer-weight ops run int8 activations under compute="bf16" with the table in
+    use (kernel_paths.int8_activations)."""
+    return int8_activations()
 
 
 @pytest.mark.parametrize("runtime", list(RUNTIMES))

@@ -1,13 +1,10 @@
 """MlaPagedAttention against the float64 reference, in both forms and mixed batches."""
 
-import os
-
 import numpy as np
 import pytest
 
-from mla_export import kernels
+from mla_export import kernel_config, kernels
 from mla_export import reference as ref
-from mla_export.cpu_flags import cpu_flags
 from paged_problems import make_problem, randn, rel_err
 
 TOL = {"f32": 2e-5, "f16": 2e-3, "bf16": 1e-2}
@@ -91,16 +88,10 @@ def test_long_prefill_with_prefix_both_forms(rng):
 
 
 def _bf16_decode_expected() -> bool:
-    """Whether decode rows multiply in bf16 here under compute="bf16": on AMX tiles (the CPU has
-    them, MLA_EXPORT_AMX is not 0) or AVX512-BF16 dots (the CPU has them, MLA_EXPORT_AVX512_BF16 is
-    not 0), with the AVX-512 table in use (MLA_EXPORT_ISA not a table below it)."""
-    if os.environ.get("MLA_EXPORT_ISA", "avx512") not in ("", "avx512"):
-        return False
-    flags = cpu_flags()
-    if not {"avx512_bf16", "avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags:
-        return False
-    amx = {"amx_tile", "amx_bf16"} <= flags and os.environ.get("MLA_EXPORT_AMX") != "0"
-    return amx or os.environ.get("MLA_EXPORT_AVX512_BF16") != "0"
+    """Whether decode rows multiply in bf16 here under compute="bf16": the kernel configuration's
+    decode-rows engine is AMX tiles or AVX512-BF16 dots (tests/test_ops_isa.py checks that it is
+    what the CPU has, and switches between them)."""
+    return kernel_config.config().decode_rows != "f32"
 
 
 @pytest.mark.parametrize("runtime", [rt for rt in kernels.RUNTIMES if kernels.available(rt)])

@@ -148,24 +148,3 @@ def test_decode_kv_lora_rank_attribute_through_onnx(rng, tmp_path):
     assert out.shape == (3, H, R)
     expected = ref.paged_decode(q, p.kv_cache, p.block_tables, p.seq_lens, SCALE, kv_lora_rank=R)
     assert rel_err(out, expected) < 2e-5
-
-
-def test_generic_isa_path_matches(rng, tmp_path):
-    """The portable (non-AVX2) build of the hot loops gives the same answers."""
-    import subprocess
-    import sys
-
-    code = (
-        "import numpy as np, sys; sys.path.insert(0, 'tests');"
-        "from test_ops_attention import run_case, SMALL;"
-        "from test_ops_decode import run_case as dec;"
-        "rng = np.random.default_rng(7);"
-        "[run_case(rng, [70, 9], [70, 2], SMALL, form=f) for f in ('absorbed', 'expanded')];"
-        "dec(rng, [300, 1], 4, 64, 16, 16);"
-        # the table every kernel call above used (the library's choice is made once per process)
-        "import ctypes, mla_export; f = ctypes.CDLL(mla_export.extension_path()).MlaExportIsa;"
-        "f.restype = ctypes.c_char_p; ran = f().decode();"
-        "assert ran == 'generic', f'the kernels ran the {ran} table, not generic'"
-    )
-    env = dict(__import__("os").environ, MLA_EXPORT_ISA="generic")
-    subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=str(__import__("pathlib").Path(__file__).parents[1]))

@@ -139,81 +139,20 @@ def test_bad_attribute_and_x(rng, runtime):
         RUNTIMES[runtime](_model(32, 64, weights, 8), {"x": np.zeros((1, 32), np.float32)})
 
 
-def errors_per_table(tmp_path, cases, kinds=("q8", "f32")):
-    """For each vector table this CPU runs (MLA_EXPORT_ISA, in a child process): the relative
-    errors of the models tmp_path/m{i}.onnx on x{i}.npy against {kind}_{i}.npy for each kind (by
-    default q8, the reference on int8 activations, and f32), as (isa, {(i, kind): error})."""
-    import os
-    import subprocess
-    import sys
-
-    from test_ops_isa import HAS
-
-    script = f"""
-import numpy as np, onnx, sys
-sys.path.insert(0, {os.path.dirname(__file__)!r})
-from test_moe_experts_op import _run_openvino
-for i in {list(cases)!r}:
-    got = _run_openvino(onnx.load({str(tmp_path)!r} + f"/m{{i}}.onnx"), {{"x": np.load({str(tmp_path)!r} + f"/x{{i}}.npy")}})
-    for kind in {list(kinds)!r}:
-        want = np.load({str(tmp_path)!r} + f"/{{kind}}_{{i}}.npy")
-        print("ERR", i, kind, np.abs(got - want).max() / np.abs(want).max())
-"""
-    for isa in [name for name, runs in HAS.items() if runs]:
-        res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                             env=dict(os.environ, MLA_EXPORT_ISA=isa))
-        assert res.returncode == 0, res.stderr[-2000:]
-        errs = {(int(i), kind): float(e) for _, i, kind, e in (line.split() for line in res.stdout.splitlines()
-                                                                  if line.startswith("ERR"))}
-        assert len(errs) == len(kinds) * len(cases), res.stdout
-        yield isa, errs
-
-
-def test_every_table_runs_int8_activations(tmp_path, rng):
-    """compute="bf16" on each vector table this CPU can run (MLA_EXPORT_ISA forces it, in a child
-    process): the AVX2 table's vpmaddubsw dots and the AVX-512 table's VNNI ones give the
-    reference's result on int8 activations; the portable table (and AVX-512 without VNNI) stays
-    f32-exact. On an AVX-512 machine this is what still runs the AVX2 kernels."""
-    from test_moe_experts_op import _cpu_has
-
-    cases = []
-    for i, (bits, group, rows) in enumerate([(8, 256, 1), (8, 256, 7), (4, 64, 2), (4, 32, 11), (4, 128, 300)]):
-        weights, w = _case(rng, 64, 256, bits, group)
-        x = rng.standard_normal((rows, 256)).astype(np.float32)
-        (tmp_path / f"m{i}.onnx").write_bytes(_model(256, 64, weights, bits, compute="bf16").SerializeToString())
-        np.save(tmp_path / f"x{i}.npy", x)
-        np.save(tmp_path / f"q8_{i}.npy", ref.linear(x, w, q8_group=group))
-        np.save(tmp_path / f"f32_{i}.npy", ref.linear(x, w))
-        cases.append(i)
-    for isa, errs in errors_per_table(tmp_path, cases):
-        int8_acts = isa == "avx2" or (isa == "avx512" and _cpu_has("avx512_vnni"))
-        for i in cases:
-            if int8_acts:
-                assert errs[i, "q8"] < 1e-4, (isa, i, errs[i, "q8"])
-                assert errs[i, "f32"] > 1e-6, (isa, i, "int8 activations expected, the result is f32-exact")
-            else:
-                assert errs[i, "f32"] < TOL, (isa, i, errs[i, "f32"])
-        print(f"[qlinear tables, compute=bf16] {isa}: int8 activations {int8_acts}, "
-              f"max q8 error {max(errs[i, 'q8'] for i in cases):.1e}")
-
-
 @pytest.mark.parametrize("layout", ["rows4", "tile16"])
 @pytest.mark.parametrize("rows, group", [(70, None), (8, None), (13, None), (20, None), (11, 64), (16, 128)])
-def test_amx_int8_tiles_give_the_vnni_sums(tmp_path, rng, rows, group, layout):
+def test_amx_int8_tiles_give_the_vnni_sums(rng, rows, group, layout):
     """On CPUs with AMX-INT8 products of 8 rows and more run on tiles (qmatmul_amx.cpp), elsewhere
-    on the vector dots: both sum the same int32 products, so the two (MLA_EXPORT_AMX=0 against the
-    default, each in a child process) agree with the reference on int8 activations; on an AMX CPU
+    on the vector dots: both sum the same int32 products, so the two (amx=0 against the default,
+    switched in process) agree with the reference on int8 activations; on an AMX CPU
     they must differ in the last bits (the f32 folds run in another order: the tiles ran). Rows:
     70 (prefill: two full token tiles, then a 6-row one), 8, 11, 13 and 16 (one token tile:
     decode), 20 (a full and a 4-row one). int8 weights per channel (group None) and in groups of
     128 and 64 inputs (activation blocks of 128 and 64: 2 and 1 tile steps a fold). Codes in the
     exported 4-row layout (re-laid into tiles per call) and in the tile16 one (loaded as B tiles where
     they lie; the vector side runs the tile16 dots)."""
-    import os
-    import subprocess
-    import sys
-
-    from test_moe_experts_op import _cpu_has
+    from kernel_paths import running
+    from test_moe_experts_op import _run_openvino
 
     if not int8_activations_here():
         pytest.skip("no int8 activations on this CPU")
@@ -223,27 +162,17 @@ def test_amx_int8_tiles_give_the_vnni_sums(tmp_path, rng, rows, group, layout):
     if layout == "tile16":
         weights[0] = rows4_to_tile16(weights[0])
     x = rng.standard_normal((rows, 256)).astype(np.float32)
-    (tmp_path / "m.onnx").write_bytes(_model(256, 96, weights, 8, compute="bf16", layout=layout).SerializeToString())
-    np.save(tmp_path / "x.npy", x)
-    script = f"""
-import numpy as np, onnx, sys
-sys.path.insert(0, {os.path.dirname(__file__)!r})
-from test_moe_experts_op import _run_openvino
-np.save(sys.argv[1], _run_openvino(onnx.load({str(tmp_path)!r} + "/m.onnx"), {{"x": np.load({str(tmp_path)!r} + "/x.npy")}}))
-"""
-    outs = {}
-    for amx in ("0", "1"):
-        env = dict(os.environ, MLA_EXPORT_AMX=amx)
-        res = subprocess.run([sys.executable, "-c", script, str(tmp_path / f"y{amx}.npy")], capture_output=True,
-                             text=True, timeout=300, env=env)
-        assert res.returncode == 0, res.stderr[-2000:]
-        outs[amx] = np.load(tmp_path / f"y{amx}.npy")
+    model = _model(256, 96, weights, 8, compute="bf16", layout=layout)
+    outs, tiles = {}, False
+    for amx in ("0", "auto"):
+        with running(f"amx={amx}") as config:
+            outs[amx] = _run_openvino(model, {"x": x})
+            tiles = tiles or config.amx
     want = ref.linear(x, w, q8_group=group or 256)
     scale = np.abs(want).max()
     for amx, got in outs.items():
         assert np.abs(got - want).max() / scale < 1e-4, amx
-    tiles = _cpu_has("amx_int8") and _cpu_has("amx_tile") and os.environ.get("MLA_EXPORT_ISA", "avx512") in ("", "avx512")
     if tiles:
-        assert not np.array_equal(outs["0"], outs["1"]), "AMX-INT8 CPU, but the tiles did not run"
+        assert not np.array_equal(outs["0"], outs["auto"]), "AMX-INT8 CPU, but the tiles did not run"
     else:
-        np.testing.assert_array_equal(outs["0"], outs["1"])
+        np.testing.assert_array_equal(outs["0"], outs["auto"])

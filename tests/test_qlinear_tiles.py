@@ -4,7 +4,7 @@ The layout functions against an explicit index formula; the op on tile16 codes a
 float64 reference in both runtimes (f32 compute: exact, through the 4-row kernels; compute="bf16":
 the reference on int8 activations, through the tile16 VNNI dots where the CPU has them, through the
 4-row ones of every other table); the attribute's errors; and the runtime's in-place rewrite of an
-int8 export: exact against transformers at f32 (the rewrite forced, MLA_EXPORT_QLINEAR_TILES=1),
+int8 export: exact against transformers at f32 (the rewrite forced, kernel configuration qlinear=tile16),
 and at bf16 the same logits as the exported layout up to the f32 folds' order.
 """
 
@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from mla_export import kernel_config
 from mla_export import reference as ref
 from mla_export.export.quantize import dequantize, moe_operands, quantize
 from mla_export.runtime.qlinear_tiles import rows4_to_tile16, tile16_to_rows4
@@ -29,6 +30,14 @@ def _model(k, n, weights, compute="f32", layout="tile16", bits=8):
     graph = helper.make_graph([node], "qlinear", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, k])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, n])], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("mla_export", 1)])
+
+
+@pytest.fixture(autouse=True)
+def _restore_kernel_config():
+    """Tests here set the kernel configuration's qlinear layout; each leaves it as it found it."""
+    before = kernel_config.config().spec
+    yield
+    kernel_config.configure(before)
 
 
 def _case(rng, n, k, group=None):
@@ -80,28 +89,6 @@ def test_tile16_matches_reference(rng, runtime, shape):
         assert np.abs(got - want).max() / scale < TOL
 
 
-def test_every_table_reads_tile16(tmp_path, rng):
-    """Each vector table this CPU runs (MLA_EXPORT_ISA, in a child process): the AVX-512 one's tile16
-    dots on VNNI CPUs, and the 4-row kernels of the others (a tile rewritten back first) give the
-    reference's result, on int8 activations where the table has them and f32 elsewhere."""
-    from test_moe_experts_op import _cpu_has
-    from test_qlinear_op import errors_per_table
-
-    cases = [(64, 256, None, 1), (64, 256, 64, 7), (32, 128, None, 40)]
-    for i, (n, k, group, m) in enumerate(cases):
-        weights, w = _case(rng, n, k, group)
-        x = rng.standard_normal((m, k)).astype(np.float32)
-        (tmp_path / f"m{i}.onnx").write_bytes(_model(k, n, weights, "bf16").SerializeToString())
-        np.save(tmp_path / f"x{i}.npy", x)
-        np.save(tmp_path / f"q8_{i}.npy", ref.linear(x, w, q8_group=group or k))
-        np.save(tmp_path / f"f32_{i}.npy", ref.linear(x, w))
-    for isa, errs in errors_per_table(tmp_path, range(len(cases))):
-        int8_acts = isa == "avx2" or (isa == "avx512" and _cpu_has("avx512_vnni"))
-        for i in range(len(cases)):
-            assert errs[i, "q8" if int8_acts else "f32"] < (1e-4 if int8_acts else TOL), (isa, i, errs)
-        print(f"[qlinear tile16, compute=bf16] {isa}: int8 activations {int8_acts}, errors {errs}")
-
-
 @pytest.mark.parametrize("runtime", list(RUNTIMES))
 def test_bad_layout_names_the_attribute(rng, runtime):
     weights, _ = _case(rng, 32, 64)
@@ -130,7 +117,7 @@ def int8_export(tmp_path_factory):
     return ckpt, out, load_hf(ckpt)
 
 
-def _runner(out, cfg, precision, tiles, monkeypatch):
+def _runner(out, cfg, precision, tiles):
     """The export compiled as the runtime's executor does (weights read into its buffer, the ops'
     compute set, the codes rewritten or not); returns run(feeds) -> logits and how many ops were
     marked tile16."""
@@ -141,7 +128,7 @@ def _runner(out, cfg, precision, tiles, monkeypatch):
     from mla_export.runtime.weights_memory import read_ir
     from test_export_quantized import BLOCK, NUM_BLOCKS
 
-    monkeypatch.setenv("MLA_EXPORT_QLINEAR_TILES", "1" if tiles else "0")
+    kernel_config.configure("qlinear=tile16" if tiles else "qlinear=rows4")
     core = ov_core()
     model, buf = read_ir(core, out / "openvino_model.xml", out / "openvino_model.bin")
     assert buf is not None
@@ -164,7 +151,7 @@ def _runner(out, cfg, precision, tiles, monkeypatch):
     return run, marked, model
 
 
-def test_rewritten_export_is_exact_at_f32(int8_export, rng, monkeypatch):
+def test_rewritten_export_is_exact_at_f32(int8_export, rng):
     """Forced on any CPU at f32: every int8 MlaQLinear is marked and its codes rewritten in place,
     and the logits stay within 1e-4 of transformers on the weights the codes decode to (as the
     exported layout's, test_export_quantized.py)."""
@@ -175,7 +162,7 @@ def test_rewritten_export_is_exact_at_f32(int8_export, rng, monkeypatch):
     ckpt, out, _ = int8_export
     hf = load_hf(ckpt)
     _quantize_like_the_export(hf, "int8")
-    run, marked, model = _runner(out, hf.config, "f32", True, monkeypatch)
+    run, marked, model = _runner(out, hf.config, "f32", True)
     int8_ops = [op for op in model.get_ops() if op.get_type_name() == "MlaQLinear" and op.get_attributes()["bits"] == 8]
     assert marked == len(int8_ops) > 0
     assert all(op.get_attributes()["layout"] == "tile16" for op in int8_ops)
@@ -184,15 +171,15 @@ def test_rewritten_export_is_exact_at_f32(int8_export, rng, monkeypatch):
     assert stats["agree"] == stats["total"]
 
 
-def test_rewritten_export_at_bf16_matches_the_exported_layout(int8_export, monkeypatch):
+def test_rewritten_export_at_bf16_matches_the_exported_layout(int8_export):
     """bf16 (int8 activations): the rewritten export's logits against the exported layout's on the
     same steps: the same int32 sums, only the f32 folds in another order."""
     from hf_models import PagedSession, drive_and_compare
     from test_export_quantized import BLOCK, NUM_BLOCKS, PROMPT_LENS, SCHEDULE
 
     _, out, hf = int8_export
-    run_t16, marked, _ = _runner(out, hf.config, "bf16", True, monkeypatch)
-    run_r4, none, _ = _runner(out, hf.config, "bf16", False, monkeypatch)
+    run_t16, marked, _ = _runner(out, hf.config, "bf16", True)
+    run_r4, none, _ = _runner(out, hf.config, "bf16", False)
     assert marked > 0 and none == 0
     worst = []
 
@@ -209,7 +196,7 @@ def test_rewritten_export_at_bf16_matches_the_exported_layout(int8_export, monke
 
 
 @pytest.mark.parametrize("shared", [False, True])
-def test_rewrite_in_an_ir_and_codes_read_elsewhere(tmp_path, rng, monkeypatch, shared):
+def test_rewrite_in_an_ir_and_codes_read_elsewhere(tmp_path, rng, shared):
     """An IR saved by OpenVINO and read into the runtime's buffer: its int8 MlaQLinear is rewritten
     (same products at f32, through the 4-row kernels); codes another node also reads (here a
     ReduceMax over them, as tied embeddings would) are left as exported and the op unmarked."""
@@ -234,7 +221,7 @@ def test_rewrite_in_an_ir_and_codes_read_elsewhere(tmp_path, rng, monkeypatch, s
                                                          helper.make_opsetid("mla_export", 1)])
     core = ov_core()
     ov.save_model(core.read_model(onnx_model.SerializeToString()), tmp_path / "m.xml", compress_to_fp16=False)
-    monkeypatch.setenv("MLA_EXPORT_QLINEAR_TILES", "1")
+    kernel_config.configure("qlinear=tile16")
     model, buf = read_ir(core, tmp_path / "m.xml", tmp_path / "m.bin")
     marked = pack_qlinear_tiles(model, buf, "f32")
     op = next(o for o in model.get_ops() if o.get_type_name() == "MlaQLinear")
@@ -249,12 +236,12 @@ def test_rewrite_in_an_ir_and_codes_read_elsewhere(tmp_path, rng, monkeypatch, s
 
 
 @pytest.mark.parametrize("tiles", ["0", "1"])
-def test_engine_says_what_it_rewrote(int8_export, monkeypatch, tiles):
+def test_engine_says_what_it_rewrote(int8_export, tiles):
     """The engine's executor rewrites as the environment says and its describe() tells the user."""
     from mla_export.runtime import LLMEngine, SamplingParams
 
     _, out, _ = int8_export
-    monkeypatch.setenv("MLA_EXPORT_QLINEAR_TILES", tiles)
+    kernel_config.configure("qlinear=tile16" if tiles == "1" else "qlinear=rows4")
     engine = LLMEngine(out, precision="bf16", num_threads=2, num_blocks=32)
     assert (engine.executor.tiled_projections > 0) == (tiles == "1")
     assert ("16-row tiles" in engine.executor.describe()) == (tiles == "1")

@@ -255,13 +255,11 @@ def build_impls(case: Case, inp: dict, scale: float, args, peer) -> dict:
 
 
 def _isa_setter():
-    """MlaExportSetIsa of the loaded extension: switches the kernels' ISA table between calls."""
-    import ctypes
+    """Switches the kernels' ISA table between calls (mla_export.kernel_config.configure: the rest
+    of the configuration the best that table runs)."""
+    from mla_export import kernel_config
 
-    import mla_export
-    fn = ctypes.CDLL(mla_export.extension_path()).MlaExportSetIsa
-    fn.argtypes = [ctypes.c_char_p]
-    return fn
+    return lambda table: kernel_config.configure(f"isa={table}")
 
 
 def on_tables(impls: dict, checks: dict, tables: list[str]) -> tuple[dict, dict]:
@@ -271,8 +269,10 @@ def on_tables(impls: dict, checks: dict, tables: list[str]) -> tuple[dict, dict]
     import bench_impls as bi
     setter = _isa_setter()
     for t in tables:
-        if not setter(t.encode()):
-            raise SystemExit(f"--isa-tables: this build or CPU cannot run the {t} table")
+        try:
+            setter(t)
+        except ValueError as e:
+            raise SystemExit(f"--isa-tables: {e}")
     out, out_checks = {}, {}
     for n, impl in impls.items():
         if not n.startswith("ours") or isinstance(impl, str):
@@ -280,11 +280,11 @@ def on_tables(impls: dict, checks: dict, tables: list[str]) -> tuple[dict, dict]
             continue
         for t in tables:
             def times(k, impl=impl, t=t):
-                setter(t.encode())
+                setter(t)
                 return impl.times(k)
 
             def output(impl=impl, t=t):
-                setter(t.encode())
+                setter(t)
                 return impl.output()
             out[f"{n}@{t}"] = bi.Impl(times, output)
             if n in checks:

@@ -16,7 +16,6 @@ caches; the indexer's selection of random keys is as expensive as a real one.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import math
 import platform
@@ -26,8 +25,7 @@ import time
 import ml_dtypes
 import numpy as np
 
-import mla_export
-from mla_export import kernels
+from mla_export import kernel_config, kernels
 
 BF16 = ml_dtypes.bfloat16
 H, R, DR, DN, DV = 128, 512, 64, 128, 128
@@ -211,9 +209,7 @@ def main(argv=None) -> int:
     if args.json:
         cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
                    platform.processor())
-        lib = ctypes.CDLL(mla_export.extension_path())
-        lib.MlaExportIsa.restype = ctypes.c_char_p
-        facts = dict(cpu=cpu, isa=lib.MlaExportIsa().decode(), threads=args.threads, kv_dtype=args.kv_dtype,
+        facts = dict(cpu=cpu, isa=kernel_config.config().isa, threads=args.threads, kv_dtype=args.kv_dtype,
                      compute=args.compute, block_size=args.block_size,
                      dims=dict(heads=H, kv_lora_rank=R, rope=DR, nope=DN, v=DV, index_heads=HI, index_dim=D,
                                topk=TOPK), rows=rows)

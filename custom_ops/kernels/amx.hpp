@@ -1,18 +1,14 @@
-// Whether AMX tiles may be used here, and the one tile configuration our AMX kernels load
-// (attention_amx.cpp: bf16 decode attention; qmatmul_amx.cpp: int8-activation products of the
-// integer ops from 8 rows). Only called when the build has them (MLA_HAVE_AMX).
+// The one tile configuration our AMX kernels load (attention_amx.cpp: bf16 decode attention;
+// qmatmul_amx.cpp: int8-activation products of the integer ops from 8 rows). Whether AMX may run
+// (CPU unit, Linux's tile-state grant, the avx512 table, MLA_EXPORT_KERNELS' amx) is
+// kernel_config.hpp's amx_bf16 / amx_int8.
 #pragma once
 
 #include <cstdint>
 
-namespace mla {
+#include "kernel_config.hpp"
 
-// The CPU has AMX-TILE and the unit (AMX-BF16 with AVX512-BF16, or AMX-INT8), Linux granted this
-// process the tile data state (arch_prctl ARCH_REQ_XCOMP_PERM, which OpenVINO's own AMX kernels
-// also request), MLA_EXPORT_AMX is not "0" (an A/B switch) and the kernels run their AVX-512 table
-// (an MLA_EXPORT_ISA below it means no AMX either).
-bool amx_bf16_usable();
-bool amx_int8_usable();
+namespace mla {
 
 // ldtilecfg's 64-byte operand, by default every tile 16 rows of 64 bytes: 16 x 16 f32 / int32
 // accumulators, 16 x 32 bf16 or 16 x 64 int8 operands (the attention's one configuration; the

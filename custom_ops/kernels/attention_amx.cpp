@@ -1,6 +1,6 @@
 // AMX bf16 tiles for the absorbed decode rows (see attention_amx.hpp). Compiled with
 // -mamx-tile -mamx-bf16 -mavx512f/bw/vl/dq -mavx512bf16 (CMakeLists.txt); entered only when
-// amx_bf16_usable() says the CPU and the OS allow it (amx.hpp).
+// the kernel configuration allows it (kernel_config.hpp: amx_bf16).
 #include "attention_amx.hpp"
 
 #include <immintrin.h>

@@ -1,16 +1,14 @@
 // AVX512-BF16 vector dot products for the absorbed decode rows (see attention_bf16.hpp). Compiled
-// with -mavx512f/bw/vl/dq -mavx512bf16 (CMakeLists.txt); entered only where bf16_dots_usable().
+// with -mavx512f/bw/vl/dq -mavx512bf16 (CMakeLists.txt); entered only where the kernel
+// configuration's decode_rows engine allows it (kernel_config.hpp).
 #include "attention_bf16.hpp"
 
-#include <cpuid.h>
 #include <immintrin.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 
-#include "isa.hpp"
 #include "bf16_rows.hpp"
 
 namespace mla {
@@ -42,16 +40,6 @@ constexpr int kKeys = 16;  // cache rows a score tile: 16 accumulators, one Q^T 
 constexpr int kCols = 16;  // output columns a P . V tile: 16 accumulators, one P^T load per row pair
 
 }  // namespace
-
-bool bf16_dots_usable() {
-    static const bool cpu = [] {
-        const char* env = std::getenv("MLA_EXPORT_AVX512_BF16");
-        if (env && std::strcmp(env, "0") == 0) return false;
-        unsigned a = 0, b = 0, c = 0, d = 0;
-        return __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a >> 5 & 1);  // AVX512_BF16
-    }();
-    return cpu && std::strcmp(isa().name, "avx512") == 0;  // the table in use (it can be switched)
-}
 
 void Bf16DecodeRows::begin(const float* q, int64_t m, int64_t w, int64_t r) {
     m_ = m, w_ = w, r_ = r, groups_ = (m + 15) / 16;

@@ -44,8 +44,4 @@ private:
     std::vector<float> mx_, l_;
 };
 
-// Whether the AVX512-BF16 decode rows may run here: compiled in, the CPU has AVX512-BF16, the
-// AVX-512 table is the one in use, and MLA_EXPORT_AVX512_BF16 is not 0.
-bool bf16_dots_usable();
-
 }  // namespace mla

@@ -1,4 +1,4 @@
-// e4m3 codes -> bf16 in registers, shared by the fp8 bf16 dots (moe_isa_impl.hpp) and the fp8
+// e4m3 codes -> bf16 in registers, shared by the fp8 bf16 dots (qgemm_impl.hpp) and the fp8
 // AMX-BF16 tiles (qmatmul_fp8_amx.cpp). Include only where AVX-512F/BW is compiled in.
 #pragma once
 

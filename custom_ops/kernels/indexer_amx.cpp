@@ -1,5 +1,5 @@
 // The lightning indexer's scores on AMX bf16 tiles (indexer_amx.hpp). Compiled with -mamx-tile
-// -mamx-bf16 -mavx512f/bw/vl/dq -mavx512bf16; entered only when amx_bf16_usable() (amx.hpp).
+// -mamx-bf16 -mavx512f/bw/vl/dq -mavx512bf16; entered only when the kernel configuration allows it (kernel_config.hpp: amx_bf16).
 #include "indexer_amx.hpp"
 
 #include <immintrin.h>

@@ -1,9 +1,9 @@
 // The few compute primitives whose speed depends on the instruction set. Each is compiled once
 // per target from the same source (isa_impl.hpp): isa_avx512.cpp (-mavx512f/bw/vl/dq, 16 lanes),
 // isa_avx2.cpp (-mavx2 -mfma -mf16c, 8 lanes) and isa_generic.cpp (the baseline), and one table
-// is picked at run time for the CPU at hand (isa_dispatch.cpp). A new instruction set is one
-// isa_<name>.cpp that sets the lane width and tile shapes and includes isa_impl.hpp, plus its
-// line in isa_dispatch.cpp and CMakeLists.txt.
+// is picked at run time for the CPU at hand (kernel_config.hpp: `isa()` is the one in use). A new
+// instruction set is one isa_<name>.cpp that sets the lane width and tile shapes and includes
+// isa_impl.hpp, its qgemm_<name>.cpp, its line in kernel_config.cpp and CMakeLists.txt.
 #pragma once
 
 #include <cstdint>
@@ -103,7 +103,6 @@ inline int64_t dot_axpy_tiles(const IsaKernels& K, int64_t m, int64_t n, int64_t
            (m + t.axpy_rows - 1) / t.axpy_rows * (width / t.axpy_cols);
 }
 
-const IsaKernels& isa();            // the table every kernel call uses (chosen once per process)
 const IsaKernels& isa_generic();    // always available
 const IsaKernels* isa_avx2();       // nullptr when not compiled in
 const IsaKernels* isa_avx512();     // nullptr when not compiled in

@@ -1,5 +1,5 @@
 // Compiled with -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c (see CMakeLists.txt);
-// only called when the CPU has them (isa_dispatch.cpp). 16 f32 lanes and 32 zmm registers:
+// only called when the CPU has them (kernel_config.cpp). 16 f32 lanes and 32 zmm registers:
 // dot tiles of 4 query rows x 4 cache rows (16 accumulators; a 64-row chunk splits evenly),
 // axpy tiles of 4 rows x 4 vectors (64 columns: r = 512 in 8 tiles, 16 accumulators), gemm
 // micro-kernels of up to 8 rows of one 16-wide panel (8 accumulators).

@@ -14,7 +14,7 @@
 #include <limits>
 #include <vector>
 
-#include "isa.hpp"
+#include "kernel_config.hpp"
 #include "mla_kernels.hpp"
 #if defined(MLA_HAVE_AMX)
 #include "amx.hpp"
@@ -225,16 +225,19 @@ static_assert(Bf16DecodeRows::kRows == kChunk, "the bf16 engine's chunk is the k
 // dot products (both bf16 only under compute "bf16").
 enum class DecodeRows { f32, amx, bf16 };
 
-// Which path the absorbed decode rows of this call take: under compute "bf16", AMX tiles on CPUs
-// with AMX (shapes the tiles cover), else AVX512-BF16 dots where the CPU has them; f32 otherwise.
+// Which path the absorbed decode rows of this call take: under compute "bf16", the kernel
+// configuration's decode_rows engine (kernel_config.hpp), AMX tiles for the shapes they cover,
+// else AVX512-BF16 dots where that engine allows them; f32 otherwise.
 DecodeRows decode_rows_path(bool bf16_products, int64_t w, int64_t r) {
     if (!bf16_products || w % 32 != 0) return DecodeRows::f32;  // r < w: plan_attention
+    const DecodeRowsEngine engine = kernels().decode_rows;
 #if defined(MLA_HAVE_AMX)
-    if (r % 64 == 0 && amx_bf16_usable()) return DecodeRows::amx;
+    if (r % 64 == 0 && engine == DecodeRowsEngine::amx) return DecodeRows::amx;
 #endif
 #if defined(MLA_HAVE_AVX512BF16)
-    if (r % 32 == 0 && bf16_dots_usable()) return DecodeRows::bf16;
+    if (r % 32 == 0 && engine >= DecodeRowsEngine::bf16) return DecodeRows::bf16;
 #endif
+    (void)engine;
     (void)r;
     return DecodeRows::f32;
 }

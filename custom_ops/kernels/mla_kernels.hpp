@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cache_format.hpp"
+#include "kernel_config.hpp"
 #include "mla_tensor.hpp"
 
 namespace mla {
@@ -140,13 +141,6 @@ Form sparse_form(int64_t qlen, int64_t seq_len, double pairs, int64_t heads, int
 Form form_by_cost(int64_t qlen, int64_t seq_len, double pairs, int64_t heads, int64_t r, int64_t dr, int64_t dn,
                   int64_t dv);
 
-// Which vectorised code path the kernels run ("avx512", "avx2" or "generic"): the widest this
-// build and CPU have, or MLA_EXPORT_ISA's when set.
-const char* isa_name();
-
-// Switches every later kernel call to the named table (benchmarks compare tables side by side in
-// one process; call it between kernel calls, not during one). False, and nothing changes, when
-// this build or CPU cannot run it.
-bool set_isa(const char* name);
+// The kernel configuration (which tables and engines run) is kernel_config.hpp's.
 
 }  // namespace mla

@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
-#include "mla_kernels.hpp"  // isa_name()
-#include "moe_isa.hpp"
+#include "kernel_config.hpp"
+#include "qgemm.hpp"
 #include "numeric.hpp"
 #include "qmatmul.hpp"
 #include "validate.hpp"
@@ -27,32 +27,10 @@
 
 namespace mla {
 
-namespace moe_generic { extern const MoeIsa kMoeIsa; }
-#if defined(MLA_HAVE_AVX2)
-namespace moe_avx2 { extern const MoeIsa kMoeIsa; }
-#endif
-#if defined(MLA_HAVE_AVX512)
-namespace moe_avx512 { extern const MoeIsa kMoeIsa; }
-#endif
-
 namespace {
 
 constexpr const char* kOp = "MlaMoeExperts";
 constexpr int64_t kPanel = kTileRows;  // weight rows per tile (phase 1: 16 gate + 16 up rows)
-
-// The table of the same name as the attention kernels' (isa_dispatch.cpp: the widest this build
-// and CPU run, or the one MLA_EXPORT_ISA forces, with its error for one they lack): one choice
-// per process for every op.
-const MoeIsa& pick_isa() {
-    const std::string name = isa_name();
-#if defined(MLA_HAVE_AVX512)
-    if (name == "avx512") return moe_avx512::kMoeIsa;
-#endif
-#if defined(MLA_HAVE_AVX2)
-    if (name == "avx2" || name == "avx512") return moe_avx2::kMoeIsa;
-#endif
-    return moe_generic::kMoeIsa;
-}
 
 struct Dims {
     int64_t T, H, k, E, I, g13, g2;
@@ -113,19 +91,6 @@ inline void silu_mul16(const float* gate, const float* up, float* dst) {
 
 }  // namespace
 
-const MoeIsa& moe_isa() {
-    static const MoeIsa& isa = pick_isa();
-    return isa;
-}
-
-const char* moe_isa_name() { return moe_isa().name; }
-
-MoeCompute moe_compute_from_name(const char* op, const std::string& name) {
-    if (name == "f32") return MoeCompute::f32;
-    if (name == "bf16") return MoeCompute::bf16;
-    throw Error(std::string(op) + ": attribute 'compute' must be f32 or bf16, got '" + name + "'");
-}
-
 std::vector<std::pair<size_t, const char*>> int4_zero_point_inputs(MoeBits bits) {
     std::vector<std::pair<size_t, const char*>> zps;
     if (bits.w13 == 4) zps.emplace_back(5, "w13_zp");
@@ -138,12 +103,12 @@ MoeShapes moe_experts_shapes(const MoeInputs& in, MoeBits bits) {
     return MoeShapes{d.T, d.H};
 }
 
-void moe_experts(const MoeInputs& in, MoeBits bits, const TensorView& out, const Threading& th, MoeCompute compute) {
+void moe_experts(const MoeInputs& in, MoeBits bits, const TensorView& out, const Threading& th, Compute compute) {
     const Dims d = check_all(in, bits);
     if (out.dtype != DType::f32) fail(kOp, out, std::string("must be f32, got ") + dtype_name(out.dtype));
-    const MoeIsa& isa = moe_isa();
+    const QgemmIsa& isa = *kernels().qgemm;
     // Per projection: fp8 codes take bf16 or f32 dots, never int8 activations (qmode_fp8).
-    const bool reduced = compute == MoeCompute::bf16;
+    const bool reduced = compute == Compute::bf16;
     const QMode mode13 = bits.w13 == kFp8Bits ? qmode_fp8(reduced, isa) : qmode(reduced, isa);
     const QMode mode2 = bits.w2 == kFp8Bits ? qmode_fp8(reduced, isa) : qmode(reduced, isa);
     const int bi13 = weight_code_index(bits.w13), bi2 = weight_code_index(bits.w2);

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "kernel_config.hpp"
 #include "numeric.hpp"
 #include "qmatmul.hpp"
 #include "validate.hpp"
@@ -58,13 +59,13 @@ std::vector<int64_t> qlinear_shape(const QLinearInputs& in, int64_t bits) {
     return shape;
 }
 
-void qlinear(const QLinearInputs& in, int64_t bits, const TensorView& out, const Threading& th, MoeCompute compute) {
+void qlinear(const QLinearInputs& in, int64_t bits, const TensorView& out, const Threading& th, Compute compute) {
     const Dims d = check_all(in, bits);
     if (out.dtype != DType::f32) fail(kOp, out, std::string("must be f32, got ") + dtype_name(out.dtype));
     if (d.M == 0) return;
-    const MoeIsa& isa = moe_isa();
+    const QgemmIsa& isa = *kernels().qgemm;
     // fp8 codes: bf16 or f32 dots, never int8 activations (qmode_fp8)
-    const bool reduced = compute == MoeCompute::bf16;
+    const bool reduced = compute == Compute::bf16;
     const QMode mode = bits == kFp8Bits ? qmode_fp8(reduced, isa) : qmode(reduced, isa);
     std::vector<float> x_f32;
     const float* x = in.x.ptr<float>();

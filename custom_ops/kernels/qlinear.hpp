@@ -1,4 +1,4 @@
-// MlaQLinear: y = x @ W^T on integer weights, W [N, K] stored as moe_isa.hpp's codes (int8 or
+// MlaQLinear: y = x @ W^T on integer weights, W [N, K] stored as qgemm.hpp's codes (int8 or
 // packed int4, 4-row interleaved) with an f32 scale and a u8 zero point per group of inputs.
 //
 // It serves the projections whose weight reads dominate a decode step and that the CPU plugin's
@@ -9,9 +9,11 @@
 #pragma once
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "mla_tensor.hpp"
-#include "moe_experts.hpp"  // MoeCompute
+#include "compute.hpp"
 
 namespace mla {
 
@@ -34,6 +36,6 @@ std::vector<int64_t> qlinear_shape(const QLinearInputs& in, int64_t bits);
 std::vector<std::pair<size_t, const char*>> int4_zero_point_inputs(int64_t bits);
 
 void qlinear(const QLinearInputs& in, int64_t bits, const TensorView& out, const Threading& threading,
-             MoeCompute compute = MoeCompute::f32);
+             Compute compute = Compute::f32);
 
 }  // namespace mla

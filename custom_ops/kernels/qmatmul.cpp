@@ -6,6 +6,7 @@
 #include <cstring>
 #include <string>
 
+#include "cpu_features.hpp"
 #include "numeric.hpp"
 #include "validate.hpp"
 #if defined(MLA_HAVE_AMX)
@@ -31,7 +32,7 @@ thread_local Scratch tls;
 // Whether m int8 activation rows against K inputs take AMX-INT8 tiles here: from a decode batch of
 // 8 rows (kAmxRows), on shapes the tiles step through, where the CPU and the OS allow them.
 bool amx_rows(int64_t m, int64_t K, int64_t group) {
-    return m >= kAmxRows && qtile_amx_fits(K, group) && amx_int8_usable();
+    return m >= kAmxRows && qtile_amx_fits(K, group) && kernels().amx_int8;
 }
 #endif
 
@@ -39,7 +40,7 @@ bool amx_rows(int64_t m, int64_t K, int64_t group) {
 // Whether n rows of x against fp8 codes run on AMX-BF16 tiles (they then need bf16 rows).
 bool amx_fp8_rows(int64_t n) {
 #if defined(MLA_HAVE_AMX)
-    return n >= kAmxRows && amx_bf16_usable();
+    return n >= kAmxRows && kernels().amx_bf16;
 #else
     (void)n;
     return false;
@@ -76,20 +77,22 @@ int64_t check_qweights(const char* op, const TensorView& q, const TensorView& s,
     check_rank(op, s, rank);
     if (s.dtype != DType::f32) fail(op, s, std::string("must be f32, got ") + dtype_name(s.dtype));
     check_u8(op, zp, rank);
-    const int64_t per_byte = bits == 4 ? 2 : 1;
+    const WeightFormat& fmt = *weight_format(bits);  // the ops checked bits first
+    const int64_t per_byte = fmt.codes_per_byte;
     if (rows <= 0 || rows % 4 != 0) fail(op, q, "needs a positive number of output rows divisible by 4, got " + std::to_string(rows));
     if (in <= 0 || in % 32 != 0) fail(op, q, "needs a positive input size divisible by 32, got " + std::to_string(in));
     for (const TensorView* t : {&q, &s, &zp}) {
         if (experts > 0) check_dim(op, *t, 0, experts, "the number of experts");
         check_dim(op, *t, r0, rows, "the projection's output rows");
     }
-    check_dim(op, q, r0 + 1, in / per_byte, bits == 4 ? "the input size / 2 (two int4 codes per byte)" : "the input size");
+    check_dim(op, q, r0 + 1, in / per_byte, per_byte == 2 ? "the input size / 2 (two int4 codes per byte)" : "the input size");
     const int64_t groups = s.dim(r0 + 1);
-    if (groups <= 0 || in % groups != 0 || (in / groups) % 32 != 0)
-        fail(op, s, "must have a group count G with input size / G a multiple of 32 (input size " + std::to_string(in) +
+    if (groups <= 0 || in % groups != 0 || (in / groups) % fmt.group_multiple != 0)
+        fail(op, s, "must have a group count G with input size / G a multiple of " + std::to_string(fmt.group_multiple) +
+                        " (input size " + std::to_string(in) +
                         ", G " + std::to_string(groups) + ")");
     check_dim(op, zp, r0 + 1, groups, "the scales' group count");
-    if (bits == 4 && !zp_checked) check_int4_zero_points(op, zp);
+    if (fmt.zero_point_max == 15 && !zp_checked) check_int4_zero_points(op, zp);
     return in / groups;
 }
 
@@ -121,17 +124,17 @@ void split_for(const Threading& th, int64_t n, const std::function<void(int64_t)
     });
 }
 
-QMode qmode(bool reduced, const MoeIsa& isa) {
+QMode qmode(bool reduced, const QgemmIsa& isa) {
     // The AVX-512 table's int8 dots are VNNI instructions, which an AVX-512 CPU may lack; the AVX2
     // table's (vpmaddubsw) run wherever the table does.
-    static const bool cpu_vnni = __builtin_cpu_supports("avx512vnni");
+    const bool cpu_vnni = cpu_features().avx512_vnni;
     QMode m;
     m.q8_dots = reduced && isa.qdot_q8[0][0][0] != nullptr && (cpu_vnni || std::string(isa.name) != "avx512");
     return m;
 }
 
-QMode qmode_fp8(bool reduced, const MoeIsa& isa) {
-    static const bool cpu_bf16 = __builtin_cpu_supports("avx512bf16");
+QMode qmode_fp8(bool reduced, const QgemmIsa& isa) {
+    const bool cpu_bf16 = cpu_features().avx512_bf16;
     QMode m;
     m.fp8_bf16 = reduced && cpu_bf16 && isa.qdot_fp8_bf16[0] != nullptr;
     return m;
@@ -147,7 +150,7 @@ QBlock QWeights::block(int64_t r0) const {
     return b;
 }
 
-QActs::QActs(const float* x, int64_t n, int64_t K, int64_t group, QMode mode, bool want_q8, const MoeIsa& isa,
+QActs::QActs(const float* x, int64_t n, int64_t K, int64_t group, QMode mode, bool want_q8, const QgemmIsa& isa,
              const Threading& th)
     : x_(x), K_(K), G_(K / group) {
     if (mode.fp8_bf16 && (want_q8 || amx_fp8_rows(n))) {  // fp8 codes' bf16 rows (round to nearest even)
@@ -183,12 +186,12 @@ QRow QActs::q8(int64_t i) const {
     return QRow{q_.data() + i * K_, d_.data() + i * (K_ / block_), gsum_.data() + i * G_, block_};
 }
 
-void qtile(const MoeIsa& isa, int bi, const QActs& acts, const int64_t* rows, int64_t m, const QBlock* blocks,
+void qtile(const QgemmIsa& isa, int bi, const QActs& acts, const int64_t* rows, int64_t m, const QBlock* blocks,
            int64_t K, int64_t group, float* c, int64_t many_from, int few_nb) {
     Scratch& s = tls;
 #if defined(MLA_HAVE_AMX)
     // fp8 codes from 8 rows of bf16 activations: AMX-BF16 tiles where the CPU has them
-    if (acts.has_bf16() && m >= kAmxRows && K % 32 == 0 && amx_bf16_usable())
+    if (acts.has_bf16() && m >= kAmxRows && K % 32 == 0 && kernels().amx_bf16)
         return qtile_fp8_amx(acts, rows, m, blocks, K, group, c);
 #endif
     if (m < many_from) {
@@ -212,7 +215,7 @@ void qtile(const MoeIsa& isa, int bi, const QActs& acts, const int64_t* rows, in
             const QRow* x = q8_rows(s, acts, rows, m);
             // 1-2 rows: few_nb blocks of 4 weight rows a call (memory-bound: 1, one stream, unless the
             // caller pairs two streams); more: 8 (the broadcasts of the activations shared by two
-            // blocks), 4 activation rows a call (moe_isa_impl.hpp's measurements)
+            // blocks), 4 activation rows a call (qgemm_impl.hpp's measurements)
             const int nb = m <= 2 ? few_nb : 2;
             for (int64_t r0 = 0; r0 < kTileRows; r0 += 4 * nb)
                 for (int64_t t0 = 0; t0 < m; t0 += 4) {
@@ -250,7 +253,7 @@ void qtile(const MoeIsa& isa, int bi, const QActs& acts, const int64_t* rows, in
     }
 }
 
-void qtile16(const MoeIsa& isa, const QActs& acts, const int64_t* rows, int64_t m, const uint8_t* q, const float* s,
+void qtile16(const QgemmIsa& isa, const QActs& acts, const int64_t* rows, int64_t m, const uint8_t* q, const float* s,
              const uint8_t* zp, int64_t groups, int64_t K, int64_t group, float* c) {
 #if defined(MLA_HAVE_AMX)
     if (amx_rows(m, K, group)) return qtile16_amx(acts, rows, m, q, s, zp, groups, K, group, c);

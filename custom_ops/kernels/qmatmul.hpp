@@ -1,4 +1,4 @@
-// Products of activation rows with integer weight rows (moe_isa.hpp's layout): the one tile routine
+// Products of activation rows with integer weight rows (qgemm.hpp's layout): the one tile routine
 // the fused MoE op and the quantized linear op share.
 //
 // A tile is 32 weight rows (8 blocks of 4) against m activation rows. Under the reduced-precision
@@ -15,7 +15,7 @@
 #include "aligned_vector.hpp"
 
 #include "mla_tensor.hpp"
-#include "moe_isa.hpp"
+#include "qgemm.hpp"
 
 namespace mla {
 
@@ -52,12 +52,12 @@ constexpr int64_t kQLinearRowBlock = MLA_QLINEAR_ROW_BLOCK;
 // AVX512_BF16 has AVX512_VNNI too), else f32 (the portable table).
 struct QMode {
     bool q8_dots = false;
-    bool fp8_bf16 = false;  // fp8 codes against bf16 activations (MoeIsa::qdot_fp8_bf16)
+    bool fp8_bf16 = false;  // fp8 codes against bf16 activations (QgemmIsa::qdot_fp8_bf16)
 };
-QMode qmode(bool reduced, const MoeIsa& isa);
+QMode qmode(bool reduced, const QgemmIsa& isa);
 // The mode of a projection in fp8 codes: bf16 dots under the reduced precision where the table has
 // them and the CPU has AVX512_BF16, else f32 dots (never int8 activations).
-QMode qmode_fp8(bool reduced, const MoeIsa& isa);
+QMode qmode_fp8(bool reduced, const QgemmIsa& isa);
 // fp8 codes on bf16 rows: dots up to 16 rows (2-4 passes over a tile whose 64 KB of codes stay in
 // L2), panels from there.
 constexpr int64_t kManyRowsFp8Bf16 = 16;
@@ -88,7 +88,7 @@ void check_int4_zero_points(const char* op, const TensorView& zp);  // every cod
 // (for f32 dots; panels read the rows), or int8 rows (want_q8 under the q8 mode).
 class QActs {
 public:
-    QActs(const float* x, int64_t n, int64_t K, int64_t group, QMode mode, bool want_q8, const MoeIsa& isa,
+    QActs(const float* x, int64_t n, int64_t K, int64_t group, QMode mode, bool want_q8, const QgemmIsa& isa,
           const Threading& th);
     const float* row(int64_t i) const { return x_ + i * K_; }
     const float* sums(int64_t i) const { return sums_.data() + i * G_; }
@@ -120,7 +120,7 @@ void split_ranges(const Threading& th, int64_t n, const std::function<void(int64
 // dequantised panels from there. few_nb (1 or 2): 4-row blocks per int8 dot call at 1-2 rows, 2 when
 // blocks[2j] and blocks[2j + 1] are two separate streams worth reading side by side (the MoE's gate
 // and up rows).
-void qtile(const MoeIsa& isa, int bits_index, const QActs& acts, const int64_t* rows, int64_t m,
+void qtile(const QgemmIsa& isa, int bits_index, const QActs& acts, const int64_t* rows, int64_t m,
            const QBlock* blocks, int64_t K, int64_t group, float* c, int64_t many_from, int few_nb = 1);
 
 // The tile16 layout of int8 codes (MlaQLinear's `layout = "tile16"`; the runtime writes it on VNNI
@@ -130,10 +130,10 @@ void qtile(const MoeIsa& isa, int bits_index, const QActs& acts, const int64_t* 
 // of inputs 64s..64s+63 of a 16-row tile are an AMX-INT8 B tile as it lies (qmatmul_amx.hpp).
 constexpr int64_t kTile16Rows = 16;
 // Whether tile16 codes run their own int8 dots here (the table has them and the mode is q8).
-inline bool tile16_dots(const MoeIsa& isa, const QMode& mode) { return mode.q8_dots && isa.qdot_q8_t16[0][0] != nullptr; }
+inline bool tile16_dots(const QgemmIsa& isa, const QMode& mode) { return mode.q8_dots && isa.qdot_q8_t16[0][0] != nullptr; }
 // c[t * 32 + r] as qtile's, for the 32 rows of tile16 codes at q (s, zp: their first row's groups)
 // on int8 activation rows (tile16_dots, acts.has_q8()).
-void qtile16(const MoeIsa& isa, const QActs& acts, const int64_t* rows, int64_t m, const uint8_t* q, const float* s,
+void qtile16(const QgemmIsa& isa, const QActs& acts, const int64_t* rows, int64_t m, const uint8_t* q, const float* s,
              const uint8_t* zp, int64_t groups, int64_t K, int64_t group, float* c);
 // rows (a multiple of 16) of tile16 codes at src rewritten in the 4-row layout at dst (rows * K
 // bytes): where tile16 codes meet a kernel of the 4-row layout (f32, AVX2, the portable table).

@@ -1,5 +1,5 @@
 // AMX-INT8 tiles for the integer ops' products of 8 rows and more (see qmatmul_amx.hpp). Compiled with
-// -mamx-tile -mamx-int8 -mavx512f/bw/vl/dq (CMakeLists.txt); entered only when amx_int8_usable()
+// -mamx-tile -mamx-int8 -mavx512f/bw/vl/dq (CMakeLists.txt); entered only when kernels().amx_int8
 // says the CPU and the OS allow it (amx.hpp).
 #include "qmatmul_amx.hpp"
 

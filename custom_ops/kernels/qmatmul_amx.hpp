@@ -2,7 +2,7 @@
 // tiles, under the reduced-precision mode on CPUs with AMX-INT8 (Sapphire Rapids and later Xeons);
 // see amx.hpp.
 //
-// The same sums as the VNNI kernel (moe_isa_impl.hpp's qdot_q8): int32 dot products of the u8
+// The same sums as the VNNI kernel (qgemm_impl.hpp's qdot_q8): int32 dot products of the u8
 // codes with the int8 activations over each activation block, scaled by the row's group scale and
 // the block's d, less the zero points' term through gsum. A product tile C[16 tokens x 16 weight
 // rows] += A[16 tokens x 64 int8] . B[16 x 16 x 4 u8] (tdpbsud) takes the activation rows as they

@@ -1,6 +1,6 @@
 // fp8 (e4m3) codes on AMX-BF16 tiles: the reduced precision's products of 8 rows of x and more for
 // weights in fp8 codes (see qmatmul_amx.hpp). Compiled with -mamx-tile -mamx-bf16
-// -mavx512f/bw/vl/dq/bf16 (CMakeLists.txt); entered only when amx_bf16_usable().
+// -mavx512f/bw/vl/dq/bf16 (CMakeLists.txt); entered only when kernels().amx_bf16.
 //
 // A tiles are the activation rows in bf16 as they lie (16 tokens x 32 inputs), B tiles the weights:
 // each step of 32 inputs, a half of the tile's 32 rows decoded to bf16 (as qdot_fp8_bf16 decodes them:

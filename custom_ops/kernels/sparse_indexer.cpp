@@ -20,7 +20,7 @@
 #include <limits>
 #include <vector>
 
-#include "isa.hpp"
+#include "kernel_config.hpp"
 #include "mla_kernels.hpp"
 #if defined(MLA_HAVE_AMX)
 #include "amx.hpp"
@@ -59,7 +59,7 @@ thread_local AmxIndexerScores tls_amx;
 // Whether this call's scores take AMX bf16 tiles (compute "bf16" on a CPU with AMX-BF16).
 bool amx_scores(const IndexerPlan& p) {
 #if defined(MLA_HAVE_AMX)
-    return p.bf16_products && AmxIndexerScores::fits(p.heads, p.dim) && amx_bf16_usable();
+    return p.bf16_products && AmxIndexerScores::fits(p.heads, p.dim) && kernels().amx_bf16;
 #else
     (void)p;
     return false;

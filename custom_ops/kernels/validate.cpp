@@ -2,6 +2,8 @@
 
 #include <sstream>
 
+#include "compute.hpp"
+
 namespace mla {
 
 std::string shape_str(const std::vector<int64_t>& shape) {
@@ -102,6 +104,12 @@ int64_t check_new_tokens(const char* op, const TensorView& qsl, const TensorView
         fail(op, qsl, "must end at T = " + std::to_string(t_count) + " (tokens of " + tokens_of + "), got " +
                           std::to_string(index_at(qsl, batch)));
     return batch;
+}
+
+Compute compute_from_name(const char* op, const std::string& name) {
+    if (name == "f32") return Compute::f32;
+    if (name == "bf16") return Compute::bf16;
+    throw Error(std::string(op) + ": attribute 'compute' must be f32 or bf16, got '" + name + "'");
 }
 
 }  // namespace mla

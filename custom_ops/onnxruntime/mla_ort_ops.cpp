@@ -185,8 +185,8 @@ std::string string_attr(const OrtApi& api, const OrtKernelInfo* info, const char
 
 // The optional string attribute 'compute' by the kernels' one check (the OpenVINO ops use the
 // same): absent = "f32", as in OpenVINO; any other value than "f32" or "bf16" (even "") is refused.
-mla::MoeCompute compute_attr(const OrtApi& api, const OrtKernelInfo* info, const char* op) {
-    return mla::moe_compute_from_name(op, string_attr(api, info, op, "compute", "f32"));
+mla::Compute compute_attr(const OrtApi& api, const OrtKernelInfo* info, const char* op) {
+    return mla::compute_from_name(op, string_attr(api, info, op, "compute", "f32"));
 }
 
 // The cache's row format from the optional string attribute 'kv_dtype' (absent = "": by the
@@ -345,7 +345,7 @@ struct AttentionKernel {
           form_(int_attr(api, info, "form", 0)),
           kv_dtype_(kv_dtype_attr(api, info, "MlaPagedAttention")),
           bf16_products_(compute_attr(api, info, "MlaPagedAttention") ==
-                         mla::MoeCompute::bf16),
+                         mla::Compute::bf16),
           num_threads_(num_threads) {
         if (form_ < 0 || form_ > 2)
             throw mla::Error("MlaPagedAttention attribute 'form' must be 0 (auto), 1 (absorbed) or 2 (expanded), got " +
@@ -403,7 +403,7 @@ struct IndexerKernel {
         : topk_(int_attr(api, info, "topk", 0)),
           kv_dtype_(kv_dtype_attr(api, info, "MlaIndexerTopK")),
           bf16_products_(compute_attr(api, info, "MlaIndexerTopK") ==
-                         mla::MoeCompute::bf16),
+                         mla::Compute::bf16),
           num_threads_(num_threads) {
         if (topk_ < 1) throw mla::Error("MlaIndexerTopK attribute 'topk' must be >= 1, got " + std::to_string(topk_));
     }
@@ -524,7 +524,7 @@ struct MoeExpertsKernel {
         });
     }
     mla::MoeBits bits_;
-    mla::MoeCompute compute_;
+    mla::Compute compute_;
     int num_threads_;
     ConstantZeroPoints zero_points_;
 };
@@ -565,7 +565,7 @@ struct QLinearKernel {
         });
     }
     int64_t bits_;
-    mla::MoeCompute compute_;
+    mla::Compute compute_;
     int num_threads_;
     bool tile16_ = false;
     ConstantZeroPoints zero_points_;
@@ -647,7 +647,10 @@ __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps
     });
 }
 
-// Which vectorised kernel path the library runs (for describe() strings and benchmarks).
-__attribute__((visibility("default"))) const char* MlaExportOrtIsa() { return mla::isa_name(); }
+// The kernel switchboard of this library's copy of the kernels (as the OpenVINO extension's
+// MlaExportKernels; mla_export/kernel_config.py configures both).
+__attribute__((visibility("default"))) int MlaExportOrtKernels(const char* spec, char* out, size_t out_len) {
+    return mla::kernels_call(spec, out, out_len);
+}
 
 }  // extern "C"

@@ -68,11 +68,14 @@ ov::OutputVector convert_qlinear(const ov::frontend::NodeContext& ctx) {
 
 }  // namespace
 
-// The instruction-set table the kernels in this library run ("avx512", "avx2" or "generic";
-// MLA_EXPORT_ISA forces one), for logs and for the tests that must know which path ran.
-extern "C" __attribute__((visibility("default"))) const char* MlaExportIsa() { return mla::isa_name(); }
-// Benchmarks only: switch the table between calls (1 = done, 0 = not runnable here).
-extern "C" __attribute__((visibility("default"))) int MlaExportSetIsa(const char* name) { return mla::set_isa(name); }
+// The kernel switchboard for Python (mla_export/kernel_config.py; kernel_config.hpp): spec (null or
+// empty: no change) replaces the configuration, then out gets the one in use; 1 = done, 0 = out
+// holds the error.
+extern "C" __attribute__((visibility("default"))) int MlaExportKernels(const char* spec, char* out, size_t out_len) {
+    return mla::kernels_call(spec, out, out_len);
+}
+// The CPU features the kernels probed, in /proc/cpuinfo's names (cpu_features.hpp).
+extern "C" __attribute__((visibility("default"))) const char* MlaExportCpuFeatures() { return mla::cpu_feature_names(); }
 
 OPENVINO_CREATE_EXTENSIONS(std::vector<ov::Extension::Ptr>({
     std::make_shared<ov::OpExtension<mla_ov::MlaCacheWrite>>(),

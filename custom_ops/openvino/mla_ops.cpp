@@ -146,7 +146,7 @@ void check_kv_dtype(const ov::Node* node, const std::string& kv_dtype) {
 // The compute attribute, by the kernels' one check (the onnxruntime ops use the same).
 void check_compute(const ov::Node* node, const std::string& compute) {
     try {
-        mla::moe_compute_from_name(node->get_type_name(), compute);
+        mla::compute_from_name(node->get_type_name(), compute);
     } catch (const mla::Error& e) {
         NODE_VALIDATION_CHECK(node, false, e.what());
     }
@@ -459,7 +459,7 @@ bool MlaMoeExperts::evaluate(ov::TensorVector& outputs, const ov::TensorVector& 
         const mla::MoeBits bits{m_w13_bits, m_w2_bits};
         const mla::MoeShapes s = mla::moe_experts_shapes(in, bits);
         outputs[0].set_shape(ov::Shape{size_t(s.tokens), size_t(s.hidden)});
-        mla::moe_experts(in, bits, view(outputs[0], "output"), ov_threading(), mla::moe_compute_from_name("MlaMoeExperts", m_compute));
+        mla::moe_experts(in, bits, view(outputs[0], "output"), ov_threading(), mla::compute_from_name("MlaMoeExperts", m_compute));
     });
 }
 
@@ -513,7 +513,7 @@ bool MlaQLinear::evaluate(ov::TensorVector& outputs, const ov::TensorVector& inp
                                     view(inputs[3], "w_zp"), m_zp.checked, mla::qlinear_tile16_from_name(m_layout)};
         const std::vector<int64_t> shape = mla::qlinear_shape(in, m_bits);
         outputs[0].set_shape(ov::Shape(shape.begin(), shape.end()));
-        mla::qlinear(in, m_bits, view(outputs[0], "output"), ov_threading(), mla::moe_compute_from_name("MlaQLinear", m_compute));
+        mla::qlinear(in, m_bits, view(outputs[0], "output"), ov_threading(), mla::compute_from_name("MlaQLinear", m_compute));
     });
 }
 

@@ -131,7 +131,7 @@ public:
     OPENVINO_OP("MlaMoeExperts", "mla_export");
     MlaMoeExperts() = default;
     // compute: "f32" (as exported) or "bf16" (set by the runtime when it compiles for bf16; see
-    // moe_experts.hpp, MoeCompute).
+    // compute.hpp).
     // inherited: the zero-point bytes a clone's source scanned (ZeroPointScan).
     MlaMoeExperts(const ov::OutputVector& args, int64_t w13_bits, int64_t w2_bits, std::string compute = "f32",
                   ZeroPointScan::Bytes inherited = {});

@@ -19,6 +19,7 @@ import numpy as np
 from ..config import MLAModelConfig
 from ..onnx_ops import (cache_update_node, cache_write_node, indexer_topk_node, paged_attention_node,
                         portable_attention_node)
+from ..weight_format import CODE_BITS
 from .graph import GraphBuilder
 from .qlinear import qlinear, qlinear_problem
 from .quantize import FP8_BITS
@@ -78,7 +79,7 @@ def linear(g: GraphBuilder, rd: CheckpointReader, prefix: str, x: str, n_out: in
     fmt = g.store.format
     ours = [v for v in CUSTOM_OP_VARIANTS if v in g.variants]
     bits = fmt.bits("matmul", name)
-    if (ours and not bias and not fmt.planning and bits in (4, 8, FP8_BITS)
+    if (ours and not bias and not fmt.planning and bits in CODE_BITS
             and qlinear_problem(n_out, n_in, bits, fmt.group_size) is None):
         source = rd.fp8_rows(name, (n_out, n_in), rows) if bits == FP8_BITS else None
         y = qlinear(g.only(ours), name, w, x, bits, prefix, fp8_source=source)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..weight_format import CODE_BITS
 from .graph import GraphBuilder
 from .quantize import FP8_BITS, fp8_group, fp8_operands, moe_operands, pick_group, quantize
 
@@ -20,7 +21,7 @@ __all__ = ["qlinear_problem", "qlinear"]
 
 def qlinear_problem(n_out: int, n_in: int, bits: int | None, group_size: int) -> str | None:
     """Why MlaQLinear cannot hold this weight (None: it can)."""
-    if bits not in (4, 8, FP8_BITS):
+    if bits not in CODE_BITS:
         return "MlaQLinear reads int8/int4/fp8 weights"
     if n_in % 32 or n_out % 32:
         return f"MlaQLinear needs input and output sizes divisible by 32 (got {n_in}, {n_out})"

@@ -19,19 +19,24 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..weight_format import FORMATS, ROWS4_BLOCK_ROWS, ROWS4_CHUNK_BYTES, by_bits, by_name
+
 __all__ = ["Quantized", "quantize", "dequantize", "pick_group", "pack_u4", "pack_u4_halves", "unpack_u4_halves",
            "moe_operands", "interleave_rows4", "deinterleave_rows4", "fp8_operands", "fp8_group", "fp8_dequantize", "FP8_BITS",
            "WEIGHT_FORMATS", "FLOAT_FORMATS", "INT_FORMATS", "CODE_FORMATS"]
 
 FLOAT_FORMATS = ("f32", "f16", "bf16")
-INT_FORMATS = ("int8", "int4")
-# fp8: e4m3 codes with an f32 scale per (row, group of 128 inputs), read by our ops only (MlaQLinear,
-# MlaMoeExperts); from DeepSeek's FP8 checkpoints the codes and block scales are kept as they are.
-CODE_FORMATS = INT_FORMATS + ("fp8",)  # the formats whose matmul weights our ops read as codes
+# The formats whose matmul weights our ops read as codes (mla_export/weight_format.py), of which the
+# integer ones (a zero point) OpenVINO's own compressed matmuls read too. fp8: e4m3 codes with an
+# f32 scale per (row, group of 128 inputs), read by our ops only (MlaQLinear, MlaMoeExperts); from
+# DeepSeek's FP8 checkpoints the codes and block scales are kept as they are.
+CODE_FORMATS = tuple(f.name for f in FORMATS)
+INT_FORMATS = tuple(f.name for f in FORMATS if f.zero_point)
 WEIGHT_FORMATS = FLOAT_FORMATS + CODE_FORMATS
-FP8_BITS = 43  # the ops' `bits` value for e4m3 codes (custom_ops/kernels/moe_isa.hpp kFp8Bits)
+FP8_BITS = by_name("fp8").bits  # the ops' `bits` value for e4m3 codes
 FP8_MAX = 448.0
-_LEVELS = {8: 255, 4: 15}
+# asymmetric integer formats: codes and zero points share the range [0, zero_point_max]
+_LEVELS = {f.bits: f.zero_point_max for f in FORMATS if f.zero_point}
 _SLAB = 1 << 22  # values per slab of rows (16 MiB of f32)
 _MIN_GROUP = 16
 
@@ -68,7 +73,7 @@ def pick_group(in_features: int, requested: int) -> int:
 def quantize(w: np.ndarray, bits: int, group: int | None = None) -> Quantized:
     """Asymmetric min/max quantization of w [..., in] along its last axis (group = in when None)."""
     if bits not in _LEVELS:
-        raise ValueError(f"bits must be 8 or 4, got {bits}")
+        raise ValueError(f"bits must be one of {sorted(_LEVELS, reverse=True)}, got {bits}")
     levels = _LEVELS[bits]
     n_in = w.shape[-1]
     group = n_in if group is None else group
@@ -111,7 +116,7 @@ def pack_u4(codes: np.ndarray) -> bytes:
 
 
 def pack_u4_halves(codes: np.ndarray) -> np.ndarray:
-    """The fused MoE op's int4 layout (custom_ops/kernels/moe_isa.hpp): codes [..., K] (K % 32 == 0)
+    """The fused MoE op's int4 layout (custom_ops/kernels/qgemm.hpp): codes [..., K] (K % 32 == 0)
     -> bytes [..., K / 2] where, in each block of 32 inputs, byte j holds input j in its low nibble
     and input j + 16 in its high nibble (one 16-byte load unpacks to two 16-lane vectors)."""
     k = codes.shape[-1]
@@ -133,27 +138,29 @@ def interleave_rows4(codes: np.ndarray) -> np.ndarray:
     4 rows interleaved by 16-byte chunks (chunk c of row 4b + r at ((b * B/16 + c) * 4 + r) * 16),
     so the op reads 4 rows as one contiguous stream. Same shape, bytes reordered."""
     *lead, rows, nbytes = codes.shape
-    if rows % 4 or nbytes % 16:
-        raise ValueError(f"the fused MoE op interleaves 4 rows by 16 bytes; got {rows} rows of {nbytes} bytes")
-    blocks = codes.reshape(*lead, rows // 4, 4, nbytes // 16, 16)
+    r, c = ROWS4_BLOCK_ROWS, ROWS4_CHUNK_BYTES
+    if rows % r or nbytes % c:
+        raise ValueError(f"the fused MoE op interleaves {r} rows by {c} bytes; got {rows} rows of {nbytes} bytes")
+    blocks = codes.reshape(*lead, rows // r, r, nbytes // c, c)
     return np.ascontiguousarray(np.swapaxes(blocks, -3, -2)).reshape(codes.shape)
 
 
 def deinterleave_rows4(codes: np.ndarray) -> np.ndarray:
     """Inverse of interleave_rows4."""
     *lead, rows, nbytes = codes.shape
-    blocks = codes.reshape(*lead, rows // 4, nbytes // 16, 4, 16)
+    r, c = ROWS4_BLOCK_ROWS, ROWS4_CHUNK_BYTES
+    blocks = codes.reshape(*lead, rows // r, nbytes // c, r, c)
     return np.ascontiguousarray(np.swapaxes(blocks, -3, -2)).reshape(codes.shape)
 
 
 def moe_operands(qw: Quantized) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(codes, scales, zero points) of a stacked expert projection [E, rows, in] as the fused MoE op
-    reads them (custom_ops/kernels/moe_isa.hpp): u8 codes [E, rows, in] (int8) or [E, rows, in / 2]
+    reads them (custom_ops/kernels/qgemm.hpp): u8 codes [E, rows, in] (int8) or [E, rows, in / 2]
     (int4, pack_u4_halves), rows interleaved by 4 (interleave_rows4); f32 scales and u8 zero points
     [E, rows, G]. The values are exactly those of `dequantize(qw)`."""
     lead = qw.q.shape[:-2]
     codes = qw.q.reshape(lead + (-1,))
-    if qw.bits == 4:
+    if by_bits(qw.bits).codes_per_byte == 2:
         codes = pack_u4_halves(codes)
     return (interleave_rows4(codes), qw.scale.reshape(lead + (-1,)).astype(np.float32),
             np.ascontiguousarray(qw.zp.reshape(lead + (-1,))))
@@ -163,9 +170,9 @@ def fp8_group(n_in: int, requested: int = 128) -> int | None:
     """Inputs per fp8 scale: `requested` (a checkpoint's block width, else 128) when it divides
     n_in and is a multiple of 32 (the ops' chunking), else the largest halving of it that is; None
     when none is (n_in not a multiple of 32)."""
-    g = requested
-    while g >= 32:
-        if n_in % g == 0 and g % 32 == 0:
+    g, multiple = requested, by_name("fp8").group_multiple
+    while g >= multiple:
+        if n_in % g == 0 and g % multiple == 0:
             return g
         g //= 2
     return None
@@ -174,7 +181,7 @@ def fp8_group(n_in: int, requested: int = 128) -> int | None:
 def fp8_operands(w: np.ndarray | None, group: int, source: tuple[np.ndarray, np.ndarray] | None = None
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(codes, scales, zero points) of a projection [..., rows, in] as the ops read fp8 weights
-    (custom_ops/kernels/moe_isa.hpp): u8 bytes of e4m3 codes, rows interleaved by 4; f32 scales
+    (custom_ops/kernels/qgemm.hpp): u8 bytes of e4m3 codes, rows interleaved by 4; f32 scales
     [..., rows, in / group]; u8 zero points, all 0 (the ops do not read them). w ~= e4m3(codes) x scale.
 
     source: (e4m3 codes [rows, in], f32 scales [rows, in / group]) taken from the checkpoint as

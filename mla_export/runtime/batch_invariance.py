@@ -34,7 +34,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..contract import Contract
-from ..cpu_flags import cpu_flags
+from .. import kernel_config
 
 __all__ = ["ABSORBED", "problem", "pin_attention_form_openvino", "pinned_onnx_bytes"]
 
@@ -43,17 +43,6 @@ ABSORBED = 1  # MlaPagedAttention's `form` attribute: 0 automatic, 1 absorbed, 2
 # The MoE forms whose experts run as the plugin's own nodes (export/moe.py), not MlaMoeExperts.
 _PLUGIN_MOE_FORMS = ("grouped", "gather_matmul")
 _INTEGER_FORMATS = ("int8", "int4")
-
-
-def _kernel_isa() -> str:
-    """The vector table our kernels run ("avx512", "avx2", "generic"), as the library decides."""
-    import ctypes
-
-    from .. import extension_path
-
-    fn = ctypes.CDLL(extension_path()).MlaExportIsa
-    fn.restype = ctypes.c_char_p
-    return fn().decode()
 
 
 def problem(contract: Contract, precision: str, runtime: str) -> str | None:
@@ -72,8 +61,8 @@ def problem(contract: Contract, precision: str, runtime: str) -> str | None:
             where = "onnxruntime runs them" if runtime != "openvino" else "precision f32 runs them"
             return (f"{wformat} weights: {where} at f32, where MlaQLinear / MlaMoeExperts change kernel with the "
                     "number of rows; use OpenVINO at precision bf16, or an export with float weights")
-        isa = _kernel_isa()
-        if not (isa == "avx2" or (isa == "avx512" and "avx512_vnni" in cpu_flags())):
+        isa = kernel_config.config().isa
+        if not (isa == "avx2" or (isa == "avx512" and "avx512_vnni" in kernel_config.cpu_features())):
             return (f"{wformat} weights: this CPU's kernels ({isa}, no VNNI) take no int8 activations, and their f32 "
                     "path changes kernel with the number of rows; use an export with float weights at precision f32")
     if runtime == "openvino" and precision == "bf16" and has_moe and moe_form in _PLUGIN_MOE_FORMS:

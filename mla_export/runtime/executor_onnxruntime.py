@@ -30,6 +30,7 @@ from typing import Sequence
 import numpy as np
 
 from .. import ort_ops_path, ort_tensors
+from ..kernel_config import library_config
 from ..cache_binding import cache_binding
 from ..contract import Contract, ContractError
 from .batch_invariance import pinned_onnx_bytes
@@ -167,9 +168,7 @@ def _library_isa() -> str:
     path = ort_ops_path()
     if not path:
         return "unknown"
-    fn = ctypes.CDLL(path).MlaExportOrtIsa
-    fn.restype = ctypes.c_char_p
-    return fn().decode()
+    return library_config(path).isa
 
 
 _ELEM_BYTES = {"tensor(float)": 4, "tensor(bfloat16)": 2, "tensor(float16)": 2, "tensor(uint8)": 1}

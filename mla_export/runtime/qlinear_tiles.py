@@ -1,6 +1,6 @@
 """MlaQLinear's int8 codes rewritten in 16-row tiles before the model compiles, on VNNI CPUs.
 
-The export stores integer codes in blocks of 4 rows (custom_ops/kernels/moe_isa.hpp), which every
+The export stores integer codes in blocks of 4 rows (custom_ops/kernels/qgemm.hpp), which every
 kernel reads: one 64-byte load holds 16 inputs of 4 rows, so a dot product's sums sit 4 lanes per
 row and each accumulator is converted, scaled and folded per activation block for only 4 rows.
 With several activation rows (batched decode, prefill) those folds cost as much as the products on
@@ -18,8 +18,9 @@ int8 MlaQLinear's codes in place in the weights buffer it read the IR into (weig
 private anonymous memory, written before compile and never after) and sets the op's `layout`
 attribute to "tile16". Nothing is copied: resident memory stays the same. The op computes the
 same products in either layout (any layout on any CPU: a kernel of the 4-row layout rewrites a
-tile16 tile back first), so the choice is speed only. `MLA_EXPORT_QLINEAR_TILES=0` keeps the exported layout, `=1` forces the
-rewrite (tests; slower where the CPU has no VNNI kernel for it).
+tile16 tile back first), so the choice is speed only. The kernel configuration's qlinear key
+(mla_export/kernel_config.py, `MLA_EXPORT_KERNELS=qlinear=rows4`) keeps the exported layout,
+`qlinear=tile16` forces the rewrite (tests; slower where the CPU has no VNNI kernel for it).
 """
 
 from __future__ import annotations
@@ -29,12 +30,12 @@ import mmap
 import numpy as np
 import openvino as ov
 
-from .. import envs
-from ..cpu_flags import cpu_flags
+from .. import kernel_config
+from ..weight_format import FORMATS, TILE16_ROWS
 
 __all__ = ["rows4_to_tile16", "tile16_to_rows4", "want_tile16", "pack_qlinear_tiles"]
 
-TILE_ROWS = 16
+TILE_ROWS = TILE16_ROWS
 _CHUNK_ROWS = 4096  # rows rewritten at a time: a bounded temporary (8 MiB at K = 2048)
 
 
@@ -66,13 +67,10 @@ def tile16_to_rows4(codes: np.ndarray) -> np.ndarray:
 
 def want_tile16(precision: str) -> bool:
     """Whether this process rewrites int8 MlaQLinear codes in 16-row tiles (see the module doc)."""
-    forced = envs.MLA_EXPORT_QLINEAR_TILES
-    if forced is not None:
-        return forced
-    if precision != "bf16" or envs.MLA_EXPORT_ISA in ("avx2", "generic"):
-        return False
-    flags = cpu_flags()
-    return "avx512_vnni" in flags
+    config = kernel_config.config()
+    if config.qlinear != "auto":
+        return config.qlinear == "tile16"
+    return precision == "bf16" and config.isa == "avx512" and "avx512_vnni" in kernel_config.cpu_features()
 
 
 def pack_qlinear_tiles(model: ov.Model, weights: mmap.mmap | None, precision: str) -> int:
@@ -91,7 +89,8 @@ def pack_qlinear_tiles(model: ov.Model, weights: mmap.mmap | None, precision: st
         if op.get_type_name() != "MlaQLinear":
             continue
         attrs = op.get_attributes()
-        if attrs.get("bits") != 8 or attrs.get("layout", "rows4") != "rows4":
+        bits = attrs.get("bits")
+        if bits not in (f.bits for f in FORMATS if f.tile16) or attrs.get("layout", "rows4") != "rows4":
             continue
         const = op.input_value(1).get_node()
         if const.get_type_name() != "Constant":

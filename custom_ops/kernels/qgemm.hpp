@@ -1,6 +1,9 @@
-// The vectorised pieces of the fused MoE op (moe_experts.cpp), compiled once per instruction set
-// from moe_isa_impl.hpp (moe_isa_avx512.cpp, moe_isa_avx2.cpp, moe_isa_generic.cpp); one table is
-// picked at run time for the CPU at hand.
+// The integer-GEMM layer: products of activation rows with weight rows stored as codes, which
+// MlaMoeExperts, MlaQLinear (and through them the attention's projections) run on. Its vectorised
+// pieces are compiled once per instruction set from qgemm_impl.hpp (qgemm_avx512.cpp,
+// qgemm_avx2.cpp, qgemm_generic.cpp); the kernel configuration (kernel_config.hpp) picks the table
+// for the CPU at hand; the tile routine that drives them is qmatmul.hpp's. The formats of the
+// codes are weight_format.hpp's.
 //
 // Weights are rows of integer codes with a scale and a zero point per group of `group` inputs:
 // w[k] = (q[k] - zp[k / group]) * s[k / group]. Codes are stored in blocks of 4 rows, interleaved
@@ -13,6 +16,8 @@
 #pragma once
 
 #include <cstdint>
+
+#include "weight_format.hpp"
 
 namespace mla {
 
@@ -50,25 +55,15 @@ inline void finish_q8_block(int64_t b, int64_t block, int64_t group, float scale
     gsum[g] += scale * static_cast<float>(sum);
 }
 
-// The weight codes the ops read, named by their `bits` attributes: 8 = u8 codes, 4 = packed u4
-// codes (both w = (q - zp) * s), kFp8Bits = float8 e4m3fn codes, w = e4m3(q) * s: the FP8
-// weights DeepSeek-V3 / R1 and Kimi K2 ship, kept as they are (s: their block scale, one per
-// group of 128 inputs; the zero points are not read and the export writes them as 0). fp8 codes
-// lie like int8's (16 a chunk) and run the f32 dot products and panels in every mode.
-constexpr int64_t kFp8Bits = 43;  // "e4m3"
-constexpr int kWeightCodes = 3;
-inline bool weight_bits_valid(int64_t bits) { return bits == 8 || bits == 4 || bits == kFp8Bits; }
-inline int weight_code_index(int64_t bits) { return bits == 4 ? 1 : bits == kFp8Bits ? 2 : 0; }
-constexpr const char* kWeightBitsExpected = "4 (int4), 8 (int8) or 43 (fp8 e4m3)";
 // e4m3 codes widened through float16 (sign and the 7 other bits moved into place) come out as
 // their value / 256, exactly (normal and subnormal codes alike): the kernels fold 256 into the scale.
 constexpr float kE4m3ViaF16 = 256.f;
 
-struct MoeIsa {
+struct QgemmIsa {
     const char* name;
     // out[t * ldo + r] = sum_k x[t][k] * w_r[k] for the 4 rows r of a block and M = 1..4 rows t
     // (index M - 1), dequantising in registers; xsum[t][g] = sum of x[t] over group g (for the zero
-    // points). Index: weight_code_index (0 = int8, 1 = int4, 2 = fp8).
+    // points). Index: the weight format's (weight_format.hpp: 0 = int8, 1 = int4, 2 = fp8).
     void (*qdot[kWeightCodes][4])(int64_t K, int64_t group, const float* const* x, const float* const* xsum,
                        const QBlock& blk, float* out, int64_t ldo);
     // dst[r * kb + p] = w_r[k0 + p] for the 4 rows of each of n blocks (row r = 4 * block + row in
@@ -97,7 +92,5 @@ struct MoeIsa {
     void (*qdot_fp8_bf16[4])(int64_t K, int64_t group, const uint16_t* const* x, const QBlock& blk, float* out,
                              int64_t ldo);
 };
-
-const MoeIsa& moe_isa();
 
 }  // namespace mla

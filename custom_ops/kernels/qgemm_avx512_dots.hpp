@@ -1,0 +1,126 @@
+// An ISA-only island of qgemm_impl.hpp: the AVX-512 table's f32 dots: int4 codes through a lookup, fp8
+// codes, and fp8 codes on bf16 rows (AVX512-BF16). Included only by qgemm_impl.hpp, inside its
+// namespaces and under its #if for this ISA, so the code compiles exactly as if it stood there (no
+// include guard, no includes of its own).
+// int4 with AVX-512: a 16-entry table per row and group holds the 16 dequantised values
+// (c - zp) * s, and vpermps looks each code up (its index is the low 4 bits of each dword, so the
+// zero-extended byte indexes the low nibble as it is and the byte shifted by 4 the high one).
+// One lookup replaces the mask, the int -> float conversion and the scale; no zero-point term.
+template <int M>
+void qdot4_lut(int64_t K, int64_t group, const float* const* x, const QBlock& blk, float* out, int64_t ldo) {
+    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __m512 acc[4][M];
+    for (int r = 0; r < 4; ++r)
+        for (int t = 0; t < M; ++t) acc[r][t] = _mm512_setzero_ps();
+    const int64_t groups = K / group;
+    for (int64_t g = 0; g < groups; ++g) {
+        __m512 lut[4];
+        for (int r = 0; r < 4; ++r)
+            lut[r] = _mm512_mul_ps(_mm512_sub_ps(iota, _mm512_set1_ps(static_cast<float>(blk.zp[r][g]))),
+                                   _mm512_set1_ps(blk.s[r][g]));
+        const int64_t k0 = g * group, k1 = k0 + group;
+        for (int64_t k = k0; k < k1; k += 32) {
+            const uint8_t* chunk = blk.q + (k / 32) * 64;
+            __m512 lo[4], hi[4];
+            for (int r = 0; r < 4; ++r) {
+                const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(chunk + 16 * r)));
+                lo[r] = _mm512_permutexvar_ps(b, lut[r]);
+                hi[r] = _mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), lut[r]);
+            }
+            for (int t = 0; t < M; ++t) {
+                const __m512 xl = _mm512_loadu_ps(x[t] + k), xh = _mm512_loadu_ps(x[t] + k + 16);
+                for (int r = 0; r < 4; ++r) acc[r][t] = _mm512_fmadd_ps(hi[r], xh, _mm512_fmadd_ps(lo[r], xl, acc[r][t]));
+            }
+        }
+    }
+    for (int t = 0; t < M; ++t)
+        for (int r = 0; r < 4; ++r) out[t * ldo + r] = _mm512_reduce_add_ps(acc[r][t]);
+}
+
+template <int M>
+void qdot4(int64_t K, int64_t group, const float* const* x, const float* const*, const QBlock& blk, float* out,
+           int64_t ldo) {
+    qdot4_lut<M>(K, group, x, blk, out, ldo);
+}
+
+// fp8 (e4m3) codes with AVX-512: each row's 16 codes of a chunk widened through float16
+// (widen_e4m3's bit moves on 16-bit lanes, then vcvtph2ps), M tokens' FMAs on them, each group's
+// sums folded in with its scale x 2^8. Decode streams the codes: 1-2 tokens prefetch 2 KB ahead on
+// Intel cores (as the int8 dots, qdot_q8), which the hardware prefetcher alone does not keep up with.
+template <int M>
+void qdot_fp8(int64_t K, int64_t group, const float* const* x, const float* const*, const QBlock& blk, float* out,
+              int64_t ldo) {
+    static const bool intel = __builtin_cpu_is("intel");
+    const bool prefetch = intel && M <= 2;
+    const __m256i sign = _mm256_set1_epi16(0x80);
+    __m512 tot[4][M];
+    for (int r = 0; r < 4; ++r)
+        for (int t = 0; t < M; ++t) tot[r][t] = _mm512_setzero_ps();
+    const int64_t groups = K / group;
+    for (int64_t g = 0; g < groups; ++g) {
+        __m512 acc[4][M];
+        for (int r = 0; r < 4; ++r)
+            for (int t = 0; t < M; ++t) acc[r][t] = _mm512_setzero_ps();
+        for (int64_t k = g * group; k < (g + 1) * group; k += 16) {
+            const uint8_t* chunk = blk.q + (k / 16) * 64;
+            if (prefetch) _mm_prefetch(reinterpret_cast<const char*>(chunk + 2048), _MM_HINT_T0);
+            __m512 w[4];
+            for (int r = 0; r < 4; ++r) {
+                // (c + (c & 0x80)) << 7: the 7 low bits to 7..13 and the sign, doubled, to bit 15
+                const __m256i c = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(chunk + 16 * r)));
+                w[r] = _mm512_cvtph_ps(_mm256_slli_epi16(_mm256_add_epi16(c, _mm256_and_si256(c, sign)), 7));
+            }
+            for (int t = 0; t < M; ++t) {
+                const __m512 xv = _mm512_loadu_ps(x[t] + k);
+                for (int r = 0; r < 4; ++r) acc[r][t] = _mm512_fmadd_ps(w[r], xv, acc[r][t]);
+            }
+        }
+        for (int r = 0; r < 4; ++r) {
+            const __m512 s = _mm512_set1_ps(blk.s[r][g] * kE4m3ViaF16);
+            for (int t = 0; t < M; ++t) tot[r][t] = _mm512_fmadd_ps(acc[r][t], s, tot[r][t]);
+        }
+    }
+    for (int t = 0; t < M; ++t)
+        for (int r = 0; r < 4; ++r) out[t * ldo + r] = _mm512_reduce_add_ps(tot[r][t]);
+}
+#define MLA_QGEMM_QDOT_FP8 {qdot_fp8<1>, qdot_fp8<2>, qdot_fp8<3>, qdot_fp8<4>}
+
+#if defined(__AVX512BF16__)
+// QgemmIsa::qdot_fp8_bf16: 32 inputs a step, a row's two 16-code chunks (k and k + 16: one 64-byte line
+// apart) made one vector of 32 bf16 weights (e4m3_to_bf16x32). Half the instructions a weight of
+// the f16 route (qdot_fp8), which is what bounds it at 1-2 tokens.
+template <int M>
+void qdot_fp8_bf16(int64_t K, int64_t group, const uint16_t* const* x, const QBlock& blk, float* out, int64_t ldo) {
+    static const bool intel = __builtin_cpu_is("intel");
+    const bool prefetch = intel && M <= 2;
+    __m512 tot[4][M];
+    for (int r = 0; r < 4; ++r)
+        for (int t = 0; t < M; ++t) tot[r][t] = _mm512_setzero_ps();
+    const int64_t groups = K / group;
+    for (int64_t g = 0; g < groups; ++g) {
+        __m512 acc[4][M];
+        for (int r = 0; r < 4; ++r)
+            for (int t = 0; t < M; ++t) acc[r][t] = _mm512_setzero_ps();
+        for (int64_t k = g * group; k < (g + 1) * group; k += 32) {
+            const uint8_t* line = blk.q + (k / 16) * 64;
+            if (prefetch) {
+                _mm_prefetch(reinterpret_cast<const char*>(line + 2048), _MM_HINT_T0);
+                _mm_prefetch(reinterpret_cast<const char*>(line + 2048 + 64), _MM_HINT_T0);
+            }
+            __m512i xv[M];
+            for (int t = 0; t < M; ++t) xv[t] = _mm512_loadu_si512(x[t] + k);
+            for (int r = 0; r < 4; ++r) {
+                const __m512i w = e4m3_to_bf16x32(line + 16 * r, line + 64 + 16 * r);
+                for (int t = 0; t < M; ++t) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)w, (__m512bh)xv[t]);
+            }
+        }
+        for (int r = 0; r < 4; ++r) {
+            const __m512 s = _mm512_set1_ps(blk.s[r][g]);
+            for (int t = 0; t < M; ++t) tot[r][t] = _mm512_fmadd_ps(acc[r][t], s, tot[r][t]);
+        }
+    }
+    for (int t = 0; t < M; ++t)
+        for (int r = 0; r < 4; ++r) out[t * ldo + r] = _mm512_reduce_add_ps(tot[r][t]);
+}
+#define MLA_QGEMM_FP8_BF16 {qdot_fp8_bf16<1>, qdot_fp8_bf16<2>, qdot_fp8_bf16<3>, qdot_fp8_bf16<4>}
+#endif

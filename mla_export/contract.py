@@ -473,12 +473,18 @@ class Contract:
     def chat_template(self) -> str | None:
         return self.raw["chat_template"]
 
+    def _io(self, variant: str, key: str) -> list:
+        if variant == "mtp":  # the MTP draft graph's
+            return (self.mtp or {}).get(key, [])
+        return self.raw[key] if variant == "custom" else (self.raw["portable"] or {}).get(key, [])
+
     def inputs(self, variant: str = "custom") -> list[TensorSpec]:
-        items = self.raw["inputs"] if variant == "custom" else (self.raw["portable"] or {}).get("inputs", [])
+        """The I/O of a graph: variant custom, portable or mtp (the MTP draft)."""
+        items = self._io(variant, "inputs")
         return [TensorSpec(t["name"], tuple(t["shape"]), t["dtype"], t["meaning"]) for t in items]
 
     def outputs(self, variant: str = "custom") -> list[TensorSpec]:
-        items = self.raw["outputs"] if variant == "custom" else (self.raw["portable"] or {}).get("outputs", [])
+        items = self._io(variant, "outputs")
         return [TensorSpec(t["name"], tuple(t["shape"]), t["dtype"], t["meaning"]) for t in items]
 
     def graph_path(self, key: str) -> Path | None:

@@ -332,6 +332,21 @@ class TestGreedyIdentical:
         assert hit_stats["prefix_cache_hits"] > 0
 
 
+@pytest.mark.parametrize("flags", [("--portable",), ("--weight-format", "int8", "--kv-dtype", "int8")],
+                         ids=["portable", "int8"])
+def test_other_export_forms(mtp_model, tmp_path, rng, flags):
+    """With the portable graph beside it (the draft has none: its variant is left out) and with
+    int8 weights (the fused MoE op, the IR's own source graph) and an int8 cache: the draft is
+    exported and greedy output with it equals plain, in both runtimes."""
+    out = _export(mtp_model[0], tmp_path / "export", *flags)
+    prompts = prompts_of(rng, 3)
+    for runtime in RUNTIMES:
+        plain, _ = run(out, prompts, runtime=runtime)
+        got, stats = run(out, prompts, spec=mtp(2), runtime=runtime)
+        assert tokens(got) == tokens(plain)
+        assert stats["spec_decode_num_draft_tokens"] > 0
+
+
 class TestPlantedAcceptance:
     """A checkpoint whose MTP layer predicts what the target will say (_planted): nearly every
     draft is accepted, the output still equals plain greedy, and the counters add up."""

@@ -65,6 +65,7 @@ def build_mtp_onnx(cfg: MLAModelConfig, reader: CheckpointReader, out_dir: Path,
     onnxruntime graph; "openvino": the IR's own source where its MoE form differs), on one
     weights file mtp_draft.onnx.data. Returns variant -> path."""
     variants = [v for v in variants if v != "portable"]  # the draft runs on the custom ops only
+    moe_forms = {v: form for v, form in moe_forms.items() if v in variants} if moe_forms else None
     store = WeightStore(Path(out_dir) / MTP_FILES["onnx_data"], weight_format)
     try:
         g = GraphBuilder(store, variants)

@@ -283,6 +283,25 @@ class TestConfigAndRefusals:
         assert contract.mtp_path("openvino_xml").is_file() and contract.mtp_path("onnx").is_file()
         assert [i.name for i in contract.inputs("mtp")][-2:] == ["hidden_states", "kv_cache.3"]
 
+    def test_draft_files_verified(self, mtp_model, tmp_path):
+        """The draft's files carry digests like the model's: `mla-export verify` and loading check them."""
+        import shutil
+
+        from mla_export.cli import main
+        from mla_export.contract import ContractError, load_contract
+
+        out = tmp_path / "copy"
+        shutil.copytree(mtp_model[1], out)
+        assert main(["verify", str(out)]) == 0
+        with open(out / "mtp_draft.onnx.data", "r+b") as f:
+            f.seek(100)
+            byte = f.read(1)
+            f.seek(100)
+            f.write(bytes([byte[0] ^ 0xFF]))
+        assert main(["verify", str(out)]) != 0
+        with pytest.raises(ContractError, match="mtp_draft.onnx.data"):
+            load_contract(out, "full")
+
     def test_tampered_draft_io_refused(self, mtp_model, tmp_path):
         import shutil
 

@@ -302,6 +302,26 @@ class TestConfigAndRefusals:
         with pytest.raises(ContractError, match="mtp_draft.onnx.data"):
             load_contract(out, "full")
 
+    def test_declared_but_missing_layer_noted(self, tmp_path):
+        """config.json declares an MTP layer whose weights the checkpoint lacks (as the bench
+        checkpoints of V3 once were): the model exports, without a draft, and the export says why."""
+        from mla_export.contract import load_contract
+        from mla_export.export.exporter import export_model
+        from mla_export.export.progress import ExportProgress
+
+        ckpt = make_numpy_checkpoint(tmp_path / "ckpt", "deepseek_v3", seed=5)
+        cfg = json.loads((ckpt / "config.json").read_text())
+        (ckpt / "config.json").write_text(json.dumps(dict(cfg, num_nextn_predict_layers=1)))
+        notes = []
+
+        class Notes(ExportProgress):
+            def note(self, line):
+                notes.append(line)
+
+        export_model(ckpt, tmp_path / "out", fmt="openvino", kv_dtype="f32", progress=Notes())
+        assert load_contract(tmp_path / "out").mtp is None
+        assert any("no model.layers.3.eh_proj.weight" in n and "no MTP draft" in n for n in notes), notes
+
     def test_tampered_draft_io_refused(self, mtp_model, tmp_path):
         import shutil
 

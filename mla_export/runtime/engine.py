@@ -278,7 +278,7 @@ class LLMEngine:
         counts = [n for _, n in sched.scheduled]
         num_logits = [self._logit_rows(r, s, n) for r, s, n in zip(reqs, starts, counts)]
         # MTP: the block tables as the step ran (the draft writes its rows at the same slots afterwards)
-        tables = [list(self.kv_cache.block_table(r.request_id)) for r in reqs] if self._mtp else reqs
+        tables = [list(self.kv_cache.block_table(r.request_id)) if self._mtp else None for r in reqs]
         logits, hidden, failed = self._execute(reqs, starts, counts, num_logits)
         outputs = [self._fail(req, err) for req, err in failed]
         if failed:

@@ -62,7 +62,7 @@ class MTPDraftRunner:
             raise ValueError(f"the MTP draft's {self.cache_name} is {spec.dtype} {list(spec.shape)}; the cache binds "
                              f"{self._bound.dtype} {list(self._bound.shape)}")
         self._impl = (_OpenVINODraft if runtime == "openvino" else _OrtDraft)(
-            contract, self.cache_name, self._bound, precision, num_threads)
+            contract, self.cache_name, cache, self._bound, precision, num_threads)
         check_cache_written_in_place(
             lambda m: self.run(m, np.zeros((len(m.input_ids), self.hidden_size), np.float32))[0], [cache],
             f"the MTP draft graph ({runtime})", lambda i: f"bound {self._bound.dtype} {list(self._bound.shape)}",
@@ -82,7 +82,8 @@ class MTPDraftRunner:
 
 
 class _OpenVINODraft:
-    def __init__(self, contract: Contract, cache_name: str, bound: np.ndarray, precision: str, num_threads):
+    def __init__(self, contract: Contract, cache_name: str, cache: np.ndarray, bound: np.ndarray, precision: str,
+                 num_threads):
         import openvino as ov
 
         from .. import ov_core
@@ -109,7 +110,7 @@ class _OpenVINODraft:
         # On one thread the plugin can lose an op's exception (executor_openvino.py): check first.
         self._precheck = None
         if int(self.compiled.get_property("INFERENCE_NUM_THREADS") or 0) == 1:
-            self._precheck = dict(num_blocks=bound.shape[0], block_size=bound.shape[1], row_width=bound.shape[2],
+            self._precheck = dict(num_blocks=cache.shape[0], block_size=cache.shape[1], row_width=cache.shape[2],
                                   num_layers=1, vocab_size=contract.model["vocab_size"],
                                   max_positions=contract.model["max_position_embeddings"])
 
@@ -131,7 +132,8 @@ class _OpenVINODraft:
 
 
 class _OrtDraft:
-    def __init__(self, contract: Contract, cache_name: str, bound: np.ndarray, precision: str, num_threads):
+    def __init__(self, contract: Contract, cache_name: str, cache: np.ndarray, bound: np.ndarray, precision: str,
+                 num_threads):
         from .. import ort_tensors
         from ..deps import require
 

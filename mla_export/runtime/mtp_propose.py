@@ -28,6 +28,7 @@ short (draft_rows), so that position runs again and its draft row is rewritten f
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
@@ -36,6 +37,17 @@ from .kv_cache import KVCacheManager
 from .request import Request
 
 __all__ = ["MTPProposer"]
+
+
+@dataclass
+class _Drafting:
+    """A request drafting this step: its committed count c, drafts wanted, drafts so far, last h'."""
+
+    req: Request
+    committed: int
+    wanted: int
+    hidden: np.ndarray
+    drafts: list[int] = field(default_factory=list)
 
 
 class MTPProposer:
@@ -63,31 +75,28 @@ class MTPProposer:
                                   [t for *_, t in seqs], [r.all_token_ids[s + 1:c + 1] for r, s, c, _ in seqs])
         logits, h = self._run(meta, hidden[np.concatenate(rows)])
         # Who drafts: running requests whose next token to run is the one just sampled (t_c).
-        going = []
+        going: list[_Drafting] = []
         for j, (req, s, c, _) in enumerate(seqs):
             k = wanted(req) if req.num_tokens == c + 1 else 0
             if k >= 1:
                 if k > 1 and not self.kv.allocate_slots(req.request_id, c, k - 1):
                     k = 1  # no free block for the later drafts' rows: one draft (its row is at c - 1)
-                going.append([req, c, k, [int(np.argmax(logits[j]))], h[j]])
+                going.append(_Drafting(req, c, k, h[j], [int(np.argmax(logits[j]))]))
         copies = self.kv.take_block_copies()  # none expected (the blocks past c are private); applied first
         if copies:
             self.backend.apply_block_copies(copies)
-        step = 1
-        while True:
-            more = [g for g in going if g[2] > step]
-            if not more:
-                break
-            meta = self.backend.build([c + step for _, c, *_ in more], [1] * len(more),
-                                      [self.kv.block_table(r.request_id) for r, *_ in more],
-                                      [[d[-1]] for *_, d, _ in more])
-            logits, h = self._run(meta, np.stack([hh for *_, hh in more]))
+        step = 1  # draft step+1 runs draft `step` at position c + step - 1
+        while more := [g for g in going if g.wanted > step]:
+            meta = self.backend.build([g.committed + step for g in more], [1] * len(more),
+                                      [self.kv.block_table(g.req.request_id) for g in more],
+                                      [[g.drafts[-1]] for g in more])
+            logits, h = self._run(meta, np.stack([g.hidden for g in more]))
             for j, g in enumerate(more):
-                g[3].append(int(np.argmax(logits[j])))
-                g[4] = h[j]
+                g.drafts.append(int(np.argmax(logits[j])))
+                g.hidden = h[j]
             step += 1
-        for req, _, _, drafts, _ in going:
-            req.spec_token_ids = drafts
+        for g in going:
+            g.req.spec_token_ids = g.drafts
 
     def _run(self, meta, hidden: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         self.num_runs += 1

@@ -41,9 +41,9 @@ _V3_TYPES = ("deepseek_v3", "kimi_k2")  # the families whose MTP layer this grap
 
 
 def mtp_layer(cfg: MLAModelConfig, reader: CheckpointReader) -> tuple[int | None, str | None]:
-    """(the MTP layer's index, None) when the checkpoint has one to export, else (None, why not:
-    None when config.json declares no MTP layer at all, a sentence when it declares one that is
-    not exported)."""
+    """(the MTP layer's index or None, a note for the user or None): None, None when config.json
+    declares no MTP layer; None and why when it declares one that is not exported; the index
+    (and a note when more layers are declared: only the first is exported) otherwise."""
     declared = cfg.raw.get("num_nextn_predict_layers", cfg.raw.get("num_mtp_layers")) or 0
     if isinstance(declared, bool) or not isinstance(declared, int) or declared < 0:
         return None, f"num_nextn_predict_layers {declared!r} is not a count; no MTP draft exported"
@@ -55,6 +55,9 @@ def mtp_layer(cfg: MLAModelConfig, reader: CheckpointReader) -> tuple[int | None
                       f"model.layers.{n}.eh_proj.weight: no MTP draft exported")
     if cfg.model_type not in _V3_TYPES or cfg.sparse or cfg.block["layout"] != "standard":
         return None, f"the MTP draft is built for DeepSeek-V3's layer only, not {cfg.model_type}'s: not exported"
+    if declared > 1:
+        return n, (f"config.json declares {declared} MTP layers: the first (model.layers.{n}) is exported as the "
+                   "draft, the others are not read")
     return n, None
 
 

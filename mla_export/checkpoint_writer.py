@@ -23,7 +23,7 @@ import ml_dtypes
 import numpy as np
 
 __all__ = ["write_random_checkpoint", "tensor_shapes", "save_safetensors", "RANDOM_WEIGHTS_METADATA",
-           "says_random_weights"]
+           "says_random_weights", "mtp_layers"]
 
 # The safetensors metadata every random-weight checkpoint writer here puts in its files (this
 # module, the tiny preset, mla_export/bench/checkpoint.py): the weights themselves say they are
@@ -45,47 +45,71 @@ _NP_DTYPES = {"float32": np.dtype("<f4"), "float16": np.dtype("<f2"), "bfloat16"
 
 def tensor_shapes(model_type: str, c: dict) -> dict[str, tuple[int, ...]]:
     """Every tensor's name and shape, in transformers' naming (unfused experts)."""
-    H, V, nh = c["hidden_size"], c["vocab_size"], c["num_attention_heads"]
-    nope, rope, vd, kvr = c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["v_head_dim"], c["kv_lora_rank"]
-    qr = c.get("q_lora_rank")
+    H, V = c["hidden_size"], c["vocab_size"]
     shapes = {"model.embed_tokens.weight": (V, H)}
     for i in range(c["num_hidden_layers"]):
-        p = f"model.layers.{i}"
-        shapes[f"{p}.input_layernorm.weight"] = (H,)
-        shapes[f"{p}.post_attention_layernorm.weight"] = (H,)
-        a = f"{p}.self_attn"
-        if qr:
-            shapes[f"{a}.q_a_proj.weight"] = (qr, H)
-            shapes[f"{a}.q_a_layernorm.weight"] = (qr,)
-            shapes[f"{a}.q_b_proj.weight"] = (nh * (nope + rope), qr)
-        else:
-            shapes[f"{a}.q_proj.weight"] = (nh * (nope + rope), H)
-        shapes[f"{a}.kv_a_proj_with_mqa.weight"] = (kvr + rope, H)
-        shapes[f"{a}.kv_a_layernorm.weight"] = (kvr,)
-        shapes[f"{a}.kv_b_proj.weight"] = (nh * (nope + vd), kvr)
-        shapes[f"{a}.o_proj.weight"] = (H, nh * vd)
-        m = f"{p}.mlp"
-        if i < c.get("first_k_dense_replace", 0) or not c.get("n_routed_experts"):
-            inter = c["intermediate_size"]
-            shapes.update({f"{m}.gate_proj.weight": (inter, H), f"{m}.up_proj.weight": (inter, H),
-                           f"{m}.down_proj.weight": (H, inter)})
-            continue
-        inter, E = c["moe_intermediate_size"], c["n_routed_experts"]
-        shapes[f"{m}.gate.weight"] = (E, H)
-        if model_type == "deepseek_v3":
-            shapes[f"{m}.gate.e_score_correction_bias"] = (E,)
-        for e in range(E):
-            x = f"{m}.experts.{e}"
-            shapes.update({f"{x}.gate_proj.weight": (inter, H), f"{x}.up_proj.weight": (inter, H),
-                           f"{x}.down_proj.weight": (H, inter)})
-        if c.get("n_shared_experts"):
-            s_inter = inter * c["n_shared_experts"]
-            x = f"{m}.shared_experts"
-            shapes.update({f"{x}.gate_proj.weight": (s_inter, H), f"{x}.up_proj.weight": (s_inter, H),
-                           f"{x}.down_proj.weight": (H, s_inter)})
+        shapes.update(_layer_shapes(model_type, c, i))
     shapes["model.norm.weight"] = (H,)
     if not c.get("tie_word_embeddings", False):
         shapes["lm_head.weight"] = (V, H)
+    # DeepSeek-V3's multi-token-prediction layers, as its checkpoints store them: after the last
+    # decoder layer, at index num_hidden_layers + j (transformers does not load them). Listed last
+    # so that a checkpoint with them draws the same main-model weights as one without, seed for seed.
+    for j in range(mtp_layers(c)):
+        p = f"model.layers.{c['num_hidden_layers'] + j}"
+        shapes.update({f"{p}.enorm.weight": (H,), f"{p}.hnorm.weight": (H,), f"{p}.eh_proj.weight": (H, 2 * H)})
+        shapes.update(_layer_shapes(model_type, c, c["num_hidden_layers"] + j))
+        shapes.update({f"{p}.shared_head.norm.weight": (H,), f"{p}.shared_head.head.weight": (V, H)})
+    return shapes
+
+
+def mtp_layers(c: dict) -> int:
+    """The MTP layers a config declares (num_nextn_predict_layers, transformers' num_mtp_layers)."""
+    n = c.get("num_nextn_predict_layers", c.get("num_mtp_layers")) or 0
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"num_nextn_predict_layers must be a non-negative integer, got {n!r}")
+    return n
+
+
+def _layer_shapes(model_type: str, c: dict, i: int) -> dict[str, tuple[int, ...]]:
+    """One decoder layer's tensors (dense before first_k_dense_replace, MoE from there)."""
+    H, nh = c["hidden_size"], c["num_attention_heads"]
+    nope, rope, vd, kvr = c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["v_head_dim"], c["kv_lora_rank"]
+    qr = c.get("q_lora_rank")
+    shapes = {}
+    p = f"model.layers.{i}"
+    shapes[f"{p}.input_layernorm.weight"] = (H,)
+    shapes[f"{p}.post_attention_layernorm.weight"] = (H,)
+    a = f"{p}.self_attn"
+    if qr:
+        shapes[f"{a}.q_a_proj.weight"] = (qr, H)
+        shapes[f"{a}.q_a_layernorm.weight"] = (qr,)
+        shapes[f"{a}.q_b_proj.weight"] = (nh * (nope + rope), qr)
+    else:
+        shapes[f"{a}.q_proj.weight"] = (nh * (nope + rope), H)
+    shapes[f"{a}.kv_a_proj_with_mqa.weight"] = (kvr + rope, H)
+    shapes[f"{a}.kv_a_layernorm.weight"] = (kvr,)
+    shapes[f"{a}.kv_b_proj.weight"] = (nh * (nope + vd), kvr)
+    shapes[f"{a}.o_proj.weight"] = (H, nh * vd)
+    m = f"{p}.mlp"
+    if i < c.get("first_k_dense_replace", 0) or not c.get("n_routed_experts"):
+        inter = c["intermediate_size"]
+        shapes.update({f"{m}.gate_proj.weight": (inter, H), f"{m}.up_proj.weight": (inter, H),
+                       f"{m}.down_proj.weight": (H, inter)})
+        return shapes
+    inter, E = c["moe_intermediate_size"], c["n_routed_experts"]
+    shapes[f"{m}.gate.weight"] = (E, H)
+    if model_type == "deepseek_v3":
+        shapes[f"{m}.gate.e_score_correction_bias"] = (E,)
+    for e in range(E):
+        x = f"{m}.experts.{e}"
+        shapes.update({f"{x}.gate_proj.weight": (inter, H), f"{x}.up_proj.weight": (inter, H),
+                       f"{x}.down_proj.weight": (H, inter)})
+    if c.get("n_shared_experts"):
+        s_inter = inter * c["n_shared_experts"]
+        x = f"{m}.shared_experts"
+        shapes.update({f"{x}.gate_proj.weight": (s_inter, H), f"{x}.up_proj.weight": (s_inter, H),
+                       f"{x}.down_proj.weight": (H, s_inter)})
     return shapes
 
 

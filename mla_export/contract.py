@@ -40,6 +40,7 @@ from .export_paths import inside
 from .json_file import read_json
 
 __all__ = ["CONTRACT_FILE", "CONTRACT_VERSION", "Contract", "ContractError", "TensorSpec", "graph_io", "cache_layout",
+           "mtp_graph_io", "MTP_FILE_KEYS",
            "index_cache_layout",
            "CACHE_DTYPES",
            "load_contract", "read_contract", "validate_contract", "schema", "normalize_dtype"]
@@ -123,11 +124,12 @@ def index_cache_layout(kv_dtype: str, index_dim: int) -> tuple[str, int, str]:
 
 def graph_io(num_layers: int, block_size: int, row_width: int, kv_dtype: str,
              variant: str = "custom", kv_lora_rank: int | None = None,
-             index: tuple[int, int] | None = None) -> tuple[list[TensorSpec], list[TensorSpec]]:
+             index: tuple[int, int] | None = None, hidden: int | None = None) -> tuple[list[TensorSpec], list[TensorSpec]]:
     """Inputs and outputs of a graph: variant "custom" (openvino / onnx with the MLA ops) or
     "portable" (standard ONNX ops, caches returned). kv_lora_rank is needed for int8/fp8 caches.
     index: (indexer layers, D) of a sparse-attention model: its `index_cache.<j>` inputs follow
-    the latent caches (custom graphs only)."""
+    the latent caches (custom graphs only). hidden: hidden_size of an export with an MTP draft
+    (the main graph then also returns every new token's last hidden state, which the draft reads)."""
     graph_dtype, graph_width, layout = cache_layout(kv_dtype, row_width, kv_lora_rank)
     if variant not in ("custom", "portable"):
         raise ContractError(f"graph variant must be custom or portable, got {variant!r}")
@@ -155,11 +157,38 @@ def graph_io(num_layers: int, block_size: int, row_width: int, kv_dtype: str,
                                      f"indexer keys of indexer layer {j}: rows {i_layout}"
                                      f"{' as raw bytes' if i_dtype == 'u8' else ''}, written in place"))
     outputs = [TensorSpec("logits", ("L", "vocab"), "f32", "next-token logits of the rows logits_indices picks")]
+    if hidden:
+        outputs.append(TensorSpec("hidden_states", ("T", hidden), "f32",
+                                  "every new token's hidden state after the last decoder layer, before the final "
+                                  "norm (the MTP draft's input)"))
     if variant == "portable":
         for i in range(num_layers):
             outputs.append(TensorSpec(f"kv_cache_out.{i}", ("NB", block_size, row_width), kv_dtype,
                                       f"layer {i}'s cache after this step's writes"))
     return inputs, outputs
+
+
+def mtp_graph_io(block_size: int, row_width: int, kv_dtype: str, kv_lora_rank: int | None, hidden: int,
+                 layer_index: int) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """Inputs and outputs of the MTP draft graph (custom ops only): the metadata of a step, the
+    main model's hidden state of each new token's previous position, and the draft layer's own
+    cache, `kv_cache.<layer_index>` (its rows at the main cache's slots). Row t of a step is the
+    MTP layer at position positions[t]: input_ids[t] is the token after that position."""
+    inputs, _ = graph_io(1, block_size, row_width, kv_dtype, "custom", kv_lora_rank)
+    metadata, cache = inputs[:-1], inputs[-1]
+    cache = TensorSpec(f"kv_cache.{layer_index}", cache.shape, cache.dtype,
+                       cache.meaning.replace("layer 0", f"the MTP layer ({layer_index})"))
+    hidden_in = TensorSpec("hidden_states", ("T", hidden), "f32",
+                           "the main model's last hidden state (before the final norm) at each row's position, or "
+                           "the draft's own mtp_hidden_states for a further draft step")
+    outputs = [TensorSpec("logits", ("L", "vocab"), "f32", "draft logits (of the token two positions on) of the rows "
+                          "logits_indices picks"),
+               TensorSpec("mtp_hidden_states", ("L", hidden), "f32",
+                          "the MTP layer's output at those rows, before shared_head.norm (the next draft step's input)")]
+    return [*metadata, hidden_in, cache], outputs
+
+
+MTP_FILE_KEYS = ("openvino_xml", "openvino_bin", "onnx", "onnx_data")
 
 
 # ------------------------------------------------------------------------------- validation
@@ -305,13 +334,32 @@ def validate_contract(raw: dict, out_dir: str | Path | None = None, verify: str 
     elif model.get("sparse_attention"):
         raise ContractError("mla_graph.json: model.sparse_attention is given but cache.index is not")
     index_io = (index["num_layers"], index["row_width"]) if index else None
+    mtp = raw.get("mtp")
+    hidden = None
+    if mtp is not None:
+        hidden = model["hidden_size"]
+        if mtp["hidden_size"] != hidden:
+            raise ContractError(f"mla_graph.json: mtp.hidden_size {mtp['hidden_size']} != model.hidden_size {hidden}")
+        if index:
+            raise ContractError("mla_graph.json: mtp: an MTP draft of a sparse-attention model is not supported")
+        with _key("mtp"):
+            want_in, want_out = mtp_graph_io(cache["block_size"], cache["row_width"], cache["dtype"],
+                                             model["kv_lora_rank"], hidden, mtp["layer_index"])
+        for label, got, want in (("inputs", mtp["inputs"], want_in), ("outputs", mtp["outputs"], want_out)):
+            got_key = [(t["name"], list(t["shape"]), t["dtype"]) for t in got]
+            want_key = [(t.name, list(t.shape), t.dtype) for t in want]
+            if got_key != want_key:
+                raise ContractError(f"mla_graph.json: mtp.{label} differ from contract version {CONTRACT_VERSION}: "
+                                    f"{_first_difference(got_key, want_key)}")
+        if not (mtp["files"]["openvino_xml"] or mtp["files"]["onnx"]):
+            raise ContractError("mla_graph.json: mtp.files: no draft graph file is listed (openvino_xml and onnx are null)")
     variants = [("custom", raw["inputs"], raw["outputs"])]
     if raw["portable"] is not None:
         variants.append(("portable", raw["portable"]["inputs"], raw["portable"]["outputs"]))
     for variant, inputs, outputs in variants:
         with _key(variant if variant == "portable" else "cache"):
             want_in, want_out = graph_io(model["num_layers"], cache["block_size"], cache["row_width"], cache["dtype"],
-                                         variant, model["kv_lora_rank"], index_io)
+                                         variant, model["kv_lora_rank"], index_io, hidden)
         for label, got, want in (("inputs", inputs, want_in), ("outputs", outputs, want_out)):
             got_key = [(t["name"], _renamed_dims(t["name"], list(t["shape"])), t["dtype"]) for t in got]
             want_key = [(t.name, list(t.shape), t.dtype) for t in want]
@@ -329,6 +377,10 @@ def validate_contract(raw: dict, out_dir: str | Path | None = None, verify: str 
     if out_dir is not None:
         listed = [f for f in files.values() if f] + ([raw["tokenizer"]["file"]] if raw["tokenizer"] else [])
         named = [(f"files.{k}", v) for k, v in files.items() if v]
+        if mtp is not None:
+            mtp_files = [(f"mtp.files.{k}", v) for k, v in mtp["files"].items() if v]
+            named += mtp_files
+            listed += [v for _, v in mtp_files]
         if raw["tokenizer"]:
             named.append(("tokenizer.file", raw["tokenizer"]["file"]))
         for key, f in named:
@@ -408,15 +460,31 @@ class Contract:
         return self.raw["files"]
 
     @property
+    def mtp(self) -> dict | None:
+        """The MTP draft's entry (layer_index, hidden_size, files, inputs, outputs), None without one."""
+        return self.raw.get("mtp")
+
+    def mtp_path(self, key: str) -> Path | None:
+        """Path of the MTP draft's files[key] (openvino_xml, openvino_bin, onnx, onnx_data) or None."""
+        name = (self.mtp or {}).get("files", {}).get(key)
+        return inside(self.out_dir, name, f"mtp.files.{key}") if name else None
+
+    @property
     def chat_template(self) -> str | None:
         return self.raw["chat_template"]
 
+    def _io(self, variant: str, key: str) -> list:
+        if variant == "mtp":  # the MTP draft graph's
+            return (self.mtp or {}).get(key, [])
+        return self.raw[key] if variant == "custom" else (self.raw["portable"] or {}).get(key, [])
+
     def inputs(self, variant: str = "custom") -> list[TensorSpec]:
-        items = self.raw["inputs"] if variant == "custom" else (self.raw["portable"] or {}).get("inputs", [])
+        """The I/O of a graph: variant custom, portable or mtp (the MTP draft)."""
+        items = self._io(variant, "inputs")
         return [TensorSpec(t["name"], tuple(t["shape"]), t["dtype"], t["meaning"]) for t in items]
 
     def outputs(self, variant: str = "custom") -> list[TensorSpec]:
-        items = self.raw["outputs"] if variant == "custom" else (self.raw["portable"] or {}).get("outputs", [])
+        items = self._io(variant, "outputs")
         return [TensorSpec(t["name"], tuple(t["shape"]), t["dtype"], t["meaning"]) for t in items]
 
     def graph_path(self, key: str) -> Path | None:
@@ -506,12 +574,14 @@ _NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")
 
 
 def make_contract(*, model: dict, block_size: int, kv_dtype: str, files: dict, tokenizer: dict | None,
-                  chat_template: str | None, export: dict) -> dict:
-    """The mla_graph.json content for an export (validated before it is returned)."""
+                  chat_template: str | None, export: dict, mtp: dict | None = None) -> dict:
+    """The mla_graph.json content for an export (validated before it is returned). mtp: the MTP
+    draft's {"layer_index": N, "files": {openvino_xml, openvino_bin, onnx, onnx_data}}, or None."""
     row_width, r = model["kv_lora_rank"] + model["qk_rope_head_dim"], model["kv_lora_rank"]
     sparse = model.get("sparse_attention")
     index_io = (sparse["indexer_types"].count("full"), sparse["index_head_dim"]) if sparse else None
-    inputs, outputs = graph_io(model["num_layers"], block_size, row_width, kv_dtype, "custom", r, index_io)
+    hidden = model["hidden_size"] if mtp else None
+    inputs, outputs = graph_io(model["num_layers"], block_size, row_width, kv_dtype, "custom", r, index_io, hidden)
     graph_dtype, graph_width, layout = cache_layout(kv_dtype, row_width, r)
     index = None
     if index_io:
@@ -520,7 +590,7 @@ def make_contract(*, model: dict, block_size: int, kv_dtype: str, files: dict, t
                      row_layout=i_layout)
     portable = None
     if files.get("onnx_portable"):
-        p_in, p_out = graph_io(model["num_layers"], block_size, row_width, kv_dtype, "portable", r, index_io)
+        p_in, p_out = graph_io(model["num_layers"], block_size, row_width, kv_dtype, "portable", r, index_io, hidden)
         portable = dict(inputs=[t.to_json() for t in p_in], outputs=[t.to_json() for t in p_out])
     raw = dict(
         format="mla_graph", version=CONTRACT_VERSION, model=model,
@@ -530,7 +600,13 @@ def make_contract(*, model: dict, block_size: int, kv_dtype: str, files: dict, t
         inputs=[t.to_json() for t in inputs], outputs=[t.to_json() for t in outputs], portable=portable,
         files={k: files.get(k) for k in ("openvino_xml", "openvino_bin", "onnx", "onnx_portable", "onnx_data")},
         tokenizer=tokenizer, chat_template=chat_template, export=export)
-    for name in filter(None, raw["files"].values()):
+    if mtp:
+        m_in, m_out = mtp_graph_io(block_size, row_width, kv_dtype, r, hidden, mtp["layer_index"])
+        raw["mtp"] = dict(num_layers=1, layer_index=mtp["layer_index"], hidden_size=hidden,
+                          files={k: mtp["files"].get(k) for k in MTP_FILE_KEYS},
+                          inputs=[t.to_json() for t in m_in], outputs=[t.to_json() for t in m_out])
+    names = list(raw["files"].values()) + (list(raw["mtp"]["files"].values()) if mtp else [])
+    for name in filter(None, names):
         if not _NAME.match(name):
             raise ContractError(f"file name {name!r} must be a plain name inside the export directory")
     validate_contract(raw)

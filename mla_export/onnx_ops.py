@@ -158,11 +158,13 @@ STEP_INPUTS = ("input_ids", "positions", "slot_mapping", "query_start_loc", "seq
 CHECKED = {name: f"{name}.checked" for name in STEP_INPUTS[:3]}  # what the graph reads instead
 
 
-def step_check_node(num_layers: int, vocab_size: int, max_positions: int, name: str = "step_check"):
+def step_check_node(num_layers: int, vocab_size: int, max_positions: int, name: str = "step_check",
+                    caches: list[str] | None = None):
     """The graph's first node: validates the whole step; the rest of the graph reads input_ids,
     positions and slot_mapping only through its outputs (CHECKED), so no cache write can run
-    before the step was accepted."""
-    caches = [f"kv_cache.{i}" for i in range(num_layers)]
+    before the step was accepted. caches: the cache inputs (default kv_cache.0 .. num_layers - 1;
+    the MTP draft graph's one is kv_cache.<its layer index>)."""
+    caches = caches or [f"kv_cache.{i}" for i in range(num_layers)]
     return helper.make_node("MlaStepCheck", [*STEP_INPUTS, *caches], list(CHECKED.values()), name=name,
                             domain=DOMAIN, vocab_size=int(vocab_size), max_positions=int(max_positions))
 

@@ -221,4 +221,8 @@ def make_numpy_checkpoint(out_dir, model_type: str = "deepseek_v3", seed: int = 
 
 
 # The CLI's presets are written with numpy, so `mla-export export --preset tiny` needs no torch.
-PRESETS = {"tiny": lambda out_dir: make_numpy_checkpoint(out_dir, "deepseek_v3", seed=0)}
+# tiny-mtp: the same model plus DeepSeek-V3's multi-token-prediction layer (its MTP draft is
+# exported beside the model, for speculative decoding with method "mtp").
+PRESETS = {"tiny": lambda out_dir: make_numpy_checkpoint(out_dir, "deepseek_v3", seed=0),
+           "tiny-mtp": lambda out_dir: make_numpy_checkpoint(out_dir, "deepseek_v3", seed=0,
+                                                             num_nextn_predict_layers=1)}

@@ -82,7 +82,7 @@ class TestSpeculativeConfig:
         assert SpeculativeConfig.parse(None) is None
 
     @pytest.mark.parametrize("value, words", [
-        ({"method": "mtp", "num_speculative_tokens": 1}, ["'mtp'", "not built yet"]),
+        ({"method": "glm4_moe_mtp", "num_speculative_tokens": 1}, ["'glm4_moe_mtp'", "not built"]),
         ({"method": "eagle", "num_speculative_tokens": 1}, ["'eagle'", "not supported"]),
         ({"method": "ngram"}, ["num_speculative_tokens"]),
         ({"method": "ngram", "num_speculative_tokens": 0}, ["num_speculative_tokens", ">= 1"]),
@@ -99,8 +99,9 @@ class TestSpeculativeConfig:
             assert w in str(e.value)
 
     def test_engine_refuses_before_loading(self, tmp_path):
-        with pytest.raises(ValueError, match="'mtp' is not built yet"):
-            LLMEngine(tmp_path / "nothing-here", speculative_config={"method": "mtp", "num_speculative_tokens": 1})
+        with pytest.raises(ValueError, match="'glm4_moe_mtp' is not built"):
+            LLMEngine(tmp_path / "nothing-here", speculative_config={"method": "glm4_moe_mtp",
+                                                                     "num_speculative_tokens": 1})
 
 
 def brute_force(tokens: list[int], k: int, n_max: int, n_min: int) -> list[int]:
@@ -513,8 +514,8 @@ class TestLLMAndServer:
     def test_serve_refuses_other_methods(self, tiny):
         proc = subprocess.run([sys.executable, "-m", "mla_export.cli", "serve", str(tiny), "--port", "0",
                                "--speculative-config",
-                               '{"method": "mtp", "num_speculative_tokens": 1}'], capture_output=True, text=True,
-                              timeout=120)
+                               '{"method": "glm4_moe_mtp", "num_speculative_tokens": 1}'], capture_output=True,
+                              text=True, timeout=120)
         assert proc.returncode == 2
-        assert "--speculative-config" in proc.stderr and "'mtp' is not built yet" in proc.stderr
+        assert "--speculative-config" in proc.stderr and "'glm4_moe_mtp' is not built" in proc.stderr
         assert "Traceback" not in proc.stderr

@@ -1,7 +1,8 @@
-"""Speculative decoding with n-gram drafts against plain decoding, at batch 1: decode speed
+"""Speculative decoding with n-gram (or MTP) drafts against plain decoding, at batch 1: decode speed
 (alternated A B A B, medians) and the cost of a verify step of k + 1 tokens against a 1-token step.
 
     python tools/bench_spec_decode.py EXPORT --k 3 --rounds 5 [--prompts prompts.json]
+    python tools/bench_spec_decode.py EXPORT --method mtp --k 1      # an export with an MTP draft
 
 The export is loaded twice in one process (plain, and with speculative_config), prefix caching
 off (each run prefills its prompt), greedy, one request at a time. Without --prompts the prompt
@@ -89,6 +90,8 @@ def main() -> int:
     ap.add_argument("--runtime", default="openvino", choices=("openvino", "onnxruntime"))
     ap.add_argument("--precision", default="bf16", choices=("bf16", "f32"))
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--method", default="ngram", choices=("ngram", "mtp"),
+                    help="ngram, or mtp (the export's MTP draft graph; the --lookup-* options do not apply)")
     ap.add_argument("--k", type=int, default=3, help="num_speculative_tokens")
     ap.add_argument("--lookup-max", type=int, default=4)
     ap.add_argument("--lookup-min", type=int, default=1)
@@ -108,6 +111,8 @@ def main() -> int:
             raise SystemExit(f"--{name.replace('_', '-')} must be >= 1")
     spec = {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_max": args.lookup_max,
             "prompt_lookup_min": args.lookup_min}
+    if args.method == "mtp":
+        spec = {"method": "mtp", "num_speculative_tokens": args.k}
     engines = {"plain": _engine(args.export, None, args), "spec": _engine(args.export, spec, args)}
     prompts = _prompts(args, engines["plain"].facts.vocab_size)
     for e in engines.values():  # warm-up
@@ -129,7 +134,7 @@ def main() -> int:
         "acceptance_rate": accepted / drafts if drafts else 0.0,
         "accepted_per_verify_step": accepted / steps if steps else 0.0,
     }
-    print(f"decode at batch 1: plain {result['decode_tok_s_plain']:.1f} tok/s, n-gram k={args.k} "
+    print(f"decode at batch 1: plain {result['decode_tok_s_plain']:.1f} tok/s, {args.method} k={args.k} "
           f"{result['decode_tok_s_spec']:.1f} tok/s (speed-up {result['speedup']:.2f}x); acceptance "
           f"{result['acceptance_rate']:.2f}, {result['accepted_per_verify_step']:.2f} drafts accepted per verify step",
           flush=True)

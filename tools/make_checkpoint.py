@@ -4,6 +4,7 @@
     python tools/make_checkpoint.py /work/ckpt/v2lite-3l --layers 3            # 1 dense + 2 MoE, 3.3 GB
     python tools/make_checkpoint.py /work/ckpt/v2lite --layers 27              # the full V2-Lite, 31.4 GB
     python tools/make_checkpoint.py /work/ckpt/v3-4l --shape v3 --layers 4     # 3 dense + 1 MoE, 30.2 GB
+    python tools/make_checkpoint.py /work/ckpt/v3-mtp --shape v3 --layers 4 --mtp   # + V3's MTP layer
 
 The directory holds config.json (the hub model's config, num_hidden_layers and
 first_k_dense_replace adapted), sharded bf16 safetensors with model.safetensors.index.json, a
@@ -48,12 +49,15 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", choices=["bf16", "f16", "f32"], default="bf16")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--shard-size", type=float, default=4.0, help="largest shard, GiB (default 4)")
+    p.add_argument("--mtp", action="store_true",
+                   help="add DeepSeek-V3's multi-token-prediction layer (model.layers.<layers>.*: enorm, hnorm, "
+                        "eh_proj, a MoE decoder layer, shared_head), num_nextn_predict_layers 1 (--shape v3 only)")
     p.add_argument("--no-tokenizer", action="store_true")
     p.add_argument("--overwrite", action="store_true")
     p.add_argument("--dry-run", action="store_true", help="print the size and exit")
     a = p.parse_args(argv)
     try:
-        cfg = checkpoint_config(a.shape, a.layers, a.dense_layers)
+        cfg = checkpoint_config(a.shape, a.layers, a.dense_layers, a.mtp)
         total = size_bytes(cfg, a.dtype)
         print(f"{a.shape}: {cfg['num_hidden_layers']} layers ({cfg['first_k_dense_replace']} dense), "
               f"{total / 1e9:.2f} GB {a.dtype} -> {a.out_dir}", flush=True)
@@ -68,7 +72,7 @@ def main(argv=None) -> int:
 
         write_checkpoint(a.out_dir, a.shape, a.layers, seed=a.seed, dtype=a.dtype, dense_layers=a.dense_layers,
                          max_shard_bytes=int(a.shard_size * 2**30), tokenizer=not a.no_tokenizer,
-                         overwrite=a.overwrite, progress=progress)
+                         overwrite=a.overwrite, progress=progress, mtp=a.mtp)
     except CheckpointWriteError as e:
         print(f"make_checkpoint: {e}", file=sys.stderr)
         return 2

@@ -130,10 +130,12 @@ class TensorSpec:
         return int(np.prod(self.shape, dtype=np.int64))
 
 
-def checkpoint_config(shape: str, layers: int | None = None, dense_layers: int | None = None) -> dict:
+def checkpoint_config(shape: str, layers: int | None = None, dense_layers: int | None = None,
+                      mtp: bool = False) -> dict:
     """The config.json of `shape` with `layers` decoder layers (default: the real model's count).
     The first min(real first_k_dense_replace, layers - 1) layers are dense unless `dense_layers`
-    says otherwise, so that any layer count >= 2 keeps at least one MoE layer."""
+    says otherwise, so that any layer count >= 2 keeps at least one MoE layer. mtp: with V3's
+    multi-token-prediction layer (num_nextn_predict_layers 1, as the released config)."""
     if shape not in SHAPES:
         raise CheckpointWriteError(f"shape must be one of {', '.join(SHAPES)}, got {shape!r}")
     cfg = json.loads(json.dumps(SHAPES[shape].config))
@@ -144,57 +146,79 @@ def checkpoint_config(shape: str, layers: int | None = None, dense_layers: int |
     if not isinstance(dense, int) or not 0 <= dense <= n:
         raise CheckpointWriteError(f"--dense-layers must be between 0 and --layers ({n}), got {dense_layers!r}")
     cfg["num_hidden_layers"], cfg["first_k_dense_replace"] = n, dense
+    if mtp:
+        if cfg["model_type"] != "deepseek_v3":
+            raise CheckpointWriteError(f"--mtp: {shape} ({cfg['model_type']}) has no multi-token-prediction layer; "
+                                       "use --shape v3")
+        cfg["num_nextn_predict_layers"] = 1
     return cfg
 
 
 def tensor_specs(cfg: dict) -> list[TensorSpec]:
     """Every tensor of the checkpoint, in file order (embedding, layer by layer, norm, lm_head)."""
-    H, V, nh = cfg["hidden_size"], cfg["vocab_size"], cfg["num_attention_heads"]
-    nope, rope, vd, r = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"], cfg["kv_lora_rank"]
-    ql = cfg.get("q_lora_rank")
+    H, V = cfg["hidden_size"], cfg["vocab_size"]
     if cfg.get("attention_bias") or cfg.get("mlp_bias"):
         raise CheckpointWriteError("attention_bias / mlp_bias checkpoints are not generated (DeepSeek has none)")
-    v3 = cfg["model_type"] == "deepseek_v3"
     out = [TensorSpec("model.embed_tokens.weight", (V, H), "linear")]
     for i in range(cfg["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        layer = [TensorSpec(p + "input_layernorm.weight", (H,), "norm"),
-                 TensorSpec(p + "post_attention_layernorm.weight", (H,), "norm")]
-        a = p + "self_attn."
-        if ql:
-            layer += [TensorSpec(a + "q_a_proj.weight", (ql, H), "linear"),
-                      TensorSpec(a + "q_a_layernorm.weight", (ql,), "norm"),
-                      TensorSpec(a + "q_b_proj.weight", (nh * (nope + rope), ql), "linear")]
-        else:
-            layer.append(TensorSpec(a + "q_proj.weight", (nh * (nope + rope), H), "linear"))
-        layer += [TensorSpec(a + "kv_a_proj_with_mqa.weight", (r + rope, H), "linear"),
-                  TensorSpec(a + "kv_a_layernorm.weight", (r,), "norm"),
-                  TensorSpec(a + "kv_b_proj.weight", (nh * (nope + vd), r), "linear"),
-                  TensorSpec(a + "o_proj.weight", (H, nh * vd), "linear")]
-        m = p + "mlp."
-        if i < cfg["first_k_dense_replace"]:
-            inter = cfg["intermediate_size"]
-            layer += [TensorSpec(m + "gate_proj.weight", (inter, H), "linear"),
-                      TensorSpec(m + "up_proj.weight", (inter, H), "linear"),
-                      TensorSpec(m + "down_proj.weight", (H, inter), "linear")]
-        else:
-            E, inter = cfg["n_routed_experts"], cfg["moe_intermediate_size"]
-            layer.append(TensorSpec(m + "gate.weight", (E, H), "linear"))
-            if v3:
-                layer.append(TensorSpec(m + "gate.e_score_correction_bias", (E,), "bias"))
-            for e in range(E):
-                x = f"{m}experts.{e}."
-                layer += [TensorSpec(x + "gate_proj.weight", (inter, H), "linear"),
-                          TensorSpec(x + "up_proj.weight", (inter, H), "linear"),
-                          TensorSpec(x + "down_proj.weight", (H, inter), "linear")]
-            if cfg.get("n_shared_experts"):
-                s, si = m + "shared_experts.", inter * cfg["n_shared_experts"]
-                layer += [TensorSpec(s + "gate_proj.weight", (si, H), "linear"),
-                          TensorSpec(s + "up_proj.weight", (si, H), "linear"),
-                          TensorSpec(s + "down_proj.weight", (H, si), "linear")]
-        out += sorted(layer, key=lambda t: t.name)
+        out += _layer_specs(cfg, i)
     out += [TensorSpec("model.norm.weight", (H,), "norm"), TensorSpec("lm_head.weight", (V, H), "linear")]
+    # The multi-token-prediction layer, as DeepSeek-V3's checkpoint stores it (index
+    # num_hidden_layers: enorm, hnorm, eh_proj [H, 2H], a decoder layer, shared_head.norm/.head;
+    # the embedding is the model's). Last, so the main model's values do not move.
+    for j in range(cfg.get("num_nextn_predict_layers") or 0):
+        p = f"model.layers.{cfg['num_hidden_layers'] + j}."
+        layer = _layer_specs(cfg, cfg["num_hidden_layers"] + j) + [
+            TensorSpec(p + "enorm.weight", (H,), "norm"), TensorSpec(p + "hnorm.weight", (H,), "norm"),
+            TensorSpec(p + "eh_proj.weight", (H, 2 * H), "linear"),
+            TensorSpec(p + "shared_head.norm.weight", (H,), "norm"),
+            TensorSpec(p + "shared_head.head.weight", (V, H), "linear")]
+        out += sorted(layer, key=lambda t: t.name)
     return out
+
+
+def _layer_specs(cfg: dict, i: int) -> list[TensorSpec]:
+    """Decoder layer i's tensors, in name order (dense before first_k_dense_replace, else MoE)."""
+    H, nh = cfg["hidden_size"], cfg["num_attention_heads"]
+    nope, rope, vd, r = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"], cfg["kv_lora_rank"]
+    ql = cfg.get("q_lora_rank")
+    v3 = cfg["model_type"] == "deepseek_v3"
+    p = f"model.layers.{i}."
+    layer = [TensorSpec(p + "input_layernorm.weight", (H,), "norm"),
+             TensorSpec(p + "post_attention_layernorm.weight", (H,), "norm")]
+    a = p + "self_attn."
+    if ql:
+        layer += [TensorSpec(a + "q_a_proj.weight", (ql, H), "linear"),
+                  TensorSpec(a + "q_a_layernorm.weight", (ql,), "norm"),
+                  TensorSpec(a + "q_b_proj.weight", (nh * (nope + rope), ql), "linear")]
+    else:
+        layer.append(TensorSpec(a + "q_proj.weight", (nh * (nope + rope), H), "linear"))
+    layer += [TensorSpec(a + "kv_a_proj_with_mqa.weight", (r + rope, H), "linear"),
+              TensorSpec(a + "kv_a_layernorm.weight", (r,), "norm"),
+              TensorSpec(a + "kv_b_proj.weight", (nh * (nope + vd), r), "linear"),
+              TensorSpec(a + "o_proj.weight", (H, nh * vd), "linear")]
+    m = p + "mlp."
+    if i < cfg["first_k_dense_replace"]:
+        inter = cfg["intermediate_size"]
+        layer += [TensorSpec(m + "gate_proj.weight", (inter, H), "linear"),
+                  TensorSpec(m + "up_proj.weight", (inter, H), "linear"),
+                  TensorSpec(m + "down_proj.weight", (H, inter), "linear")]
+    else:
+        E, inter = cfg["n_routed_experts"], cfg["moe_intermediate_size"]
+        layer.append(TensorSpec(m + "gate.weight", (E, H), "linear"))
+        if v3:
+            layer.append(TensorSpec(m + "gate.e_score_correction_bias", (E,), "bias"))
+        for e in range(E):
+            x = f"{m}experts.{e}."
+            layer += [TensorSpec(x + "gate_proj.weight", (inter, H), "linear"),
+                      TensorSpec(x + "up_proj.weight", (inter, H), "linear"),
+                      TensorSpec(x + "down_proj.weight", (H, inter), "linear")]
+        if cfg.get("n_shared_experts"):
+            s, si = m + "shared_experts.", inter * cfg["n_shared_experts"]
+            layer += [TensorSpec(s + "gate_proj.weight", (si, H), "linear"),
+                      TensorSpec(s + "up_proj.weight", (si, H), "linear"),
+                      TensorSpec(s + "down_proj.weight", (H, si), "linear")]
+    return sorted(layer, key=lambda t: t.name)
 
 
 DTYPES = {"bf16": ("BF16", 2), "f16": ("F16", 2), "f32": ("F32", 4)}
@@ -258,7 +282,7 @@ def _header(tensors: list[TensorSpec], st_dtype: str, elem: int) -> bytes:
 def write_checkpoint(out_dir, shape: str = "v2lite", layers: int | None = None, *, seed: int = 0,
                      dtype: str = "bf16", max_shard_bytes: int = 4 * 2**30, dense_layers: int | None = None,
                      tokenizer: bool = True, overwrite: bool = False, chunk_elems: int = 1 << 24,
-                     progress=None) -> Path:
+                     progress=None, mtp: bool = False) -> Path:
     """Write the checkpoint into `out_dir` (through `out_dir`.partial, renamed when complete)."""
     out = Path(out_dir)
     if dtype not in DTYPES:
@@ -267,7 +291,7 @@ def write_checkpoint(out_dir, shape: str = "v2lite", layers: int | None = None, 
         raise CheckpointWriteError(f"--shard-size must be positive, got {max_shard_bytes!r}")
     if out.exists() and not overwrite:
         raise CheckpointWriteError(f"{out} exists (pass --overwrite to replace it)")
-    cfg = checkpoint_config(shape, layers, dense_layers)
+    cfg = checkpoint_config(shape, layers, dense_layers, mtp)
     cfg["torch_dtype"] = {"bf16": "bfloat16", "f16": "float16", "f32": "float32"}[dtype]
     specs = tensor_specs(cfg)
     st_dtype, elem = DTYPES[dtype]

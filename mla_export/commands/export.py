@@ -17,7 +17,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("model_dir", nargs="?", metavar="MODEL_DIR",
                    help="Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer files)")
     _add_output_arguments(p)
-    p.add_argument("--preset", choices=("tiny",), help="export a built-in tiny random-weight DeepseekV3 instead")
+    p.add_argument("--preset", choices=("tiny", "tiny-mtp"),
+                   help="export a built-in tiny random-weight DeepseekV3 instead (tiny-mtp: with its MTP layer, "
+                        "exported as a speculative-decoding draft)")
     p.add_argument("--format", dest="fmt", choices=("openvino", "onnx", "both"), default="openvino",
                    help="openvino: IR (the runtime's fast path); onnx: model.onnx with the mla_export ops")
     p.add_argument("--portable", action="store_true",

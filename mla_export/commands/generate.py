@@ -39,8 +39,9 @@ def add_run_options(p, max_model_len_what: str) -> None:
                    help=f"{max_model_len_what} (default: the model's context, or what the KV cache holds if less)")
     p.add_argument("--runtime", choices=("openvino", "onnxruntime"), default="openvino")
     p.add_argument("--speculative-config", default=None, metavar="JSON",
-                   help="speculative decoding with n-gram drafts, vLLM's JSON: '{\"method\": \"ngram\", "
-                        "\"num_speculative_tokens\": 3, \"prompt_lookup_max\": 4}' (docs/SERVING.md)")
+                   help="speculative decoding, vLLM's JSON: '{\"method\": \"ngram\", "
+                        "\"num_speculative_tokens\": 3, \"prompt_lookup_max\": 4}' or '{\"method\": \"mtp\", "
+                        "\"num_speculative_tokens\": 1}' (an export with an MTP draft; docs/SERVING.md)")
     from mla_export.commands.verify import add_verify_flag
 
     add_verify_flag(p)

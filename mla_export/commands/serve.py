@@ -80,7 +80,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "(attention in one form; default: $VLLM_BATCH_INVARIANT=1; see docs/SERVING.md)")
     p.add_argument("--speculative-config", default=None, metavar="JSON",
                    help="speculative decoding, as vLLM's: '{\"method\": \"ngram\", \"num_speculative_tokens\": 3, "
-                        "\"prompt_lookup_max\": 4}' (n-gram drafts from the prompt and output; docs/SERVING.md)")
+                        "\"prompt_lookup_max\": 4}' (n-gram drafts from the prompt and output), or "
+                        "'{\"method\": \"mtp\", \"num_speculative_tokens\": 1}' (the export's MTP draft; docs/SERVING.md)")
     from mla_export.commands.verify import add_verify_flag
 
     add_verify_flag(p)
@@ -208,6 +209,8 @@ def _spec_note(engine) -> str:
     cfg = engine.speculative_config
     if cfg is None:
         return ""
+    if cfg.method == "mtp":
+        return f", speculative mtp (k={cfg.num_speculative_tokens}, the export's MTP draft)"
     return (f", speculative {cfg.method} (k={cfg.num_speculative_tokens}, "
             f"lookup {cfg.prompt_lookup_min}..{cfg.prompt_lookup_max})")
 

@@ -55,7 +55,8 @@ def run(args) -> int:
     except (ContractError, ValueError) as e:
         print(f"mla-export verify: {e}", file=sys.stderr)
         return EXIT_USAGE
-    listed = sorted({f for f in raw["files"].values() if f} | ({raw["tokenizer"]["file"]} if raw["tokenizer"] else set()))
+    listed = sorted({f for f in raw["files"].values() if f} | ({raw["tokenizer"]["file"]} if raw["tokenizer"] else set())
+                    | {f for f in ((raw.get("mtp") or {}).get("files") or {}).values() if f})  # the MTP draft's
     mode = "sampled" if args.sampled else "full"
     threads = args.threads or default_threads()
     start = time.perf_counter()

@@ -25,6 +25,7 @@ from ..export_files import describe_files
 from .graph import WEIGHT_DTYPES, WeightFormat
 from .quantize import CODE_FORMATS, INT_FORMATS, WEIGHT_FORMATS
 from .model import LAYOUTS, ONNX_DATA, ONNX_FILES, build_onnx, plan_weights
+from .mtp import MTP_FILES, build_mtp_onnx, mtp_layer
 from .moe import MOE_FORMS, fused_form_problem
 from .progress import IR_SHARE, ExportProgress
 from .output_lock import OutputBusy, OutputLock, clean_stale, remove_owner, write_owner
@@ -228,6 +229,10 @@ def _export_locked(model_dir: Path, out_dir: Path, *, start: float, fmt, portabl
     left_out = reader.left_out() if cfg.weight_prefixes else None
     check_weights_hold(cfg, reader, LAYOUTS[cfg.block["layout"]][1])  # before any loop over the config's layers
     random_weights = reader.random_weights()  # recorded so that generate can say its text is noise
+    # The checkpoint's MTP layer, exported as a speculative-decoding draft beside the model (mtp.py)
+    mtp_index, mtp_note = mtp_layer(cfg, reader)
+    if mtp_note:
+        progress.note(mtp_note)
     # Phase weights in checkpoint bytes (see progress.py): layers, then head + save, then the IR.
     layer_bytes = [reader.nbytes(f"model.layers.{i}.") for i in range(cfg.num_layers)]
     rest_bytes = max(reader.nbytes() - sum(layer_bytes), 0)  # embedding, final norm, lm_head
@@ -261,7 +266,14 @@ def _export_locked(model_dir: Path, out_dir: Path, *, start: float, fmt, portabl
             progress.phase("ranking the weights for int4/int8")
             plan_weights(cfg, reader, wformat, moe_form=moe_forms[ir_source])
         onnx_paths = build_onnx(cfg, reader, tmp, variants=variants, block_size=block_size, kv_dtype=kv_dtype,
-                                weight_format=wformat, moe_forms=moe_forms, progress=layer_done)
+                                weight_format=wformat, moe_forms=moe_forms, progress=layer_done,
+                                hidden_output=mtp_index is not None)
+        mtp_paths = {}
+        if mtp_index is not None:
+            progress.phase("the MTP draft graph")
+            mtp_paths = build_mtp_onnx(cfg, reader, tmp, mtp_index, variants=variants, block_size=block_size,
+                                       kv_dtype=kv_dtype, weight_format=replace(wformat, stats={}),
+                                       moe_forms=moe_forms)
         reader.close()
         progress.advance(rest_bytes)
         files = dict(openvino_xml=None, openvino_bin=None, onnx=None, onnx_portable=None, onnx_data=None)
@@ -278,14 +290,25 @@ def _export_locked(model_dir: Path, out_dir: Path, *, start: float, fmt, portabl
                                      keep_data_file=files["onnx_data"] is not None)
             progress.advance(ir_bytes)
             files.update(openvino_xml=IR_XML, openvino_bin=IR_BIN)
-        for variant in ("custom", "openvino"):
-            if variant in onnx_paths and not (variant == "custom" and want_onnx):
-                onnx_paths[variant].unlink()  # only the IR's source
+        mtp_files = None
+        if mtp_paths:
+            mtp_files = dict(openvino_xml=None, openvino_bin=None, onnx=None, onnx_data=None)
+            if want_onnx:
+                mtp_files.update(onnx=MTP_FILES["onnx"], onnx_data=MTP_FILES["onnx_data"])
+            if want_ir:
+                convert_to_ir(mtp_paths[ir_source], tmp, tmp / MTP_FILES["onnx_data"], keep_data_file=want_onnx,
+                              xml_name=MTP_FILES["openvino_xml"], bin_name=MTP_FILES["openvino_bin"])
+                mtp_files.update(openvino_xml=MTP_FILES["openvino_xml"], openvino_bin=MTP_FILES["openvino_bin"])
+        for paths in (onnx_paths, mtp_paths):
+            for variant in ("custom", "openvino"):
+                if variant in paths and not (variant == "custom" and want_onnx):
+                    paths[variant].unlink()  # only the IR's source
         if files["onnx_data"] is None and (tmp / ONNX_DATA).exists():
             (tmp / ONNX_DATA).unlink()
         progress.phase("tokenizer, contract, checks")
         tokenizer, chat_template = copy_tokenizer_files(model_dir, tmp)
-        tied = [f for f in files.values() if f] + ([tokenizer["file"]] if tokenizer else [])
+        tied = [f for f in files.values() if f] + ([tokenizer["file"]] if tokenizer else []) + \
+            [f for f in (mtp_files or {}).values() if f]
         contract = make_contract(
             model=cfg.facts(), block_size=block_size, kv_dtype=kv_dtype, files=files, tokenizer=tokenizer,
             chat_template=chat_template,
@@ -296,7 +319,8 @@ def _export_locked(model_dir: Path, out_dir: Path, *, start: float, fmt, portabl
                         int4_all_layers=wformat.all_layers if wformat.fmt == "int4" else None,
                         moe_form=moe_form, left_out=left_out, random_weights=random_weights,
                         exporter_version=__version__, source=str(model_dir.resolve()),
-                        seconds=round(time.time() - start, 3), files=describe_files(tmp, tied)))
+                        seconds=round(time.time() - start, 3), files=describe_files(tmp, tied)),
+            mtp=None if mtp_files is None else dict(layer_index=mtp_index, files=mtp_files))
         (tmp / CONTRACT_FILE).write_text(json.dumps(contract, indent=2) + "\n")
         if files["openvino_xml"]:
             from ..contract import Contract

@@ -26,10 +26,11 @@ from .longcat_flash import SUBLAYERS as LONGCAT_SUBLAYERS, longcat_layer
 from .moe import moe
 from .weights import CheckpointReader
 
-__all__ = ["build_onnx", "plan_weights", "ONNX_FILES", "ONNX_DATA"]
+__all__ = ["build_onnx", "plan_weights", "ONNX_FILES", "ONNX_DATA", "HIDDEN_OUTPUT"]
 
 ONNX_FILES = {"custom": "model.onnx", "portable": "model_portable.onnx", "openvino": "openvino_source.onnx"}
 ONNX_DATA = "model.onnx.data"
+HIDDEN_OUTPUT = "hidden_states"
 _ONNX_TYPES = {"f32": TensorProto.FLOAT, "bf16": TensorProto.BFLOAT16, "f16": TensorProto.FLOAT16,
                "i32": TensorProto.INT32, "i64": TensorProto.INT64, "u8": TensorProto.UINT8}
 
@@ -42,13 +43,14 @@ def _value_info(spec, vocab: int):
 def build_onnx(cfg: MLAModelConfig, reader: CheckpointReader, out_dir: Path, *, variants: list[str],
                block_size: int, kv_dtype: str, weight_format: WeightFormat | str,
                moe_forms: dict[str, str] | None = None,
-               progress: Callable[[int, int], None] | None = None) -> dict[str, Path]:
-    """moe_forms: variant -> MoE form ("grouped" or "gather_matmul"; default grouped everywhere)."""
+               progress: Callable[[int, int], None] | None = None, hidden_output: bool = False) -> dict[str, Path]:
+    """moe_forms: variant -> MoE form ("grouped" or "gather_matmul"; default grouped everywhere).
+    hidden_output: the graphs also return `hidden_states` (an export with an MTP draft: mtp.py)."""
     out_dir = Path(out_dir)
     store = WeightStore(out_dir / ONNX_DATA, weight_format)
     try:
         g = GraphBuilder(store, variants)
-        _build(g, reader, cfg, progress, moe_forms, kv_dtype)
+        _build(g, reader, cfg, progress, moe_forms, kv_dtype, hidden_output)
     finally:
         store.close()
     onnx_ops.register_schemas()
@@ -56,7 +58,8 @@ def build_onnx(cfg: MLAModelConfig, reader: CheckpointReader, out_dir: Path, *, 
     for variant in variants:
         index = (cfg.sparse.indexer_types.count("full"), cfg.sparse.index_head_dim) if cfg.sparse else None
         inputs, outputs = graph_io(cfg.num_layers, block_size, cfg.row_width, kv_dtype,
-                                   "portable" if variant == "portable" else "custom", cfg.kv_lora_rank, index)
+                                   "portable" if variant == "portable" else "custom", cfg.kv_lora_rank, index,
+                                   cfg.hidden_size if hidden_output else None)
         graph = helper.make_graph(g.variants[variant], f"{cfg.model_type}_mla_{variant}",
                                   [_value_info(s, cfg.vocab_size) for s in inputs],
                                   [_value_info(s, cfg.vocab_size) for s in outputs],
@@ -95,7 +98,7 @@ def plan_weights(cfg: MLAModelConfig, reader: CheckpointReader, weight_format: W
 
 def _build(g: GraphBuilder, reader: CheckpointReader, cfg: MLAModelConfig,
            progress: Callable[[int, int], None] | None, moe_forms: dict[str, str] | None = None,
-           kv_dtype: str = "") -> None:
+           kv_dtype: str = "", hidden_output: bool = False) -> None:
     io = _inputs(g, cfg)
     io["kv_dtype"] = kv_dtype  # the cache row format the MLA nodes read and write (kv_dtype attribute)
     h, table = _embed(g, reader, cfg)
@@ -107,6 +110,8 @@ def _build(g: GraphBuilder, reader: CheckpointReader, cfg: MLAModelConfig,
         h = layer(g, reader, cfg, i, h, io, moe_forms)
         if progress:
             progress(i + 1, n)
+    if hidden_output:  # the MTP draft reads each token's last hidden state before the final norm
+        g.op("Identity", h, name=HIDDEN_OUTPUT)
     picked = g.op("Gather", h, "logits_indices", axis=0)  # [B, hidden]: norm + lm_head on B rows only
     picked = norm(g, reader, "model.norm.weight", picked, cfg.hidden_size, cfg.rms_norm_eps)
     if cfg.block["logits_divisor"] != 1.0:  # MiniCPM3: hidden / (hidden_size / dim_model_base)
@@ -114,7 +119,7 @@ def _build(g: GraphBuilder, reader: CheckpointReader, cfg: MLAModelConfig,
     _logits(g, reader, cfg, picked, table, moe_forms)
 
 
-def _inputs(g: GraphBuilder, cfg: MLAModelConfig) -> dict:
+def _inputs(g: GraphBuilder, cfg: MLAModelConfig, caches: list[str] | None = None) -> dict:
     """Graph-level values every layer shares: metadata names and the RoPE rows of `positions`.
 
     The custom-op graph starts with MlaStepCheck (the whole step validated before any cache byte
@@ -124,7 +129,8 @@ def _inputs(g: GraphBuilder, cfg: MLAModelConfig) -> dict:
     ck = onnx_ops.CHECKED
     for variant in CUSTOM_OP_VARIANTS:  # both use the in-place MLA ops
         if variant in g.variants:
-            g.add_node(variant, onnx_ops.step_check_node(cfg.num_layers, cfg.vocab_size, cfg.max_position_embeddings))
+            g.add_node(variant, onnx_ops.step_check_node(cfg.num_layers, cfg.vocab_size, cfg.max_position_embeddings,
+                                                         caches=caches))
     if "portable" in g.variants:
         for raw, checked in ck.items():
             g.add_node("portable", helper.make_node("Identity", [raw], [checked], name=f"{raw}.pass"))
@@ -148,9 +154,9 @@ def _query_position_scale(g: GraphBuilder, positions: str, beta: float, original
     return g.op("Reshape", scale, g.i64(-1, 1, 1))
 
 
-def _embed(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig) -> tuple[str, str]:
+def _embed(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig,
+           name: str = "model.embed_tokens.weight") -> tuple[str, str]:
     """(the T embedding rows as f32, the table value lm_head can share when tied)."""
-    name = "model.embed_tokens.weight"
     table = rd.get(name, (cfg.vocab_size, cfg.hidden_size))
     fmt = g.store.format
     if fmt.bits("embedding") is None:

@@ -88,8 +88,10 @@ def _external_initializers(onnx_path: Path, data_name: str) -> dict[str, tuple[i
     return found
 
 
-def convert_to_ir(onnx_path: Path, out_dir: Path, data_path: Path, keep_data_file: bool):
-    """Write openvino_model.xml/.bin into out_dir; returns the ov.Model that was converted.
+def convert_to_ir(onnx_path: Path, out_dir: Path, data_path: Path, keep_data_file: bool,
+                  xml_name: str | None = None, bin_name: str | None = None):
+    """Write openvino_model.xml/.bin (or xml_name/bin_name: the MTP draft's) into out_dir; returns
+    the ov.Model that was converted.
 
     data_path: the ONNX external data file; it becomes the .bin (kept under its own name as well
     when keep_data_file, e.g. for --format both)."""
@@ -101,7 +103,7 @@ def convert_to_ir(onnx_path: Path, out_dir: Path, data_path: Path, keep_data_fil
     model = ov_core().read_model(str(onnx_path))
     if _fold_weight_transposes(model):
         model.validate_nodes_and_infer_types()
-    xml_path, bin_path = out_dir / IR_XML, out_dir / IR_BIN
+    xml_path, bin_path = out_dir / (xml_name or IR_XML), out_dir / (bin_name or IR_BIN)
     external = _external_initializers(Path(onnx_path), data_path.name)
     consts = {n.get_friendly_name(): n for n in model.get_ordered_ops() if n.get_type_name() == "Constant"}
     ov.serialize(model, str(xml_path), os.devnull)  # the .xml only: its offsets are rewritten below

@@ -39,6 +39,10 @@ def summary_lines(result: ExportResult, wall_seconds: float | None = None) -> li
         + (f" (of which {_size(index_bytes)} indexer keys)" if index else "")
         + f" vs {_size(expanded)} per-head expanded ({expanded / latent:.1f}x smaller)",
     ]
+    if c.get("mtp"):  # the checkpoint's MTP layer, exported as a speculative-decoding draft
+        files = ", ".join(f for f in (c["mtp"]["files"]["openvino_xml"], c["mtp"]["files"]["onnx"]) if f)
+        lines.append(f"MTP draft (layer {c['mtp']['layer_index']}): {files}; serve with --speculative-config "
+                     "'{\"method\": \"mtp\", \"num_speculative_tokens\": 1}' (docs/SERVING.md)")
     if c["export"].get("left_out"):
         lines.append(_left_out_line(c["export"]["left_out"]))
     if c["export"].get("random_weights"):

@@ -52,9 +52,12 @@ class MLABackend:
     """The caches of an exported model, its metadata builder and the executor of one runtime."""
 
     def __init__(self, contract: Contract, num_blocks: int, *, runtime: str = "openvino", precision: str = "bf16",
-                 num_threads: int | None = None, batch_invariant: bool = False):
+                 num_threads: int | None = None, batch_invariant: bool = False, mtp_draft: bool = False):
         """batch_invariant: each sequence's logits the same whatever else is in the step and however its
-        prompt was cut into chunks (batch_invariance.py says what that pins and what it refuses)."""
+        prompt was cut into chunks (batch_invariance.py says what that pins and what it refuses).
+        mtp_draft: also compile the export's MTP draft graph (mtp_draft.py) on a latent cache of its
+        own, shaped as a main layer's: its rows sit at the main cache's slots, so every block id the
+        KVCacheManager hands out serves both and block copies are applied to it too."""
         if not isinstance(batch_invariant, bool):
             raise ValueError(f"batch_invariant must be True or False, got {batch_invariant!r}")
         if batch_invariant and (why := batch_invariance.problem(contract, precision, runtime)):
@@ -68,6 +71,13 @@ class MLABackend:
         self.batch_invariant = batch_invariant
         self.executor = impl(contract, self.kv_caches, precision=precision, num_threads=num_threads,
                              batch_invariant=batch_invariant)
+        self.draft, self.draft_cache = None, None
+        if mtp_draft:
+            from .mtp_draft import MTPDraftRunner
+
+            self.draft_cache = np.zeros_like(self.kv_caches[0])
+            self.draft = MTPDraftRunner(contract, self.draft_cache, runtime=runtime, precision=precision,
+                                        num_threads=num_threads)
 
     def execute(self, seq_lens: Sequence[int], query_lens: Sequence[int], block_tables: Sequence[Sequence[int]],
                 new_token_ids, num_logits: Sequence[int] | None = None) -> np.ndarray:
@@ -81,10 +91,18 @@ class MLABackend:
     def apply_block_copies(self, src_to_dst) -> None:
         """The scheduler's block copies, in the order the cache manager decided them."""
         if len(src_to_dst):  # most steps copy nothing: no numpy call on the hot path
-            copy_blocks(self.kv_caches, src_to_dst)
+            copy_blocks(self.kv_caches if self.draft_cache is None else [*self.kv_caches, self.draft_cache],
+                        src_to_dst)
+
+    def hidden_states(self) -> np.ndarray:
+        """The last step's hidden_states output [T, hidden] (exports with an MTP draft), a view
+        valid until the next step."""
+        return self.executor.hidden_states()
 
     def describe(self) -> str:
         note = "; batch-invariant (attention pinned absorbed)" if self.batch_invariant else ""
+        if self.draft is not None:
+            note += f"; {self.draft.describe()}"
         return self.executor.describe() + note
 
 

@@ -27,6 +27,8 @@ from .model_dir import ModelFacts, load_model_dir
 from .request import Request
 from .sampling import NO_TOKEN, Sampler, SamplingParamError, SamplingParams, rows_logprobs, token_logprobs
 from .scheduler import Scheduler
+from .mtp_draft import mtp_problem
+from .mtp_propose import MTPProposer
 from .spec_decode import SpeculativeConfig, TokenBuffer, propose_ngram, verify_token
 from .structured_output import StructuredOutputs
 from .stop_strings import match_stop_strings
@@ -106,7 +108,8 @@ class LLMEngine:
         "sampled" (~4 MiB read per file), "full" (every byte) or "none"; default
         $MLA_EXPORT_VERIFY, else sampled (docs/SAFETY.md has the costs).
         `speculative_config`: vLLM's, e.g. {"method": "ngram", "num_speculative_tokens": 3,
-        "prompt_lookup_max": 4} (runtime/spec_decode.py; docs/SERVING.md "Speculative decoding")."""
+        "prompt_lookup_max": 4} (runtime/spec_decode.py), or {"method": "mtp", "num_speculative_tokens": 1}
+        for an export with an MTP draft (runtime/mtp_propose.py; docs/SERVING.md "Speculative decoding")."""
         self.speculative_config = SpeculativeConfig.parse(speculative_config)
         if runtime not in RUNTIMES:
             raise ValueError(f"runtime must be one of {RUNTIMES}, got {runtime!r}")
@@ -114,6 +117,9 @@ class LLMEngine:
             batch_invariant = envs.VLLM_BATCH_INVARIANT
         self.contract, facts = load_model_dir(out_dir, verify)
         self.facts: ModelFacts = facts
+        mtp = self.speculative_config is not None and self.speculative_config.method == "mtp"
+        if mtp and (why := mtp_problem(self.contract, runtime)):
+            raise ValueError(f"speculative_config: method 'mtp' cannot run: {why}")
         self.tokenizer = facts.load_tokenizer()
         if max_model_len is not None:
             if not isinstance(max_model_len, (int, np.integer)) or isinstance(max_model_len, bool) or max_model_len < 1:
@@ -122,7 +128,10 @@ class LLMEngine:
                 raise ValueError(f"max_model_len {max_model_len} is more than the model's context "
                                  f"(max_position_embeddings {facts.max_model_len})")
         wanted = int(max_model_len) if max_model_len is not None else facts.max_model_len
-        num_blocks = self._num_blocks(CacheLayout.of(self.contract), num_blocks, kv_cache_memory, max_num_seqs, wanted)
+        layout = CacheLayout.of(self.contract)
+        if mtp:  # the MTP draft's own cache layer takes its share of the memory budget
+            layout = dataclasses.replace(layout, num_layers=layout.num_layers + 1)
+        num_blocks = self._num_blocks(layout, num_blocks, kv_cache_memory, max_num_seqs, wanted)
         capacity = num_blocks * facts.block_size
         if max_model_len is not None and max_model_len > capacity:
             raise ValueError(f"max_model_len {max_model_len} does not fit the KV cache ({num_blocks} blocks of "
@@ -130,9 +139,10 @@ class LLMEngine:
         self.max_model_len = min(wanted, capacity)
 
         self.kv_cache = KVCacheManager(num_blocks, facts.block_size, enable_prefix_caching=enable_prefix_caching,
-                                       block_order_seed=block_order_seed)
+                                       block_order_seed=block_order_seed, draft_rows=mtp)
         self.backend = MLABackend(self.contract, num_blocks, runtime=runtime, precision=precision,
-                                  num_threads=num_threads, batch_invariant=batch_invariant)
+                                  num_threads=num_threads, batch_invariant=batch_invariant, mtp_draft=mtp)
+        self._mtp = MTPProposer(self.backend, self.kv_cache) if mtp else None
         self.scheduler = Scheduler(self.kv_cache, max_num_seqs, max_num_batched_tokens)
         self.sampler = Sampler()
         self.structured = StructuredOutputs(self.tokenizer, facts.vocab_size, facts.eos_token_ids)
@@ -267,15 +277,27 @@ class LLMEngine:
         starts = [r.num_computed_tokens for r in reqs]
         counts = [n for _, n in sched.scheduled]
         num_logits = [self._logit_rows(r, s, n) for r, s, n in zip(reqs, starts, counts)]
-        logits, failed = self._execute(reqs, starts, counts, num_logits)
+        # MTP: the block tables as the step ran (the draft writes its rows at the same slots afterwards)
+        tables = [list(self.kv_cache.block_table(r.request_id)) if self._mtp else None for r in reqs]
+        logits, hidden, failed = self._execute(reqs, starts, counts, num_logits)
         outputs = [self._fail(req, err) for req, err in failed]
         if failed:
             bad = {id(r) for r, _ in failed}
             keep = [i for i, r in enumerate(reqs) if id(r) not in bad]
             sched.scheduled = [sched.scheduled[i] for i in keep]
-            reqs, starts, counts, num_logits = ([xs[i] for i in keep] for xs in (reqs, starts, counts, num_logits))
+            reqs, starts, counts, num_logits, tables = ([xs[i] for i in keep]
+                                                        for xs in (reqs, starts, counts, num_logits, tables))
         self.scheduler.update_after_step(sched)
         self._num_steps += 1
+        outputs += self._take_tokens(reqs, starts, num_logits, logits)
+        if self._mtp is not None and reqs:
+            self._mtp.propose(reqs, starts, counts, tables, hidden, self._num_drafts)
+        return outputs
+
+    def _take_tokens(self, reqs, starts, num_logits, logits) -> list[RequestOutput]:
+        """The step's tokens: prompt logprobs, then a token for each request whose known tokens are
+        all in the cache (several for a verify step); n-gram drafts for the next step."""
+        outputs: list[RequestOutput] = []
 
         ends = list(itertools.accumulate(num_logits))  # row after each sequence's last logits row
         if len(ends) != len(reqs) or (ends and ends[-1] != len(reqs)):  # some returned prompt rows
@@ -298,7 +320,7 @@ class LLMEngine:
                     outputs.append(out)
         if rows:
             outputs.extend(self._sample_rows(logits, [reqs[i] for i in rows], [ends[i] - 1 for i in rows], now))
-        if self.speculative_config is not None:
+        if self.speculative_config is not None and self._mtp is None:
             for i in spec + rows:
                 self._propose(reqs[i])
         return outputs
@@ -369,15 +391,21 @@ class LLMEngine:
         so penalties, bad_words, min_tokens and logit_bias act as in plain decoding). The count is
         cut so the drafts stay within max_tokens and max_model_len."""
         cfg = self.speculative_config
-        if req.is_finished or req.grammar is not None:
-            return
-        k = min(cfg.num_speculative_tokens, req.params.max_tokens - len(req.output_token_ids) - 1,
-                self.max_model_len - req.num_tokens)
+        k = self._num_drafts(req)
         if k >= 1:
             if req.spec_history is None:
                 req.spec_history = TokenBuffer()
             req.spec_token_ids = propose_ngram(req.spec_history.sync(req.all_token_ids), k,
                                                cfg.prompt_lookup_max, cfg.prompt_lookup_min)
+
+    def _num_drafts(self, req: Request) -> int:
+        """Drafts a request may take now: none when it finished or has a grammar (its bitmask follows
+        the grammar's state one token at a time), else num_speculative_tokens cut to stay within
+        max_tokens and max_model_len."""
+        if req.is_finished or req.grammar is not None:
+            return 0
+        return min(self.speculative_config.num_speculative_tokens,
+                   req.params.max_tokens - len(req.output_token_ids) - 1, self.max_model_len - req.num_tokens)
 
     def _add_token(self, req: Request, token: int, row: np.ndarray, now: float) -> tuple[str | None, str | None]:
         """Append one sampled token to the request's output: (its new text, the finish reason or
@@ -460,6 +488,7 @@ class LLMEngine:
                 for t, lp in entries.items()}
 
     def _run_graph(self, reqs, starts, counts, num_logits) -> np.ndarray:
+        """The step's logits rows (a view until the next run; see _execute)."""
         return self.backend.execute(
             seq_lens=[s + n for s, n in zip(starts, counts)],
             query_lens=counts,
@@ -470,20 +499,27 @@ class LLMEngine:
             num_logits=None if all(k == 1 for k in num_logits) else num_logits,
         )
 
-    def _execute(self, reqs, starts, counts, num_logits) -> tuple[np.ndarray, list]:
-        """(logits rows of the requests that ran, [(request, error message)] of those that could not)."""
+    def _hidden(self) -> np.ndarray | None:
+        """The run's hidden states [T, hidden] for the MTP draft (a copy), None without MTP."""
+        return np.array(self.backend.hidden_states()) if self._mtp is not None else None
+
+    def _execute(self, reqs, starts, counts, num_logits) -> tuple[np.ndarray, np.ndarray | None, list]:
+        """(logits rows of the requests that ran, their hidden states (MTP only), [(request, error
+        message)] of those that could not)."""
         try:
-            return self._run_graph(reqs, starts, counts, num_logits), []
+            return self._run_graph(reqs, starts, counts, num_logits), self._hidden(), []
         except Exception as e:  # noqa: BLE001 - any failure of a step is reported per request
             if len(reqs) == 1:
-                return np.zeros((0, 0), np.float32), [(reqs[0], f"{type(e).__name__}: {e}")]
-        rows, failed = [], []
+                return np.zeros((0, 0), np.float32), None, [(reqs[0], f"{type(e).__name__}: {e}")]
+        rows, hidden, failed = [], [], []
         for req, start, count, k in zip(reqs, starts, counts, num_logits):
             try:
                 rows.append(np.array(self._run_graph([req], [start], [count], [k])))
+                hidden.append(self._hidden())
             except Exception as e:  # noqa: BLE001
                 failed.append((req, f"{type(e).__name__}: {e}"))
-        return (np.concatenate(rows) if rows else np.zeros((0, 0), np.float32)), failed
+        hidden = np.concatenate(hidden) if self._mtp is not None and hidden else None
+        return (np.concatenate(rows) if rows else np.zeros((0, 0), np.float32)), hidden, failed
 
     def _fail(self, req: Request, error: str) -> RequestOutput:
         self.scheduler.finish(req, "error")

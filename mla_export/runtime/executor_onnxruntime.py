@@ -124,6 +124,11 @@ class OnnxRuntimeMLAExecutor(MLAExecutor):
         self._outputs = ["logits"]
         if self.variant == "portable":
             self._outputs += [f"kv_cache_out.{i}" for i in range(len(self._kv_caches))]
+        # Exports with an MTP draft: every new token's hidden state too (last, after the caches)
+        self._has_hidden = any(o.name == "hidden_states" for o in self.session.get_outputs())
+        if self._has_hidden:
+            self._outputs.append("hidden_states")
+        self._last_outputs = None
         self.check_cache_written_in_place()
 
     # -- steps -----------------------------------------------------------------------------------
@@ -142,11 +147,17 @@ class OnnxRuntimeMLAExecutor(MLAExecutor):
         for name in self._outputs:
             self._io.bind_output(name)
         self.session.run_with_iobinding(self._io)
-        outputs = self._io.get_outputs()
+        outputs = self._last_outputs = self._io.get_outputs()
         if self.variant == "portable":
             for cache, value in zip(self._kv_caches, outputs[1:]):
                 _copy_into(cache, value)
         return outputs[0].numpy()
+
+    def hidden_states(self) -> np.ndarray:
+        """The last run's hidden_states output (exports with an MTP draft)."""
+        if not self._has_hidden or self._last_outputs is None:
+            raise RuntimeError(f"{self.graph_file} has no hidden_states output (the export has no MTP draft)")
+        return self._last_outputs[-1].numpy()
 
     def binding_note(self, layer: int) -> str:
         return f"{super().binding_note(layer)}, {self.graph_file}"

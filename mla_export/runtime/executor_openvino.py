@@ -79,6 +79,8 @@ class OpenVINOMLAExecutor(MLAExecutor):
             self._meta_tensors[name] = ov.Tensor(ov.Type.i32, [1] * rank)
             self.request.set_tensor(name, self._meta_tensors[name])
         self._logits = self.compiled.output("logits")
+        outputs = {name for port in self.compiled.outputs for name in port.get_names()}
+        self._hidden = self.compiled.output("hidden_states") if "hidden_states" in outputs else None
         # On one thread the CPU plugin loses a node's exception and a later single-thread infer()
         # crashed the process (OpenVINO 2026.4.1): there the graph's step check is also run
         # before infer(), so a rejected step never throws inside the plugin.
@@ -119,6 +121,12 @@ class OpenVINOMLAExecutor(MLAExecutor):
         """The graph alone, on the inputs bound last."""
         checked_infer(self.request)  # raises even where the plugin loses an op's exception
         return self.request.get_tensor(self._logits).data
+
+    def hidden_states(self) -> np.ndarray:
+        """The last run's hidden_states output (exports with an MTP draft), a view valid until the next run."""
+        if self._hidden is None:
+            raise RuntimeError(f"{self.graph_file} has no hidden_states output (the export has no MTP draft)")
+        return self.request.get_tensor(self._hidden).data
 
     def describe(self) -> str:
         # What the plugin really uses: a bf16 hint falls back to f32 on CPUs without bf16.

@@ -114,12 +114,17 @@ class KVCacheManager:
         block_size: int,
         enable_prefix_caching: bool = True,
         block_order_seed: int | None = None,
+        draft_rows: bool = False,
     ):
+        """draft_rows: the blocks also hold MTP draft rows (runtime/mtp_propose.py), whose row at a
+        position depends on the token after it; a prefix hit then stops one token short of its
+        last block, so that position runs again and its draft row is this request's."""
         if num_blocks < 1 or block_size < 1:
             raise ValueError("the cache needs at least one block of at least one row")
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.enable_prefix_caching = enable_prefix_caching
+        self.draft_rows = draft_rows
         self.pool = BlockPool(num_blocks, order_seed=block_order_seed)
         self._tables: dict[str, list[int]] = {}
         self._hashes: dict[str, list[bytes]] = {}  # chained hashes of a request's full token blocks
@@ -155,7 +160,8 @@ class KVCacheManager:
             if block is None:
                 break
             blocks.append(block)
-        return blocks, min(len(blocks) * self.block_size, len(token_ids) - 1)
+        hit = len(blocks) * self.block_size - (1 if self.draft_rows and blocks else 0)
+        return blocks, min(hit, len(token_ids) - 1)
 
     def allocate_slots(
         self, request_id: str, num_computed: int, num_new: int, computed_blocks: Sequence[int] = ()

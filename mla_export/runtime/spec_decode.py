@@ -1,4 +1,5 @@
-"""Speculative decoding with n-gram (prompt-lookup) drafts: the config, the proposer, the verifier.
+"""Speculative decoding: the config, the n-gram (prompt-lookup) proposer, the verifier. (MTP
+drafts, method "mtp": the export's draft graph, proposed by runtime/mtp_propose.py.)
 
 vLLM's `ngram` method. After a request samples a token, the proposer looks for the most recent
 earlier occurrence of the sequence's last n tokens (n from prompt_lookup_max down to
@@ -31,19 +32,23 @@ from .sampling import NO_TOKEN, Sampler, SamplingParams
 
 __all__ = ["SpeculativeConfig", "TokenBuffer", "propose_ngram", "verify_token", "rejection_sample", "METHODS"]
 
-METHODS = ("ngram",)
-_NOT_BUILT = ("mtp", "deepseek_mtp", "glm4_moe_mtp")  # issue 35's other half: refused as "not built yet"
+METHODS = ("ngram", "mtp")
+# vLLM's names for the MTP method of a model family: DeepSeek-V3's layer is the one built here.
+_MTP_ALIASES = ("mtp", "deepseek_mtp")
+_NOT_BUILT = ("glm4_moe_mtp",)  # GLM-5's (sparse-attention) MTP layer: refused as not built
 _KEYS = ("method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min")
+_NGRAM_KEYS = ("prompt_lookup_max", "prompt_lookup_min")
 
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    """vLLM's `speculative_config` for method "ngram" (the keys it takes here; others are refused)."""
+    """vLLM's `speculative_config` for methods "ngram" and "mtp" (the keys it takes here; others are
+    refused). prompt_lookup_max/min: ngram only (None for mtp)."""
 
     method: str
     num_speculative_tokens: int
-    prompt_lookup_max: int
-    prompt_lookup_min: int
+    prompt_lookup_max: int | None
+    prompt_lookup_min: int | None
 
     @classmethod
     def parse(cls, value) -> "SpeculativeConfig | None":
@@ -67,11 +72,21 @@ class SpeculativeConfig:
         if method == "[ngram]":  # vLLM's older spelling
             method = "ngram"
         if method in _NOT_BUILT:
-            raise ValueError(f"speculative_config: method {method!r} is not built yet (MTP drafts); "
-                             f"only 'ngram' runs here")
+            raise ValueError(f"speculative_config: method {method!r} is not built (GLM's MTP layer); "
+                             f"'ngram' and 'mtp' (DeepSeek-V3's MTP layer, alias 'deepseek_mtp') run here")
+        if method in _MTP_ALIASES:
+            method = "mtp"
         if method not in METHODS:
-            raise ValueError(f"speculative_config: method {method!r} is not supported; only 'ngram' runs here")
+            raise ValueError(f"speculative_config: method {method!r} is not supported; 'ngram' and 'mtp' "
+                             f"(alias 'deepseek_mtp') run here")
         k = value.get("num_speculative_tokens")
+        if method == "mtp":
+            given = [key for key in _NGRAM_KEYS if key in value]
+            if given:
+                raise ValueError(f"speculative_config: {', '.join(given)} apply to method 'ngram' only, not 'mtp'")
+            if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+                raise ValueError(f"speculative_config: num_speculative_tokens must be an integer >= 1, got {k!r}")
+            return cls("mtp", k, None, None)
         lo, hi = value.get("prompt_lookup_min"), value.get("prompt_lookup_max")
         for name, v in (("num_speculative_tokens", k), ("prompt_lookup_min", lo), ("prompt_lookup_max", hi)):
             if (v is not None or name == "num_speculative_tokens") and (

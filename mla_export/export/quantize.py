@@ -37,7 +37,7 @@ FP8_BITS = by_name("fp8").bits  # the ops' `bits` value for e4m3 codes
 FP8_MAX = 448.0
 # asymmetric integer formats: codes and zero points share the range [0, zero_point_max]
 _LEVELS = {f.bits: f.zero_point_max for f in FORMATS if f.zero_point}
-_SLAB = 1 << 22  # values per slab of rows (16 MiB of f32)
+_SLAB = 1 << 16  # values per slab of rows (256 KiB of f32: the temporaries stay in cache, 3x faster than 16 MiB)
 _MIN_GROUP = 16
 
 
@@ -71,7 +71,8 @@ def pick_group(in_features: int, requested: int) -> int:
 
 
 def quantize(w: np.ndarray, bits: int, group: int | None = None) -> Quantized:
-    """Asymmetric min/max quantization of w [..., in] along its last axis (group = in when None)."""
+    """Asymmetric quantization of w [..., in] along its last axis (group = in when None): int8 by
+    each row's min/max, int4 with each group's range and scale searched (_searched)."""
     if bits not in _LEVELS:
         raise ValueError(f"bits must be one of {sorted(_LEVELS, reverse=True)}, got {bits}")
     levels = _LEVELS[bits]
@@ -89,16 +90,73 @@ def quantize(w: np.ndarray, bits: int, group: int | None = None) -> Quantized:
         x = flat[r0:r0 + step].astype(np.float32)
         lo = np.minimum(x.min(axis=-1, keepdims=True), 0.0)  # the range holds 0, so 0 is exact
         hi = np.maximum(x.max(axis=-1, keepdims=True), 0.0)
-        s = ((hi - lo) / levels).astype(np.float16)
-        s[s == 0] = np.float16(1.0)  # an all-zero group: any scale, code = zp
-        s32 = s.astype(np.float32)
-        z = np.clip(np.rint(-lo / s32), 0, levels)
-        q[r0:r0 + step] = np.clip(np.rint(x / s32) + z, 0, levels).astype(np.uint8)
+        if levels <= _SEARCH_LEVELS:
+            codes, z, s = _searched(x, lo, hi, levels)
+        else:
+            codes, z, s = _codes(x, lo, hi, levels)
+        q[r0:r0 + step] = codes
         zp[r0:r0 + step] = z.astype(np.uint8)
         scale[r0:r0 + step] = s
     lead = w.shape[:-1]
     return Quantized(bits, group, q.reshape(lead + flat.shape[1:]), zp.reshape(lead + zp.shape[1:]),
                      scale.reshape(lead + scale.shape[1:]))
+
+
+# int4's 16 levels: each group's range is searched (below); int8's 256 levels per row gain too
+# little to pay for the passes.
+_SEARCH_LEVELS = 15
+# The shares of the min/max range tried per group (1.0 first: the search never does worse than
+# min/max), then REFITS least-squares refits of the winner's scale. Relative squared error on 2^20
+# Gaussian values, group 32 / 128: min/max 0.00652 / 0.01012, this search 0.00607 / 0.00905
+# (Student-t(4): 0.00929 / 0.02100 -> 0.0088 / 0.0191); it costs ~1.5-2x min/max's time.
+_SHRINK = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75)
+_REFITS = 1
+
+
+def _codes(x, lo, hi, levels, s=None):
+    """Codes, zero points and f16 scales of groups x [..., group] for the range [lo, hi] (or the
+    scale s given, the zero point still from lo)."""
+    if s is None:
+        s = ((hi - lo) / levels).astype(np.float16)
+        s[s == 0] = np.float16(1.0)  # an all-zero group: any scale, code = zp
+    s32 = s.astype(np.float32)
+    z = np.clip(np.rint(-lo / s32), 0, levels)
+    return np.clip(np.rint(x / s32) + z, 0, levels).astype(np.uint8), z, s
+
+
+def _error(x, codes, z, s):
+    return np.square((codes - z) * s.astype(np.float32) - x).sum(axis=-1, keepdims=True)
+
+
+def _searched(x, lo, hi, levels):
+    """The codes of each group with the least squared error over the ranges _SHRINK keeps of
+    [lo, hi] (0 stays inside, so zeros stay exact), then _REFITS least-squares refits of the
+    chosen scale (s = sum(x (q - z)) / sum((q - z)^2) for the codes held, rounded to f16; kept
+    where the codes taken again err less): as llama.cpp's k-quants search their scales, within
+    the stored form w = (q - zp) * s. Only per-group figures are kept between candidates; the
+    codes are made again for the winner."""
+    best_lo, best_s, best_err = lo, None, None
+    for f in _SHRINK:
+        codes, z, s = _codes(x, lo * f, hi * f, levels)
+        err = _error(x, codes, z, s)
+        if best_err is None:
+            best_s, best_err = s, err
+        else:
+            better = err < best_err
+            best_lo, best_s, best_err = np.where(better, lo * f, best_lo), np.where(better, s, best_s), \
+                np.minimum(err, best_err)
+    for _ in range(_REFITS):
+        codes, z, _ = _codes(x, best_lo, None, levels, best_s)
+        cz = codes.astype(np.float32) - z
+        den = np.square(cz).sum(axis=-1, keepdims=True)
+        fit = (x * cz).sum(axis=-1, keepdims=True) / np.where(den > 0, den, 1.0)
+        s2 = np.where((den > 0) & (fit > 0), fit, best_s.astype(np.float32)).astype(np.float16)
+        s2[s2 == 0] = np.float16(1.0)
+        c2, z2, _ = _codes(x, best_lo, None, levels, s2)
+        e2 = _error(x, c2, z2, s2)
+        better = e2 < best_err
+        best_s, best_err = np.where(better, s2, best_s), np.minimum(e2, best_err)
+    return _codes(x, best_lo, None, levels, best_s)
 
 
 def dequantize(qw: Quantized) -> np.ndarray:

@@ -145,16 +145,26 @@ def test_schema_and_graph_io_agree():
 
 
 def test_quantised_row_sizes_agree_with_kv_formats():
-    # contract.py keeps its own copy of the scale-group rule (it imports only the standard
-    # library); it must size every int8/fp8 row as mla_export/kv_formats.py does.
+    # The contract derives its row sizes from the registry (mla_export/kv_formats.py); they must
+    # be the codec's, and the registry's scale-group rule must be enforced.
     from mla_export import kv_formats
-    from mla_export.contract import SCALE_GROUPS, cache_layout
+    from mla_export.contract import cache_layout
     for kv in kv_formats.QUANTISED:
-        assert SCALE_GROUPS[kv] == kv_formats.scale_groups(kv, 512)
         for r, dr in ((512, 64), (32, 16), (20, 6)):
             assert cache_layout(kv, r + dr, r)[1] == kv_formats.row_bytes(kv, r, dr), (kv, r, dr)
     with pytest.raises(ContractError, match="multiple of 4"):
         cache_layout("int8", 30 + 8, 30)
+
+
+class TestSchemaNamesTheRegistry:
+    """graphs/mla_graph.schema.json spells the cache formats for JSON Schema readers: exactly the
+    registry's, so a format added to kv_formats.FORMATS and not to the schema fails here."""
+
+    def test_cache_dtype_enum_is_the_registry(self):
+        from mla_export import kv_formats
+        from mla_export.contract import schema
+        enum = schema()["properties"]["cache"]["properties"]["dtype"]["enum"]
+        assert sorted(enum) == sorted(kv_formats.KV_DTYPES)
 
 
 def test_exports_with_the_older_logits_dim_name_load(export_dir, tmp_path):

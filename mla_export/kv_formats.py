@@ -87,6 +87,8 @@ FORMATS = _formats(
                     "the layout of DeepSeek's own 656-byte cache entry"),
     CacheFormat("fp8", np.dtype(ml_dtypes.float8_e4m3fn), groups=1, top=448.0, code="e4m3fn",
                 why="3 mantissa bits are relative to each value, so more scales barely change the error"),
+    CacheFormat("e5m2", np.dtype(ml_dtypes.float8_e5m2), groups=1, top=57344.0, code="e5m2",
+                why="as fp8's, with 2 mantissa bits (twice fp8's step); vLLM's fp8_e5m2 cache"),
 )
 KV_DTYPES = tuple(FORMATS)
 QUANTISED = tuple(n for n, f in FORMATS.items() if f.quantised)

@@ -82,9 +82,9 @@ class TestTheTwoRegistriesAgree:
         listed = re.search(r"using CacheFormats = FormatList<([^>]*)>;", text).group(1)
         names = [traits[t.strip()] for t in listed.split(",")]
         assert names == list(kv_formats.KV_DTYPES)
-        groups = dict(re.findall(r"QuantisedRows<KvDtype::\w+, \w+, (\d+)> \{\s*static constexpr const char\* "
-                                 r"name = \"(\w+)\"", text))
-        assert {n: int(g) for g, n in groups.items()} == \
+        groups = re.findall(r"QuantisedRows<KvDtype::\w+, \w+, (\d+)> \{\s*static constexpr const char\* "
+                            r"name = \"(\w+)\"", text)
+        assert {n: int(g) for g, n in groups} == \
             {n: f.groups for n, f in kv_formats.FORMATS.items() if f.quantised}
 
 

@@ -138,7 +138,7 @@ def test_schema_and_graph_io_agree():
         graph_io(2, 16, 576, "fp8", "portable", 512)
     # int8 rows: 512 codes + 4 f32 group scales + 64 bf16 = 656 bytes; fp8: one scale, 644;
     # f16 as bf16: 2 * 576
-    for kv, width in (("int8", 656), ("fp8", 644), ("f16", 1152), ("bf16", 1152)):
+    for kv, width in (("int8", 656), ("fp8", 644), ("e5m2", 644), ("f16", 1152), ("bf16", 1152)):
         cache = graph_io(2, 16, 576, kv, "custom", 512)[0][-1]
         assert (cache.dtype, cache.shape) == ("u8", ("NB", 16, width))
     assert graph_io(2, 16, 576, "f16", "portable")[0][-1].dtype == "f16"

@@ -16,13 +16,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "mla_tensor.hpp"
 #include "numeric.hpp"
 
 namespace mla {
 
-enum class KvDtype { automatic, f32, bf16, f16, int8, fp8 };
+enum class KvDtype { automatic, f32, bf16, f16, int8, fp8, e5m2 };
 
 // Code types of quantised rows: one byte per value; `top` is the largest magnitude a code
 // holds (the write picks scale = max|group| / top, so the group's largest value maps to it);
@@ -43,6 +44,29 @@ struct E4m3Code {  // float8 e4m3fn (numeric.hpp)
     static const char* word() { return "e4m3fn"; }
     static Storage encode(float y) { return f32_to_e4m3(y); }
     static float decode(Storage c) { return e4m3_to_f32(c); }
+};
+
+struct E5m2Code {  // float8 e5m2: the top byte of an IEEE half (1 sign, 5 exponent, 2 mantissa bits)
+    using Storage = uint8_t;
+    static constexpr float top = 57344.f;  // the largest finite e5m2
+    static const char* word() { return "e5m2"; }
+    // Round to nearest even, as ml_dtypes' float32 -> float8_e5m2 (beyond the largest finite: inf).
+    static Storage encode(float y) {
+        uint32_t bits;
+        std::memcpy(&bits, &y, 4);
+        const auto sign = static_cast<uint8_t>((bits >> 24) & 0x80u);
+        const uint32_t abs = bits & 0x7fffffffu;
+        if (abs > 0x7f800000u) return sign | 0x7fu;  // NaN
+        const float a = std::fabs(y);
+        if (a < 6.103515625e-05f)  // below 2^-14: subnormal codes m * 2^-16 (m = 4 is the smallest normal)
+            return sign | static_cast<uint8_t>(std::nearbyint(a * 65536.0f));
+        // Normal: keep 2 of the 23 mantissa bits, rounding to nearest even (a carry moves the
+        // exponent up), then rebias the exponent 127 -> 15; 0x7c is inf.
+        uint32_t r = (abs + 0xfffffu + ((abs >> 21) & 1u)) >> 21;
+        r -= (127u - 15u) << 2;
+        return sign | static_cast<uint8_t>(r > 0x7cu ? 0x7cu : r);
+    }
+    static float decode(Storage c) { return f16_to_f32(static_cast<uint16_t>(c << 8)); }
 };
 
 // W values of `elem` per row (read in place when f32, widened otherwise).
@@ -74,9 +98,13 @@ struct Int8Rows : QuantisedRows<KvDtype::int8, Int8Code, 4> { static constexpr c
 // the error (docs/KV_CACHE.md).
 struct Fp8Rows : QuantisedRows<KvDtype::fp8, E4m3Code, 1> { static constexpr const char* name = "fp8"; };
 
+// e5m2 codes: vLLM's other fp8 cache; 2 mantissa bits, so twice fp8's step (one scale per row
+// for the same reason as fp8's).
+struct E5m2Rows : QuantisedRows<KvDtype::e5m2, E5m2Code, 1> { static constexpr const char* name = "e5m2"; };
+
 template <class... F>
 struct FormatList {};
-using CacheFormats = FormatList<F32Rows, Bf16Rows, F16Rows, Int8Rows, Fp8Rows>;
+using CacheFormats = FormatList<F32Rows, Bf16Rows, F16Rows, Int8Rows, Fp8Rows, E5m2Rows>;
 
 template <class Fn, class... F>
 bool visit_format(FormatList<F...>, KvDtype k, Fn& fn) {

@@ -314,6 +314,31 @@ static void dequant_e4m3(const uint8_t* src, float scale, float* dst, int64_t n)
     for (; i < n; ++i) dst[i] = e4m3_to_f32(src[i]) * scale;
 }
 
+// dst[i] = e5m2(src[i]) * scale: an e5m2 byte is the top byte of an IEEE half, so it widens
+// exactly by a shift into the high byte and a half -> f32 conversion. (Codes 0x7c..0x7f and
+// 0xfc..0xff, inf and NaN, are never written: values are scaled to at most 57344.)
+static void dequant_e5m2(const uint8_t* src, float scale, float* dst, int64_t n) {
+    int64_t i = 0;
+#if MLA_ISA_LANES == 16
+    const __m512 sv = _mm512_set1_ps(scale);
+    for (; i + 32 <= n; i += 32) {
+        const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i)));
+        const __m512i h = _mm512_slli_epi16(w, 8);
+        _mm512_storeu_ps(dst + i, _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(h)), sv));
+        _mm512_storeu_ps(dst + i + 16, _mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1)), sv));
+    }
+#elif defined(__F16C__) && defined(__AVX2__)
+    const __m256 sv = _mm256_set1_ps(scale);
+    for (; i + 16 <= n; i += 16) {
+        const __m256i w = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)));
+        const __m256i h = _mm256_slli_epi16(w, 8);
+        _mm256_storeu_ps(dst + i, _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), sv));
+        _mm256_storeu_ps(dst + i + 8, _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), sv));
+    }
+#endif
+    for (; i < n; ++i) dst[i] = f16_to_f32(static_cast<uint16_t>(src[i] << 8)) * scale;
+}
+
 // One group of n codes -> code * scale: the widenings above for the code types that have one,
 // any other code type (cache_formats.hpp) by its scalar decode.
 template <class Code>
@@ -326,6 +351,9 @@ static void dequant(Int8Code, const void* src, float scale, float* dst, int64_t 
 }
 static void dequant(E4m3Code, const void* src, float scale, float* dst, int64_t n) {
     dequant_e4m3(static_cast<const uint8_t*>(src), scale, dst, n);
+}
+static void dequant(E5m2Code, const void* src, float scale, float* dst, int64_t n) {
+    dequant_e5m2(static_cast<const uint8_t*>(src), scale, dst, n);
 }
 
 // load_rows for the rows of one format F (cache_formats.hpp's traits).

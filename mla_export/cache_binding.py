@@ -1,6 +1,6 @@
 """The one rule for how a latent cache array is bound to a graph or an op (both runtimes).
 
-f32 caches are bound as they are; bf16 and f16 caches as the u8 view of their bytes (int8/fp8
+f32 caches are bound as they are; bf16 and f16 caches as the u8 view of their bytes (quantised
 caches are u8 bytes already). Why: OpenVINO's CPU plugin converts a bf16 or f16 input of a
 custom op into an f32 copy on CPUs without native bf16 (so the op's writes would be lost) but
 passes u8 through untouched, and the exported graphs declare 16-bit caches as u8 for both

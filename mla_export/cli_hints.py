@@ -14,6 +14,8 @@ import difflib
 import re
 from pathlib import Path
 
+from .kv_formats import KV_DTYPES
+
 __all__ = ["unknown_option_lines", "hub_id_message", "looks_like_hub_id", "add_foreign_flags"]
 
 _CPU_ONLY = "this runs on the CPU only (OpenVINO's CPU plugin); drop it"
@@ -28,8 +30,9 @@ HINTS: dict[str, dict[str, str]] = {
         "--framework": "the exporter reads safetensors checkpoints directly; drop it",
         "--library": "the exporter reads DeepSeek-V2/V3 checkpoints directly; drop it",
         "--device": _CPU_ONLY,
-        "--dtype": "use --weight-format {auto,f32,f16,bf16,int8,int4} for the stored weights, --kv-dtype {f16,bf16,f32,int8,fp8} for the cache",
-        "--kv-cache-dtype": "use --kv-dtype {f16,bf16,f32,int8,fp8} (the cache format is fixed at export)",
+        "--dtype": "use --weight-format {auto,f32,f16,bf16,int8,int4} for the stored weights, --kv-dtype "
+                   f"{{{','.join(KV_DTYPES)}}} for the cache",
+        "--kv-cache-dtype": f"use --kv-dtype {{{','.join(KV_DTYPES)}}} (the cache format is fixed at export)",
         "--cache_dir": "the Hub is not used: download with `hf download ID --local-dir DIR` and pass DIR",
         "--cache-dir": "the Hub is not used: download with `hf download ID --local-dir DIR` and pass DIR",
         "--revision": "the Hub is not used: `hf download ID --revision REV --local-dir DIR`, then pass DIR",

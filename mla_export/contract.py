@@ -16,15 +16,15 @@ schema cannot state (input list consistent with num_layers and the cache geometr
 `graph_io()` is the one definition of the graphs' inputs and outputs: the exporter declares its
 graph inputs from it and the validator compares against it.
 
-Caches (`cache.dtype`, the export's --kv-dtype): f32 rows are declared `kv_cache.<i>: f32
+Caches (`cache.dtype`, the export's --kv-dtype): the formats of mla_export/kv_formats.py's
+registry (FORMATS), from which every rule here is derived. f32 rows are declared `kv_cache.<i>: f32
 [NB, BS, W]`; every other format as raw bytes `u8 [NB, BS, row bytes]` in the custom-op graphs
-(the CPU plugin would copy a bf16/f16 input, see docs/ARCHITECTURE.md): bf16/f16 rows 2 * W bytes,
-int8/fp8 rows r + 4 * G + 2 * dr bytes = [r codes | G f32 group scales | dr bf16 k_pe], G = 4
-for int8 (groups of r / 4 values) and 1 for fp8 (`cache.row_layout` says it in words;
-mla_export/kv_formats.py is the numpy side). The portable ONNX graph declares
-caches in their logical dtype `[NB, BS, W]` (f32, bf16, f16 only: standard ONNX has no bit-cast
+(the CPU plugin would copy a bf16/f16 input, see docs/ARCHITECTURE.md): 16-bit rows 2 * W bytes,
+quantised rows r + 4 * G + 2 * dr bytes = [r codes | G f32 group scales | dr bf16 k_pe], G the
+format's scale groups (`cache.row_layout` says it in words). The portable ONNX graph declares
+caches in their logical dtype `[NB, BS, W]` (float formats only: standard ONNX has no bit-cast
 to read an f32 scale out of a byte row) and returns the updated ones as `kv_cache_out.<i>`.
-Only the standard library is imported here.
+Besides the standard library only that registry (numpy, ml_dtypes) is imported here.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from pathlib import Path
 from .config_values import show
 from .export_paths import inside
 from .json_file import read_json
+from .kv_formats import FLOAT_FORMATS, FORMATS, KV_DTYPES
 
 __all__ = ["CONTRACT_FILE", "CONTRACT_VERSION", "Contract", "ContractError", "TensorSpec", "graph_io", "cache_layout",
            "mtp_graph_io", "MTP_FILE_KEYS",
@@ -81,44 +82,39 @@ _METADATA = [
 ]
 
 
-CACHE_DTYPES = ("f32", "bf16", "f16", "int8", "fp8")
-QUANTISED = ("int8", "fp8")
-PORTABLE_CACHE_DTYPES = ("f32", "bf16", "f16")
-# f32 scales per int8/fp8 row, each over r / G latent values (kv_formats.scale_groups is the same
-# rule, kept here too because this module imports nothing but the standard library; a test
-# checks that the two agree).
-SCALE_GROUPS = {"int8": 4, "fp8": 1}
+CACHE_DTYPES = KV_DTYPES
+PORTABLE_CACHE_DTYPES = FLOAT_FORMATS
 
 
 def cache_layout(kv_dtype: str, row_width: int, kv_lora_rank: int | None = None) -> tuple[str, int, str]:
     """(graph dtype, graph row width, row layout in words) of a cache format in the custom-op
-    graphs. kv_lora_rank (r) is needed for int8/fp8. (kv_formats.row_bytes is the same rule.)"""
-    if kv_dtype not in CACHE_DTYPES:
+    graphs. kv_lora_rank (r) is needed for quantised formats. (kv_formats.row_bytes is the same rule.)"""
+    f = FORMATS.get(kv_dtype) if isinstance(kv_dtype, str) else None
+    if f is None:
         raise ContractError(f"cache dtype must be one of {', '.join(CACHE_DTYPES)}, got {kv_dtype!r}")
-    if kv_dtype == "f32":
-        return "f32", row_width, f"f32[{row_width}]"
-    if kv_dtype in ("bf16", "f16"):
-        return "u8", 2 * row_width, f"{kv_dtype}[{row_width}] as bytes"
+    if not f.quantised:
+        if f.graph_dtype == "f32":
+            return "f32", row_width, f"{kv_dtype}[{row_width}]"
+        return f.graph_dtype, f.row_bytes(row_width, 0), f"{kv_dtype}[{row_width}] as bytes"
     if kv_lora_rank is None or not 0 < kv_lora_rank <= row_width:
         raise ContractError(f"an {kv_dtype} cache needs kv_lora_rank in [1, {row_width}], got {kv_lora_rank!r}")
     dr = row_width - kv_lora_rank  # 0: an indexer-key row, all codes
-    code = "int8" if kv_dtype == "int8" else "e4m3fn"
-    groups = SCALE_GROUPS[kv_dtype]
+    groups = f.groups
     if kv_lora_rank % groups:
         raise ContractError(f"an {kv_dtype} cache quantises kv_c in {groups} equal groups: kv_lora_rank "
                             f"{kv_lora_rank} is not a multiple of {groups}")
     kpe = f" | bf16[{dr}] k_pe" if dr else ""
+    size = f.row_bytes(kv_lora_rank, dr)
     if groups == 1:
-        return ("u8", kv_lora_rank + 4 + 2 * dr,
-                f"{code}[{kv_lora_rank}] codes | f32 scale{kpe} (value = code * scale)")
-    return ("u8", kv_lora_rank + 4 * groups + 2 * dr,
-            f"{code}[{kv_lora_rank}] codes | f32[{groups}] scales, one per {kv_lora_rank // groups} codes{kpe} "
+        return "u8", size, f"{f.code}[{kv_lora_rank}] codes | f32 scale{kpe} (value = code * scale)"
+    return ("u8", size,
+            f"{f.code}[{kv_lora_rank}] codes | f32[{groups}] scales, one per {kv_lora_rank // groups} codes{kpe} "
             f"(value = code * its group's scale)")
 
 
 def index_cache_layout(kv_dtype: str, index_dim: int) -> tuple[str, int, str]:
     """cache_layout of an indexer-key cache: rows of D values, every one of them quantised for
-    int8/fp8 (no k_pe part)."""
+    quantised formats (no k_pe part)."""
     return cache_layout(kv_dtype, index_dim, index_dim)
 
 
@@ -126,7 +122,7 @@ def graph_io(num_layers: int, block_size: int, row_width: int, kv_dtype: str,
              variant: str = "custom", kv_lora_rank: int | None = None,
              index: tuple[int, int] | None = None, hidden: int | None = None) -> tuple[list[TensorSpec], list[TensorSpec]]:
     """Inputs and outputs of a graph: variant "custom" (openvino / onnx with the MLA ops) or
-    "portable" (standard ONNX ops, caches returned). kv_lora_rank is needed for int8/fp8 caches.
+    "portable" (standard ONNX ops, caches returned). kv_lora_rank is needed for quantised caches.
     index: (indexer layers, D) of a sparse-attention model: its `index_cache.<j>` inputs follow
     the latent caches (custom graphs only). hidden: hidden_size of an export with an MTP draft
     (the main graph then also returns every new token's last hidden state, which the draft reads)."""

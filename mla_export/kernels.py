@@ -5,7 +5,7 @@ underneath; tests and benchmarks call these to compare them with mla_export/refe
 
 Inputs are numpy arrays (bf16 as ml_dtypes.bfloat16); the cache of `cache_write` is updated in
 place. kv_dtype (every op): the cache's row format (mla_export/kv_formats.py), by the array's
-dtype when None; required for int8/fp8 caches (u8 arrays). kv_lora_rank (r) is always the
+dtype when None; required for quantised caches (u8 arrays). kv_lora_rank (r) is always the
 caller's: nothing here assumes DeepSeek's dimensions. num_threads (every op): the threads the
 kernels split their work by (OpenVINO's INFERENCE_NUM_THREADS, onnxruntime's intra-op pool);
 None: the runtime's default. No torch needed.
@@ -43,7 +43,7 @@ def cache_write(kv_c, k_pe, kv_cache: np.ndarray, slot_mapping, kv_dtype: str | 
                 runtime: str = "openvino", num_threads: int | None = None) -> np.ndarray:
     """Write [kv_c[t] | k_pe[t]] into kv_cache at slot_mapping[t] (skipping slots < 0), in place.
     kv_cache [NB, BS, r + dr] float32, bfloat16 or float16, or u8 [NB, BS, row bytes] for
-    kv_dtype int8/fp8; returns kv_cache."""
+    kv_dtype a quantised format; returns kv_cache."""
     return _runner(runtime).cache_write(kv_c, k_pe, kv_cache, slot_mapping, kv_dtype, num_threads=num_threads)
 
 
@@ -81,7 +81,7 @@ def indexer_topk(q, weights, index_cache, query_start_loc, seq_lens, block_table
                  compute: str = "f32") -> np.ndarray:
     """DeepSeek Sparse Attention's lightning indexer over a paged key cache: q [T, Hi, D] (RoPE
     applied), weights [T, Hi] (every positive factor folded in), index_cache [NB, BS, D] (u8 rows
-    for int8/fp8) -> [T, topk] int32: per new token the topk positions it sees of largest
+    for quantised formats) -> [T, topk] int32: per new token the topk positions it sees of largest
     sum_h weights[t, h] * relu(q[t, h] . key[s]), ascending, -1 padded when it sees fewer.
     compute: "f32" (exact) or "bf16" (the runtime's bf16 hint: bf16 products with f32 sums on AMX
     tiles where the CPU has them)."""

@@ -7,7 +7,7 @@ alignment and strides: read-only inputs are made C-contiguous, and the cache of 
 is updated in place (through shared memory when it is C-contiguous, else through a contiguous
 copy that is written back; bf16/f16 caches are bound as their raw bytes, see
 mla_export/cache_binding.py). kv_dtype (every op): the cache's row format (mla_export/kv_formats.py),
-by the array's dtype when None; required for int8/fp8 caches (u8 arrays). num_threads (every op):
+by the array's dtype when None; required for quantised caches (u8 arrays). num_threads (every op):
 the plugin's INFERENCE_NUM_THREADS, which the kernels split their work by (None: its default).
 No torch needed.
 """
@@ -128,7 +128,7 @@ def cache_write(kv_c, k_pe, kv_cache: np.ndarray, slot_mapping, kv_dtype: str | 
     """Write [kv_c[t] | k_pe[t]] into kv_cache at slot_mapping[t] (skipping slots < 0), in place.
 
     kv_cache [NB, BS, r + dr] float32, bfloat16 or float16, or u8 [NB, BS, row bytes] for
-    kv_dtype int8/fp8; returns kv_cache."""
+    kv_dtype a quantised format; returns kv_cache."""
     if not isinstance(kv_cache, np.ndarray):
         raise TypeError("input 'kv_cache' must be a numpy array (updated in place)")
     _, fmt = _cache(kv_cache, kv_dtype)

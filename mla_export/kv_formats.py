@@ -1,71 +1,135 @@
-"""The latent cache's row formats (`kv_dtype`), in numpy: sizes, allocation, and the exact
-quantisation the kernels do (custom_ops/kernels/cache_format.hpp is the C++ side).
+"""The latent cache's row formats (`kv_dtype`): the one registry of them in Python (FORMATS),
+and in numpy their sizes, allocation and the exact quantisation the kernels do
+(custom_ops/kernels/cache_formats.hpp is the C++ registry, the same entries).
 
-A row holds [kv_c (r values) | k_pe (dr values)], W = r + dr:
+The contract (mla_export/contract.py), the export's --kv-dtype choices and this module's codec
+are derived from FORMATS; a new format is one CacheFormat entry here (and its traits in C++);
+docs/KERNELS.md walks through it.
 
-| kv_dtype | row                                                       | bytes (r=512, dr=64) |
-|----------|-----------------------------------------------------------|---------------------:|
-| f32      | W x f32                                                   | 2304 |
-| bf16     | W x bf16                                                  | 1152 |
-| f16      | W x IEEE half                                             | 1152 |
-| int8     | r x int8 code, 4 x f32 group scale, dr x bf16 k_pe        | 656 |
-| fp8      | r x float8 e4m3fn code, 1 x f32 scale, dr x bf16 k_pe     | 644 |
+A row holds [kv_c (r values) | k_pe (dr values)], W = r + dr. Float formats store W values of
+their `storage` dtype. Quantised formats store
 
-int8/fp8 quantise the latent part kv_c in `scale_groups` equal groups of r / G values, each with
-its own f32 scale: int8 4 groups (r must be a multiple of 4; 128 values each for r = 512, the
-layout of DeepSeek's own 656-byte fp8 entry), fp8 one per row (docs/KV_CACHE.md says why).
-value = code * scale, scale = max|group| / 127 (int8) or / 448 (fp8), computed in f32 as the
-kernels do: codes = round_half_even(x / scale) (int8, clipped to +-127) or
-float8_e4m3fn(x / scale); an all-zero group has scale 0 and codes 0; a group with a non-finite
-value has a NaN scale and codes 0. k_pe stays bf16 (rotary keys need range).
+    r x 1-byte code | G x f32 group scale | dr x bf16 k_pe        (r + 4G + 2dr bytes)
 
-Arrays: f32/bf16/f16 caches are [NB, BS, W] arrays of that dtype (bound to graphs as u8 bytes
-when 16-bit); int8/fp8 caches are u8 [NB, BS, row_bytes] arrays. Runtime-safe: numpy and
-ml_dtypes only.
+quantising the latent part kv_c in G = `groups` equal groups of r / G values (r must be a
+multiple of G), each with its own f32 scale: value = code * scale, scale = max|group| / `top`,
+computed in f32 as the kernels do: codes = round_half_even(x / scale) clipped to +-top (integer
+codes) or x / scale cast to the float code type (float codes); an all-zero group has scale 0 and
+codes 0; a group with a non-finite value has a NaN scale and codes 0. k_pe stays bf16 (rotary
+keys need range). Each entry's `why` says why its groups are what they are (docs/KV_CACHE.md).
+
+Arrays: float caches are [NB, BS, W] arrays of their dtype (bound to graphs as u8 bytes when
+16-bit); quantised caches are u8 [NB, BS, row_bytes] arrays. Runtime-safe: numpy and ml_dtypes
+only.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import ml_dtypes
 import numpy as np
 
-__all__ = ["KV_DTYPES", "QUANTISED", "scale_groups", "row_bytes", "bytes_per_value", "storage_dtype", "allocate", "graph_width",
-           "kv_dtype_of", "quantise_rows", "dequantise_rows", "encode_rows", "decode_rows"]
+__all__ = ["CacheFormat", "FORMATS", "KV_DTYPES", "QUANTISED", "FLOAT_FORMATS", "cache_format", "scale_groups",
+           "row_bytes", "bytes_per_value", "storage_dtype", "allocate", "graph_width", "kv_dtype_of",
+           "quantise_rows", "dequantise_rows", "encode_rows", "decode_rows", "describe"]
 
-KV_DTYPES = ("f32", "bf16", "f16", "int8", "fp8")
-QUANTISED = ("int8", "fp8")
 BF16 = np.dtype(ml_dtypes.bfloat16)
-E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
-_FLOAT_STORAGE = {"f32": np.dtype(np.float32), "bf16": BF16, "f16": np.dtype(np.float16)}
-_TOP = {"int8": np.float32(127.0), "fp8": np.float32(448.0)}
+
+
+@dataclass(frozen=True)
+class CacheFormat:
+    """One row format. Float rows: W values of `storage`. Quantised rows (groups > 0): r codes
+    of `storage` (one byte each) in `groups` equal groups, f32 scales, bf16 k_pe."""
+
+    name: str
+    storage: np.dtype  # element dtype of float rows; the code dtype of quantised rows
+    groups: int = 0  # f32 scales per row over the r latent values; 0: float rows
+    top: float = 0.0  # quantised: the largest code magnitude (scale = max|group| / top)
+    code: str = ""  # quantised: the code in words (the contract's row_layout)
+    why: str = ""  # why the groups are what they are
+
+    @property
+    def quantised(self) -> bool:
+        return self.groups > 0
+
+    @property
+    def graph_dtype(self) -> str:
+        """How the custom-op graphs declare the cache: f32 rows as f32, every other format as u8
+        bytes (OpenVINO's CPU plugin copies bf16/f16 inputs of a custom op)."""
+        return "f32" if self.storage == np.float32 else "u8"
+
+    def row_bytes(self, r: int, dr: int) -> int:
+        if self.quantised:
+            return r + 4 * self.groups + 2 * dr
+        return (r + dr) * self.storage.itemsize
+
+    def encode(self, y: np.ndarray) -> np.ndarray:
+        """Codes of f32 values y = x / scale (|y| <= top), rounded as the kernels round."""
+        if np.issubdtype(self.storage, np.integer):
+            return np.clip(np.rint(y), -self.top, self.top).astype(self.storage)
+        return y.astype(self.storage)
+
+
+def _formats(*entries: CacheFormat) -> dict[str, CacheFormat]:
+    for f in entries:  # the C++ side reads codes at one byte each (cache_formats.hpp)
+        assert not f.quantised or (f.storage.itemsize == 1 and f.top > 0 and f.code), f
+    return {f.name: f for f in entries}
+
+
+# The registry. Order: float formats first, as the CLI lists them.
+FORMATS = _formats(
+    CacheFormat("f32", np.dtype(np.float32)),
+    CacheFormat("bf16", BF16),
+    CacheFormat("f16", np.dtype(np.float16)),
+    CacheFormat("int8", np.dtype(np.int8), groups=4, top=127.0, code="int8",
+                why="a uniform step shrinks with its group's maximum; 4 groups = 128 values at r = 512, "
+                    "the layout of DeepSeek's own 656-byte cache entry"),
+    CacheFormat("fp8", np.dtype(ml_dtypes.float8_e4m3fn), groups=1, top=448.0, code="e4m3fn",
+                why="3 mantissa bits are relative to each value, so more scales barely change the error"),
+    CacheFormat("e5m2", np.dtype(ml_dtypes.float8_e5m2), groups=1, top=57344.0, code="e5m2",
+                why="as fp8's, with 2 mantissa bits (twice fp8's step); vLLM's fp8_e5m2 cache"),
+)
+KV_DTYPES = tuple(FORMATS)
+QUANTISED = tuple(n for n, f in FORMATS.items() if f.quantised)
+FLOAT_FORMATS = tuple(n for n, f in FORMATS.items() if not f.quantised)
+
+
+def cache_format(kv_dtype: str) -> CacheFormat:
+    """The registry entry of kv_dtype; ValueError naming the choices otherwise."""
+    f = FORMATS.get(kv_dtype) if isinstance(kv_dtype, str) else None
+    if f is None:
+        raise ValueError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}, got {kv_dtype!r}")
+    return f
 
 
 def _check(kv_dtype: str) -> str:
-    if kv_dtype not in KV_DTYPES:
-        raise ValueError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}, got {kv_dtype!r}")
+    cache_format(kv_dtype)
     return kv_dtype
 
 
-_GROUPS = {"int8": 4, "fp8": 1}  # f32 scales per row (custom_ops/kernels/cache_format.cpp: scale_groups)
-
-
 def scale_groups(kv_dtype: str, r: int) -> int:
-    """f32 scales per row of an int8/fp8 cache (each over r / groups latent values); 0 otherwise."""
-    _check(kv_dtype)
-    if kv_dtype not in QUANTISED:
+    """f32 scales per row of a quantised cache (each over r / groups latent values); 0 otherwise."""
+    f = cache_format(kv_dtype)
+    if not f.quantised:
         return 0
-    g = _GROUPS[kv_dtype]
-    if r % g:
-        raise ValueError(f"an {kv_dtype} cache quantises kv_c in {g} equal groups: kv_lora_rank {r} is not a multiple of {g}")
-    return g
+    if r % f.groups:
+        raise ValueError(f"an {kv_dtype} cache quantises kv_c in {f.groups} equal groups: kv_lora_rank {r} is not a "
+                         f"multiple of {f.groups}")
+    return f.groups
 
 
 def row_bytes(kv_dtype: str, r: int, dr: int) -> int:
     """Bytes of one cache row of r + dr values."""
-    _check(kv_dtype)
-    if kv_dtype in QUANTISED:
-        return r + 4 * scale_groups(kv_dtype, r) + 2 * dr
-    return (r + dr) * _FLOAT_STORAGE[kv_dtype].itemsize
+    f = cache_format(kv_dtype)
+    if f.quantised:
+        scale_groups(kv_dtype, r)
+    return f.row_bytes(r, dr)
+
+
+def describe(r: int, dr: int) -> str:
+    """Every format with its row bytes at latent rank r and rope width dr (the CLI's help)."""
+    return ", ".join(f"{n} {row_bytes(n, r, dr)}" for n in KV_DTYPES)
 
 
 def bytes_per_value(kv_dtype: str, r: int, dr: int) -> float:
@@ -73,14 +137,14 @@ def bytes_per_value(kv_dtype: str, r: int, dr: int) -> float:
 
 
 def storage_dtype(kv_dtype: str) -> np.dtype:
-    """numpy dtype of the cache array: f32/bf16/f16 rows, or u8 bytes for int8/fp8."""
-    _check(kv_dtype)
-    return np.dtype(np.uint8) if kv_dtype in QUANTISED else _FLOAT_STORAGE[kv_dtype]
+    """numpy dtype of the cache array: the float rows' dtype, or u8 bytes for quantised rows."""
+    f = cache_format(kv_dtype)
+    return np.dtype(np.uint8) if f.quantised else f.storage
 
 
 def graph_width(kv_dtype: str, r: int, dr: int) -> int:
-    """Last dimension of the cache as graphs declare it: W for f32, else bytes per row (u8)."""
-    return r + dr if kv_dtype == "f32" else row_bytes(kv_dtype, r, dr)
+    """Last dimension of the cache as graphs declare it: W for f32 rows, else bytes per row (u8)."""
+    return r + dr if cache_format(kv_dtype).graph_dtype == "f32" else row_bytes(kv_dtype, r, dr)
 
 
 def allocate(kv_dtype: str, num_blocks: int, block_size: int, r: int, dr: int, fill=0) -> np.ndarray:
@@ -91,24 +155,28 @@ def allocate(kv_dtype: str, num_blocks: int, block_size: int, r: int, dr: int, f
 
 
 def kv_dtype_of(cache: np.ndarray, kv_dtype: str | None = None) -> str:
-    """The format of a cache array: kv_dtype when given (required for u8 int8/fp8 caches), else
-    by dtype (f32, bf16, f16)."""
+    """The format of a cache array: kv_dtype when given (required for u8 quantised caches), else
+    by dtype (the float formats')."""
     if kv_dtype is not None:
         _check(kv_dtype)
         want = storage_dtype(kv_dtype)
         if cache.dtype != want:
             raise TypeError(f"a {kv_dtype} cache must be a {want} array, got {cache.dtype}")
         return kv_dtype
-    for name, dt in _FLOAT_STORAGE.items():
-        if cache.dtype == dt:
+    for name in FLOAT_FORMATS:
+        if cache.dtype == FORMATS[name].storage:
             return name
-    raise TypeError(f"cache dtype {cache.dtype} needs an explicit kv_dtype (int8 / fp8 caches are u8 arrays)")
+    raise TypeError(f"cache dtype {cache.dtype} needs an explicit kv_dtype ({' / '.join(QUANTISED)} caches are u8 "
+                    "arrays)")
 
 
 def quantise_rows(kv_c, kv_dtype: str, groups: int = 1):
     """(codes, scales) of rows kv_c [N, r] in `groups` equal groups, computed in f32 exactly as
-    the kernels' cache write: codes int8 or float8_e4m3fn [N, r], scales f32 [N, groups] (or [N]
-    when groups == 1)."""
+    the kernels' cache write: codes of the format's code dtype [N, r], scales f32 [N, groups] (or
+    [N] when groups == 1)."""
+    fmt = cache_format(kv_dtype)
+    if not fmt.quantised:
+        raise ValueError(f"quantise_rows needs a quantised format ({', '.join(QUANTISED)}), got {kv_dtype!r}")
     x = np.asarray(kv_c).astype(np.float32)
     if groups != 1:
         n, r = x.shape
@@ -116,16 +184,12 @@ def quantise_rows(kv_c, kv_dtype: str, groups: int = 1):
         return codes.reshape(n, r), scale.reshape(n, groups)
     finite = np.isfinite(x).all(axis=1)
     amax = np.where(finite, np.abs(np.where(np.isfinite(x), x, 0)).max(axis=1, initial=0), 0).astype(np.float32)
-    scale = np.where(finite, amax / _TOP[kv_dtype], np.float32(np.nan)).astype(np.float32)
+    scale = np.where(finite, amax / np.float32(fmt.top), np.float32(np.nan)).astype(np.float32)
     zero = ~finite | (scale == 0)
     safe = np.where(zero, np.float32(1), scale)[:, None]
     with np.errstate(invalid="ignore"):
         y = np.where(zero[:, None], np.float32(0), x / safe).astype(np.float32)
-    if kv_dtype == "int8":
-        codes = np.clip(np.rint(y), -127, 127).astype(np.int8)
-    else:
-        codes = y.astype(E4M3)
-    return codes, scale
+    return fmt.encode(y), scale
 
 
 def dequantise_rows(codes, scales) -> np.ndarray:
@@ -140,7 +204,7 @@ def dequantise_rows(codes, scales) -> np.ndarray:
 
 def encode_rows(rows, kv_dtype: str, r: int) -> np.ndarray:
     """Rows [N, W] (any float dtype; converted to f32 first like the kernels' inputs) in the
-    cache's storage: [N, W] of the float dtype, or u8 [N, row_bytes] for int8/fp8."""
+    cache's storage: [N, W] of the float dtype, or u8 [N, row_bytes] for quantised formats."""
     _check(kv_dtype)
     rows = np.asarray(rows)
     if kv_dtype not in QUANTISED:
@@ -161,7 +225,7 @@ def decode_rows(stored, kv_dtype: str, r: int) -> np.ndarray:
         return stored.astype(np.float64)
     lead = stored.shape[:-1]
     flat = np.ascontiguousarray(stored.reshape(-1, stored.shape[-1]))
-    code_dtype = np.dtype(np.int8) if kv_dtype == "int8" else E4M3
+    code_dtype = FORMATS[kv_dtype].storage
     g = scale_groups(kv_dtype, r)
     codes = flat[:, :r].view(code_dtype)
     scale = flat[:, r:r + 4 * g].copy().view(np.float32).reshape(len(flat), g)

@@ -23,6 +23,8 @@ from __future__ import annotations
 import onnx
 from onnx import AttributeProto, TensorProto, helper
 
+from .kv_formats import KV_DTYPES
+
 __all__ = [
     "DOMAIN", "PORTABLE_DOMAIN", "OPSET_VERSION", "ONNX_OPSET", "register_schemas",
     "cache_write_node", "paged_attention_node", "indexer_topk_node", "cache_update_node", "portable_attention_node",
@@ -54,7 +56,7 @@ def _schemas():
     opt = S.FormalParameterOption.Optional
     A = S.Attribute
     kv_dtype = A("kv_dtype", helper.make_attribute("kv_dtype", ""),
-                 "cache row format: f32, bf16, f16, int8, fp8 (mla_export/kv_formats.py); empty = by the cache's "
+                 f"cache row format: {', '.join(KV_DTYPES)} (mla_export/kv_formats.py); empty = by the cache's "
                  "element type, u8 = bf16 rows")
     # What the two reading ops share: their type constraints, the softmax scale and the ordering input.
     reader_types = [("T", _FLOATS, ""), ("C", _CACHES, ""), ("I", _INDICES, ""), ("X", _ANY, "")]

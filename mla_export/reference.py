@@ -11,7 +11,7 @@ Conventions (see docs/MLA.md and docs/ARCHITECTURE.md):
 - new token j of sequence b (qlen_b new tokens) sits at position seq_lens[b] - qlen_b + j and
   attends to positions 0..itself.
 - kv_dtype (every function that takes a cache): the row format (mla_export/kv_formats.py);
-  None = by the array's dtype (f32, bf16, f16). int8/fp8 caches are u8 [NB, BS, row bytes]:
+  None = by the array's dtype (f32, bf16, f16). quantised caches are u8 [NB, BS, row bytes]:
   the write quantises exactly as the kernels do (in f32) and the reads dequantise in float64,
   so every kernel is compared with the same stored values.
 """
@@ -67,7 +67,7 @@ def cache_write(kv_c, k_pe, kv_cache: np.ndarray, slot_mapping, kv_dtype: str | 
 def gather_sequence_rows(kv_cache, block_table_row, length: int, kv_dtype: str | None = None,
                          r: int | None = None) -> np.ndarray:
     """The first `length` cache rows of one sequence, in token order, as float64 [length, W]
-    (r, the latent rank, is needed for int8/fp8 rows)."""
+    (r, the latent rank, is needed for quantised rows)."""
     fmt = _format(kv_cache, kv_dtype)
     bs = kv_cache.shape[1]
     idx = np.arange(length)

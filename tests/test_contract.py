@@ -138,23 +138,33 @@ def test_schema_and_graph_io_agree():
         graph_io(2, 16, 576, "fp8", "portable", 512)
     # int8 rows: 512 codes + 4 f32 group scales + 64 bf16 = 656 bytes; fp8: one scale, 644;
     # f16 as bf16: 2 * 576
-    for kv, width in (("int8", 656), ("fp8", 644), ("f16", 1152), ("bf16", 1152)):
+    for kv, width in (("int8", 656), ("fp8", 644), ("e5m2", 644), ("f16", 1152), ("bf16", 1152)):
         cache = graph_io(2, 16, 576, kv, "custom", 512)[0][-1]
         assert (cache.dtype, cache.shape) == ("u8", ("NB", 16, width))
     assert graph_io(2, 16, 576, "f16", "portable")[0][-1].dtype == "f16"
 
 
 def test_quantised_row_sizes_agree_with_kv_formats():
-    # contract.py keeps its own copy of the scale-group rule (it imports only the standard
-    # library); it must size every int8/fp8 row as mla_export/kv_formats.py does.
+    # The contract derives its row sizes from the registry (mla_export/kv_formats.py); they must
+    # be the codec's, and the registry's scale-group rule must be enforced.
     from mla_export import kv_formats
-    from mla_export.contract import SCALE_GROUPS, cache_layout
+    from mla_export.contract import cache_layout
     for kv in kv_formats.QUANTISED:
-        assert SCALE_GROUPS[kv] == kv_formats.scale_groups(kv, 512)
         for r, dr in ((512, 64), (32, 16), (20, 6)):
             assert cache_layout(kv, r + dr, r)[1] == kv_formats.row_bytes(kv, r, dr), (kv, r, dr)
     with pytest.raises(ContractError, match="multiple of 4"):
         cache_layout("int8", 30 + 8, 30)
+
+
+class TestSchemaNamesTheRegistry:
+    """graphs/mla_graph.schema.json spells the cache formats for JSON Schema readers: exactly the
+    registry's, so a format added to kv_formats.FORMATS and not to the schema fails here."""
+
+    def test_cache_dtype_enum_is_the_registry(self):
+        from mla_export import kv_formats
+        from mla_export.contract import schema
+        enum = schema()["properties"]["cache"]["properties"]["dtype"]["enum"]
+        assert sorted(enum) == sorted(kv_formats.KV_DTYPES)
 
 
 def test_exports_with_the_older_logits_dim_name_load(export_dir, tmp_path):

@@ -55,6 +55,7 @@ class TestEveryTable:
                 for form in ("absorbed", "expanded"):
                     t.test_attention_mixed_batch(rng, t.ov_ops, kv, form)
             t.test_every_e4m3_code_reads_exactly(t.ov_ops)
+            t.test_every_e5m2_code_reads_exactly(t.ov_ops)
             for kv in ("f32", "int8"):
                 sp.test_indexer_topk_matches_reference(rng, "openvino", kv, 2)
             for kv in ("f32", "fp8"):

@@ -1,10 +1,10 @@
-"""The f16, int8 and fp8 latent caches (mla_export/kv_formats.py, custom_ops/kernels/cache_format.hpp)
+"""The f16, int8, fp8 and e5m2 latent caches (mla_export/kv_formats.py, custom_ops/kernels/cache_formats.hpp)
 through both runtimes' ops, against the float64 reference that stores the very same bytes.
 
 Precision: every query, weight and output here is f32 (exactness); the only rounding under test
 is the cache's own, which the reference reproduces bit for bit (the write) and then reads in
 float64 (the attention), so the tolerance is the f32 one. Caches have shuffled block tables and
-NaN in every row no sequence owns (int8/fp8: a NaN scale)."""
+NaN in every row no sequence owns (quantised formats: a NaN scale)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from mla_export import kv_formats as kf
 from mla_export import reference as ref
 from paged_problems import make_problem, randn, rel_err
 
-NEW = ["f16", "int8", "fp8"]
+NEW = ["f16", "int8", "fp8", "e5m2"]
 TOL = 2e-5  # f32 accumulation against float64 on identical stored values
 
 
@@ -46,21 +46,31 @@ def test_cache_write_is_bit_exact(rng, ops, kv, src):
     ops.cache_write(kv_c, k_pe, cache, slots, kv_dtype=kv)
     expected = ref.cache_write(kv_c, k_pe, before.copy(), slots, kv_dtype=kv)
     np.testing.assert_array_equal(cache.view(np.uint8), expected.view(np.uint8))
-    assert kf.row_bytes(kv, r, dr) == {"f16": 1152, "int8": 656, "fp8": 644}[kv]
+    assert kf.row_bytes(kv, r, dr) == {"f16": 1152, "int8": 656, "fp8": 644, "e5m2": 644}[kv]
     rows = kf.decode_rows(cache.reshape(nb * bs, -1)[slots[:-1]], kv, r)
     err = np.abs(rows[:, :r] - kv_c[:-1].astype(np.float64)).max() / np.abs(kv_c.astype(np.float64)).max()
-    assert err <= {"f16": 2 ** -11, "int8": 0.5 / 127, "fp8": 2 ** -4}[kv] * 1.01, err
+    assert err <= {"f16": 2 ** -11, "int8": 0.5 / 127, "fp8": 2 ** -4, "e5m2": 2 ** -3}[kv] * 1.01, err
+
+
+# (values at scale 1, what they round to): int8 round half to even; fp8 on 3 mantissa bits and e5m2
+# on 2, subnormal ties too (2^-10 and 2^-17 are ties to 0).
+TIES = {
+    "int8": ([0.5, 1.5, 2.5, -0.5, -2.5, 126.5, 3.4999, 3.5], [0, 2, 2, -0.0, -2, 126, 3, 4]),
+    "fp8": ([1.0625, 1.1875, -1.0625, 1.5 * 2 ** -9, 2.5 * 2 ** -9, 2 ** -10, 447.0, 15.5],
+            [1.0, 1.25, -1.0, 2 * 2 ** -9, 2 * 2 ** -9, 0, 448, 16]),
+    "e5m2": ([1.125, 1.375, -1.125, 1.5 * 2 ** -16, 2.5 * 2 ** -16, 2 ** -17, 57000.0, 15.0],
+             [1.0, 1.5, -1.0, 2 * 2 ** -16, 2 * 2 ** -16, 0, 57344, 16]),
+}
 
 
 @pytest.mark.parametrize("ops", RUNTIMES)
-@pytest.mark.parametrize("kv", ["int8", "fp8"])
+@pytest.mark.parametrize("kv", ["int8", "fp8", "e5m2"])
 def test_rounding_ties_zero_and_non_finite_rows(ops, kv):
     r, dr = 16, 2
-    groups = kf.scale_groups(kv, r)  # int8: 4 groups of 4 values, fp8: one scale per row
+    groups = kf.scale_groups(kv, r)  # int8: 4 groups of 4 values, fp8 / e5m2: one scale per row
     gs = r // groups
-    top = 127.0 if kv == "int8" else 448.0  # amax = top in every group: scales exactly 1, x / scale = x
-    ties = ([0.5, 1.5, 2.5, -0.5, -2.5, 126.5, 3.4999, 3.5] if kv == "int8" else
-            [1.0625, 1.1875, -1.0625, 1.5 * 2 ** -9, 2.5 * 2 ** -9, 2 ** -10, 447.0, 15.5])
+    top = kf.FORMATS[kv].top  # amax = top in every group: scales exactly 1, x / scale = x
+    ties, rounded = TIES[kv]
     row = np.zeros(r, np.float32)
     row[::gs] = top
     at = [i for i in range(r) if i % gs][:len(ties)]  # the positions that are not a group's top
@@ -74,10 +84,7 @@ def test_rounding_ties_zero_and_non_finite_rows(ops, kv):
     expected = ref.cache_write(kv_c, k_pe, kf.allocate(kv, 1, 4, r, dr), np.arange(4), kv_dtype=kv)
     np.testing.assert_array_equal(cache, expected)
     got = kf.decode_rows(cache[0], kv, r)
-    if kv == "int8":
-        np.testing.assert_array_equal(got[0, at], [0, 2, 2, -0.0, -2, 126, 3, 4])
-    else:  # round half to even on 3 mantissa bits, subnormal ties too (2^-10 is a tie to 0)
-        np.testing.assert_array_equal(got[0, at], [1.0, 1.25, -1.0, 2 * 2 ** -9, 2 * 2 ** -9, 0, 448, 16])
+    np.testing.assert_array_equal(got[0, at], rounded)
     assert np.all(got[1, :r] == 0)  # zero row: scales 0
     for t, bad in ((2, at[4]), (3, at[5])):  # non-finite: its group's scale is NaN (loud), the others hold
         g = bad // gs
@@ -101,6 +108,23 @@ def test_every_e4m3_code_reads_exactly(ops):
     out = ops.paged_decode(q, cache, np.zeros((1, 1), np.int32), np.ones(1, np.int32), 1.0, kv_lora_rank=r,
                            kv_dtype="fp8")
     expected = codes.view(ml_dtypes.float8_e4m3fn).astype(np.float64) * 0.75
+    np.testing.assert_array_equal(out[0, 0].astype(np.float64), expected)
+
+
+@pytest.mark.parametrize("ops", RUNTIMES)
+def test_every_e5m2_code_reads_exactly(ops):
+    """The same for e5m2: all 248 finite codes (0x7c..0x7f and 0xfc..0xff are inf / NaN, never written)."""
+    r, dr = 256, 8
+    codes = np.arange(256, dtype=np.uint8)
+    codes[(codes & 0x7f) >= 0x7c] = 0
+    scale = np.float32(0.75)
+    row = np.concatenate([codes, np.frombuffer(scale.tobytes(), np.uint8),
+                          np.zeros(dr, ml_dtypes.bfloat16).view(np.uint8)])
+    cache = np.ascontiguousarray(row[None, None, :])
+    q = np.zeros((1, 1, r + dr), np.float32)
+    out = ops.paged_decode(q, cache, np.zeros((1, 1), np.int32), np.ones(1, np.int32), 1.0, kv_lora_rank=r,
+                           kv_dtype="e5m2")
+    expected = codes.view(ml_dtypes.float8_e5m2).astype(np.float64) * 0.75
     np.testing.assert_array_equal(out[0, 0].astype(np.float64), expected)
 
 

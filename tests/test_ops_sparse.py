@@ -51,7 +51,7 @@ def _check_selection(got: np.ndarray, scores: list, topk: int, tol: float) -> No
             f"token {t}: selection differs from the reference's top-{topk} beyond near-ties")
 
 
-@pytest.mark.parametrize("cache_dtype", ["f32", "bf16", "f16", "int8", "fp8"])
+@pytest.mark.parametrize("cache_dtype", ["f32", "bf16", "f16", "int8", "fp8", "e5m2"])
 @pytest.mark.parametrize("runtime", RUNTIMES)
 @pytest.mark.parametrize("threads", [1, 2])
 def test_indexer_topk_matches_reference(rng, runtime, cache_dtype, threads):

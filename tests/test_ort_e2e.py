@@ -101,11 +101,11 @@ def test_library_and_portable_paths_equal_openvino(exports, kv_dtype):
 
 
 @needs_library
-@pytest.mark.parametrize("kv_dtype", ["f16", "int8", "fp8"])
+@pytest.mark.parametrize("kv_dtype", ["f16", "int8", "fp8", "e5m2"])
 def test_new_cache_formats_equal_openvino(tmp_path_factory, kv_dtype, exports):
-    """The f16 / int8 / fp8 caches through the onnxruntime library give OpenVINO's greedy tokens
+    """The f16 / int8 / fp8 / e5m2 caches through the onnxruntime library give OpenVINO's greedy tokens
     (the same kernels on the same stored rows); f16 also through the portable graph, which
-    cannot hold int8/fp8 rows (no bit-cast in standard ONNX): the export refuses --portable."""
+    cannot hold quantised rows (no bit-cast in standard ONNX): the export refuses --portable."""
     if kv_dtype == "f16":
         _, out = exports.model("deepseek_v3", kv_dtype, BLOCK_SIZE, "both", portable=True)
     else:

@@ -104,10 +104,10 @@ def test_abort_frees_blocks_and_seeded_sampling_repeats(exports):
     assert again["again"].token_ids == final["keep"].token_ids
 
 
-@pytest.mark.parametrize("kv_dtype", ["f16", "int8", "fp8"])
+@pytest.mark.parametrize("kv_dtype", ["f16", "int8", "fp8", "e5m2"])
 def test_cache_formats_through_chunking_preemption_and_prefix_caching(exports, kv_dtype):
-    """The engine on f16 / int8 / fp8 caches (u8 byte arrays bound in place, copied block by block
-    on copy-on-write): f16 gives transformers' greedy tokens like f32 does; int8 and fp8 round
+    """The engine on f16 / int8 / fp8 / e5m2 caches (u8 byte arrays bound in place, copied block by block
+    on copy-on-write): f16 gives transformers' greedy tokens like f32 does; the quantised ones round
     more, so their oracle is the same export run one request at a time, unchunked, without
     prefix caching or preemption (fixed prompts: the comparison is deterministic)."""
     ckpt, out_dir = exports.model("deepseek_v3", kv_dtype, BLOCK_SIZE)

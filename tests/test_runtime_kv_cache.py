@@ -139,7 +139,7 @@ def test_budget_to_blocks():
 
 
 @pytest.mark.parametrize("dtype, latent_row, index_row", [("f32", 24, 32), ("bf16", 12, 16), ("int8", 4 + 16 + 4, 8 + 16),
-                                                           ("fp8", 4 + 4 + 4, 8 + 4)])
+                                                           ("fp8", 4 + 4 + 4, 8 + 4), ("e5m2", 4 + 4 + 4, 8 + 4)])
 def test_indexer_key_caches_share_the_blocks_and_count_in_the_memory(dtype, latent_row, index_row):
     """A sparse-attention model's indexer-key caches (8 values a row here: all of them codes for
     int8/fp8, no k_pe part) come after the latent ones, one array per indexer layer on the same

@@ -25,7 +25,7 @@ import time
 import ml_dtypes
 import numpy as np
 
-from mla_export import kernel_config, kernels
+from mla_export import kernel_config, kernels, kv_formats
 
 BF16 = ml_dtypes.bfloat16
 H, R, DR, DN, DV = 128, 512, 64, 128, 128
@@ -194,7 +194,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--block-size", type=int, default=16)
-    ap.add_argument("--kv-dtype", choices=["bf16", "int8", "fp8"], default="bf16")
+    ap.add_argument("--kv-dtype", choices=kv_formats.KV_DTYPES, default="bf16")
     ap.add_argument("--compute", choices=["bf16", "f32"], default="bf16")
     ap.add_argument("--prefill", type=int, nargs="*", default=[], help="prompt lengths of one-layer prefills to time")
     ap.add_argument("--prefill-rounds", type=int, default=1)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-KV_DTYPES = ("f32", "bf16", "f16", "int8", "fp8")
+from mla_export.kv_formats import KV_DTYPES  # every registered cache format
 MARGIN = 0.05  # decisive steps: f32's top-2 logit margin above this
 
 NO_YARN = dict(rope_type="default", rope_theta=10000.0)

@@ -12,69 +12,91 @@ namespace mla {
 
 KvDtype kv_dtype_from_name(const char* op, const std::string& name) {
     if (name.empty() || name == "auto") return KvDtype::automatic;
-    if (name == "f32") return KvDtype::f32;
-    if (name == "bf16") return KvDtype::bf16;
-    if (name == "f16") return KvDtype::f16;
-    if (name == "int8") return KvDtype::int8;
-    if (name == "fp8") return KvDtype::fp8;
-    throw Error(std::string(op) + ": attribute 'kv_dtype' must be one of f32, bf16, f16, int8, fp8 (or empty), got '" +
-                name + "'");
+    KvDtype found = KvDtype::automatic;
+    std::string names;
+    for_each_format([&](auto f) {
+        using F = decltype(f);
+        if (name == F::name) found = F::kind;
+        names += names.empty() ? F::name : std::string(", ") + F::name;
+    });
+    if (found == KvDtype::automatic)
+        throw Error(std::string(op) + ": attribute 'kv_dtype' must be one of " + names + " (or empty), got '" + name +
+                    "'");
+    return found;
 }
 
 const char* kv_dtype_name(KvDtype t) {
-    switch (t) {
-        case KvDtype::f32: return "f32";
-        case KvDtype::bf16: return "bf16";
-        case KvDtype::f16: return "f16";
-        case KvDtype::int8: return "int8";
-        case KvDtype::fp8: return "fp8";
-        default: return "auto";
-    }
+    const char* name = "auto";
+    with_format(t, [&](auto f) { name = decltype(f)::name; });
+    return name;
 }
 
 int64_t scale_groups(KvDtype t) {
-    switch (t) {
-        case KvDtype::int8: return 4;  // mla_export/kv_formats.py and contract.py: the same rule
-        case KvDtype::fp8: return 1;
-        default: return 0;
-    }
+    int64_t g = 0;
+    with_format(t, [&](auto f) { g = decltype(f)::groups; });
+    return g;
 }
 
 int64_t row_bytes(KvDtype t, int64_t r, int64_t dr) {
-    switch (t) {
-        case KvDtype::f32: return 4 * (r + dr);
-        case KvDtype::int8: case KvDtype::fp8: return r + 4 * scale_groups(t) + 2 * dr;
-        default: return 2 * (r + dr);
-    }
+    int64_t bytes = 0;
+    with_format(t, [&](auto f) {
+        using F = decltype(f);
+        bytes = F::groups > 0 ? r + 4 * F::groups + 2 * dr : (r + dr) * dtype_size(F::elem);
+    });
+    return bytes;
 }
 
 namespace {
 
 DType elem_of(KvDtype t) {
-    switch (t) {
-        case KvDtype::f32: return DType::f32;
-        case KvDtype::bf16: return DType::bf16;
-        case KvDtype::f16: return DType::f16;
-        default: return DType::u8;
+    DType e = DType::u8;
+    with_format(t, [&](auto f) { e = decltype(f)::elem; });
+    return e;
+}
+
+// One quantised row: each group's codes and scale, then k_pe as bf16 (cache_format.hpp).
+template <class F>
+void store_codes(const CacheRows& c, const float* src, char* p) {
+    using Code = typename F::Code;
+    const RowFormat& f = c.format;
+    const int64_t gs = f.group_size();
+    for (int64_t g = 0; g < F::groups; ++g) {
+        const float* x = src + g * gs;
+        float amax = 0.f;
+        bool finite = true;
+        for (int64_t i = 0; i < gs; ++i) {
+            if (!std::isfinite(x[i])) finite = false;
+            amax = std::max(amax, std::fabs(x[i]));
+        }
+        const float scale = finite ? amax / Code::top : std::numeric_limits<float>::quiet_NaN();
+        const bool zero = !finite || scale == 0.f;  // codes 0: the scale alone says what the group is
+        auto* q = reinterpret_cast<typename Code::Storage*>(p) + g * gs;
+        for (int64_t i = 0; i < gs; ++i) q[i] = zero ? 0 : Code::encode(x[i] / scale);
+        std::memcpy(p + f.scale_offset() + 4 * g, &scale, 4);
     }
+    from_f32(src + f.rank, DType::bf16, p + f.kpe_offset(), c.width - f.rank);
 }
 
 }  // namespace
 
 CacheRows cache_rows(const char* op, const TensorView& c, KvDtype kind, int64_t rank, bool writable) {
     check_rank(op, c, 3);
-    if (kind == KvDtype::automatic) {
-        switch (c.dtype) {
-            case DType::f32: kind = KvDtype::f32; break;
-            case DType::f16: kind = KvDtype::f16; break;
-            case DType::bf16: case DType::u8: kind = KvDtype::bf16; break;
-            default:
-                fail(op, c, std::string("must be f32, bf16, f16 or u8 bytes of bf16 rows, got ") + dtype_name(c.dtype));
-        }
+    if (kind == KvDtype::automatic) {  // the float format of the tensor's type; u8 bytes: bf16 rows
+        const DType by = c.dtype == DType::u8 ? DType::bf16 : c.dtype;
+        std::string types;
+        for_each_format([&](auto f) {
+            using F = decltype(f);
+            if (F::groups > 0) return;
+            if (F::elem == by) kind = F::kind;
+            types += std::string(dtype_name(F::elem)) + ", ";
+        });
+        if (kind == KvDtype::automatic)
+            fail(op, c, "must be " + types + "or u8 bytes of bf16 rows, got " + dtype_name(c.dtype));
     }
     CacheRows out;
     out.kind = kind;
     out.elem = elem_of(kind);
+    out.quantised = quantised(kind);
     out.base = static_cast<char*>(c.data);
     out.logical = c;
     const std::string what = std::string("(kv_dtype ") + kv_dtype_name(kind) + ")";
@@ -83,7 +105,7 @@ CacheRows cache_rows(const char* op, const TensorView& c, KvDtype kind, int64_t 
                         dtype_name(c.dtype));
     if (c.dim(1) < 1) fail(op, c, "must have a block size of at least 1, got shape " + shape_str(c.shape));
     if (c.numel() > 0 && c.data == nullptr) fail(op, c, "has no data");
-    if (!quantised(kind)) {
+    if (!out.quantised) {
         int64_t w = c.dim(2);
         if (c.dtype == DType::u8 && out.elem != DType::u8) {
             const int64_t esz = dtype_size(out.elem);
@@ -126,32 +148,13 @@ CacheRows cache_rows(const char* op, const TensorView& c, KvDtype kind, int64_t 
 }
 
 void store_row(const CacheRows& c, const float* src, void* row) {
-    auto* p = static_cast<char*>(row);
-    if (!quantised(c.kind)) return from_f32(src, c.elem, row, c.width);
-    const RowFormat& f = c.format;
-    const int64_t gs = f.group_size();
-    const float top = c.kind == KvDtype::int8 ? 127.f : 448.f;
-    for (int64_t g = 0; g < f.groups; ++g) {
-        const float* x = src + g * gs;
-        float amax = 0.f;
-        bool finite = true;
-        for (int64_t i = 0; i < gs; ++i) {
-            if (!std::isfinite(x[i])) finite = false;
-            amax = std::max(amax, std::fabs(x[i]));
-        }
-        const float scale = finite ? amax / top : std::numeric_limits<float>::quiet_NaN();
-        const bool zero = !finite || scale == 0.f;  // codes 0: the scale alone says what the group is
-        if (c.kind == KvDtype::int8) {
-            auto* q = reinterpret_cast<int8_t*>(p) + g * gs;
-            for (int64_t i = 0; i < gs; ++i)
-                q[i] = zero ? 0 : static_cast<int8_t>(std::min(127.f, std::max(-127.f, std::nearbyint(x[i] / scale))));
-        } else {
-            auto* q = reinterpret_cast<uint8_t*>(p) + g * gs;
-            for (int64_t i = 0; i < gs; ++i) q[i] = zero ? 0 : f32_to_e4m3(x[i] / scale);
-        }
-        std::memcpy(p + f.scale_offset() + 4 * g, &scale, 4);
-    }
-    from_f32(src + f.rank, DType::bf16, p + f.kpe_offset(), c.width - f.rank);
+    with_format(c.kind, [&](auto f) {
+        using F = decltype(f);
+        if constexpr (F::groups == 0)
+            from_f32(src, F::elem, row, c.width);
+        else
+            store_codes<F>(c, src, static_cast<char*>(row));
+    });
 }
 
 }  // namespace mla

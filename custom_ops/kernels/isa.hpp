@@ -89,7 +89,7 @@ struct IsaKernels {
     // Weighted sum of the rows: o[i * ldo + 0 .. width) += sum_j p[i * ldp + j] * rows[j][0 .. width).
     void (*row_axpy)(int64_t m, int64_t n, int64_t width, const float* p, int64_t ldp, const float* const* rows,
                      float* o, int64_t ldo, PrefetchStream* pf);
-    // The chunk-level entry: n cache rows in their stored format (f32, bf16, f16, or int8/fp8
+    // The chunk-level entry: n cache rows in their stored format (float rows, or quantised
     // codes with their group scales and bf16 k_pe; row_format.hpp) widened or dequantised in
     // registers into f32 dst[j * ldd + 0 .. W).
     void (*load_rows)(const RowFormat& fmt, const void* const* rows, int64_t n, float* dst, int64_t ldd);

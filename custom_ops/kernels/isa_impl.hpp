@@ -314,29 +314,75 @@ static void dequant_e4m3(const uint8_t* src, float scale, float* dst, int64_t n)
     for (; i < n; ++i) dst[i] = e4m3_to_f32(src[i]) * scale;
 }
 
-// The chunk-level entry (isa.hpp): rows in their stored format -> f32 rows.
-static void load_rows(const RowFormat& f, const void* const* rows, int64_t n, float* dst, int64_t ldd) {
+// dst[i] = e5m2(src[i]) * scale: an e5m2 byte is the top byte of an IEEE half, so it widens
+// exactly by a shift into the high byte and a half -> f32 conversion. (Codes 0x7c..0x7f and
+// 0xfc..0xff, inf and NaN, are never written: values are scaled to at most 57344.)
+static void dequant_e5m2(const uint8_t* src, float scale, float* dst, int64_t n) {
+    int64_t i = 0;
+#if MLA_ISA_LANES == 16
+    const __m512 sv = _mm512_set1_ps(scale);
+    for (; i + 32 <= n; i += 32) {
+        const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i)));
+        const __m512i h = _mm512_slli_epi16(w, 8);
+        _mm512_storeu_ps(dst + i, _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(h)), sv));
+        _mm512_storeu_ps(dst + i + 16, _mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1)), sv));
+    }
+#elif defined(__F16C__) && defined(__AVX2__)
+    const __m256 sv = _mm256_set1_ps(scale);
+    for (; i + 16 <= n; i += 16) {
+        const __m256i w = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)));
+        const __m256i h = _mm256_slli_epi16(w, 8);
+        _mm256_storeu_ps(dst + i, _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), sv));
+        _mm256_storeu_ps(dst + i + 8, _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), sv));
+    }
+#endif
+    for (; i < n; ++i) dst[i] = f16_to_f32(static_cast<uint16_t>(src[i] << 8)) * scale;
+}
+
+// One group of n codes -> code * scale: the widenings above for the code types that have one,
+// any other code type (cache_formats.hpp) by its scalar decode.
+template <class Code>
+static void dequant(Code, const void* src, float scale, float* dst, int64_t n) {
+    const auto* s = static_cast<const typename Code::Storage*>(src);
+    for (int64_t i = 0; i < n; ++i) dst[i] = Code::decode(s[i]) * scale;
+}
+static void dequant(Int8Code, const void* src, float scale, float* dst, int64_t n) {
+    dequant_i8(static_cast<const int8_t*>(src), scale, dst, n);
+}
+static void dequant(E4m3Code, const void* src, float scale, float* dst, int64_t n) {
+    dequant_e4m3(static_cast<const uint8_t*>(src), scale, dst, n);
+}
+static void dequant(E5m2Code, const void* src, float scale, float* dst, int64_t n) {
+    dequant_e5m2(static_cast<const uint8_t*>(src), scale, dst, n);
+}
+
+// load_rows for the rows of one format F (cache_formats.hpp's traits).
+template <class F>
+static void load_rows_of(const RowFormat& f, const void* const* rows, int64_t n, float* dst, int64_t ldd) {
     for (int64_t j = 0; j < n; ++j) {
         const auto* p = static_cast<const char*>(rows[j]);
         float* d = dst + j * ldd;
-        switch (f.kind) {
-            case KvDtype::f32: std::memcpy(d, p, static_cast<size_t>(f.width) * 4); break;
-            case KvDtype::bf16: load_f32(p, DType::bf16, d, f.width); break;
-            case KvDtype::f16: load_f32(p, DType::f16, d, f.width); break;
-            default: {  // int8 / fp8: codes by group, the group scales, bf16 k_pe
-                const int64_t gs = f.group_size();
-                for (int64_t g = 0; g < f.groups; ++g) {
-                    float scale;
-                    std::memcpy(&scale, p + f.scale_offset() + 4 * g, 4);
-                    if (f.kind == KvDtype::int8)
-                        dequant_i8(reinterpret_cast<const int8_t*>(p) + g * gs, scale, d + g * gs, gs);
-                    else
-                        dequant_e4m3(reinterpret_cast<const uint8_t*>(p) + g * gs, scale, d + g * gs, gs);
-                }
-                load_f32(p + f.kpe_offset(), DType::bf16, d + f.rank, f.width - f.rank);
+        if constexpr (F::groups == 0) {
+            if constexpr (F::elem == DType::f32)
+                std::memcpy(d, p, static_cast<size_t>(f.width) * 4);
+            else
+                load_f32(p, F::elem, d, f.width);
+        } else {  // codes by group, the group scales, bf16 k_pe
+            const int64_t gs = f.group_size();
+            for (int64_t g = 0; g < F::groups; ++g) {
+                float scale;
+                std::memcpy(&scale, p + f.scale_offset() + 4 * g, 4);
+                dequant(typename F::Code{}, p + g * gs, scale, d + g * gs, gs);
             }
+            load_f32(p + f.kpe_offset(), DType::bf16, d + f.rank, f.width - f.rank);
         }
     }
+}
+
+// The chunk-level entry (isa.hpp): rows in their stored format -> f32 rows; the format is
+// resolved once per call, not per row.
+static void load_rows(const RowFormat& f, const void* const* rows, int64_t n, float* dst, int64_t ldd) {
+    with_format(f.kind, [&](auto fmt) { load_rows_of<decltype(fmt)>(f, rows, n, dst, ldd); });
 }
 
 // exp(x) for x <= 0 (softmax after subtracting the max): vec_exp.hpp.

@@ -44,7 +44,7 @@ struct SeqCache {
         const int64_t blk = index_at(*block_tables, table_offset + pos / bs);
         return rows->row(blk, pos % bs);
     }
-    bool in_place() const { return rows->kind == KvDtype::f32; }
+    bool in_place() const { return rows->in_place(); }
 };
 
 SeqCache seq_cache(const CacheRows& cache, const TensorView& bt, int64_t b) {
@@ -185,12 +185,11 @@ template <class Engine>
 void absorbed_task_rows(const IsaKernels& K, const AbsorbedSeq& s, const Partial& p, int64_t r, float scale,
                         Engine& eng) {
     const int64_t w = s.cache.width;
-    // f32, f16 and bf16 rows are read where they live (converted to bf16 on the way); int8/fp8
-    // rows are dequantised into f32 scratch first.
+    // Float rows are read where they live (converted to bf16 on the way); quantised rows are
+    // dequantised into f32 scratch first.
     using Rows = typename Engine::Rows;
-    const KvDtype kind = s.cache.rows->kind;
-    const bool direct = kind == KvDtype::f32 || kind == KvDtype::f16 || kind == KvDtype::bf16;
-    const Rows rows_kind = kind == KvDtype::f16 ? Rows::f16 : kind == KvDtype::bf16 ? Rows::bf16 : Rows::f32;
+    const bool direct = !s.cache.rows->quantised;
+    const Rows rows_kind = direct ? s.cache.rows->float_kind() : Rows::f32;
     float* kr = direct ? nullptr : Scratch::get(tls.kr, kChunk * w);
     eng.begin(s.q, s.heads, w, r);
     const void* rows_at[2][kChunk];  // this chunk's rows and the next one's (direct formats)

@@ -71,10 +71,8 @@ void score_tile_amx(const IsaKernels& K, const IndexerPlan& p, const Tile& tile,
                     int64_t c_begin, int64_t c_end, float* scores, int64_t ld) {
 #if defined(MLA_HAVE_AMX)
     const int64_t hi = p.heads, d = p.dim, bs = p.cache.logical.dim(1), m_bt = p.block_tables->dim(1);
-    const KvDtype kind = p.cache.kind;
-    const bool direct = kind == KvDtype::f32 || kind == KvDtype::bf16 || kind == KvDtype::f16;
-    const DecodeRowKind rows_kind = kind == KvDtype::bf16 ? DecodeRowKind::bf16
-                                    : kind == KvDtype::f16 ? DecodeRowKind::f16 : DecodeRowKind::f32;
+    const bool direct = !p.cache.quantised;  // float rows in place; quantised ones widened first
+    const DecodeRowKind rows_kind = direct ? p.cache.float_kind() : DecodeRowKind::f32;
     float* kr = direct ? nullptr : Scratch::get(tls.keys, kChunk * d);
     float* out = Scratch::get(tls.acc, tile.n * kChunk);
     const void* at[2][kChunk];  // this chunk's rows and the next one's
@@ -121,7 +119,7 @@ void score_tile(const IsaKernels& K, const IndexerPlan& p, const Tile& tile, con
     const float* qt = q + tile.t0 * hi * d;
     float* s = Scratch::get(tls.s, m * kChunk);
     float* acc = Scratch::get(tls.acc, kChunk);
-    const bool direct = p.cache.kind == KvDtype::f32;
+    const bool direct = p.cache.in_place();
     float* kr = direct ? nullptr : Scratch::get(tls.keys, kChunk * d);
     const void* src[kChunk];
     const float* rows[kChunk];

@@ -58,7 +58,7 @@ def kv_bytes_per_token(r: dict, kv: dict) -> float | None:
     s = r["system"]
     if r.get("kv_bytes_per_token_measured"):
         return r["kv_bytes_per_token_measured"]
-    if s.startswith("ours"):  # int8 / fp8 rows carry a few scale bytes more (docs/KV_CACHE.md)
+    if s.startswith("ours"):  # quantised rows carry a few scale bytes more (docs/KV_CACHE.md)
         return kv["layers"] * kv["latent_row_width"] * (type_bytes(r.get("kv_cache_dtype")) or 2)
     if s.startswith("vllm"):  # CPU_MLA: one latent row per token and layer at the model dtype
         return kv["layers"] * kv["latent_row_width"] * (4 if "32" in str(r.get("kv_cache_dtype")) else 2)

@@ -25,10 +25,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--portable", action="store_true",
                    help="also write model_portable.onnx (standard ops only, runs in plain onnxruntime)")
     p.add_argument("--block-size", type=int, default=16, help="cache block size in tokens (default 16)")
-    p.add_argument("--kv-dtype", choices=("f16", "bf16", "f32", "int8", "fp8"), default="f16",
-                   help="latent cache row format (default f16: bf16's size, ~10x closer to f32); int8/fp8: 656/644 bytes "
-                        "per 512+64 row (codes + 4/1 f32 scales, k_pe bf16); a sparse-attention model's indexer-key "
-                        "cache takes the same format (all its values codes); see docs/KV_CACHE.md")
+    from ..kv_formats import KV_DTYPES, QUANTISED, describe
+
+    p.add_argument("--kv-dtype", choices=KV_DTYPES, default="f16",
+                   help="latent cache row format (default f16: bf16's size, ~10x closer to f32); bytes per 512+64 "
+                        f"row: {describe(512, 64)} ({'/'.join(QUANTISED)}: codes + f32 group scales, k_pe bf16); a "
+                        "sparse-attention model's indexer-key cache takes the same format (all its values codes); "
+                        "see docs/KV_CACHE.md")
     p.add_argument("--weight-format", "--weight-dtype", dest="weight_format",
                    choices=("auto", "f32", "f16", "bf16", "int8", "int4", "fp8"), default="auto",
                    help="how weights are stored (optimum-cli's spelling): auto = the checkpoint's float dtype; "

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from .. import __version__
+from .. import __version__, kv_formats
 from ..config import MLAModelConfig
 from ..config_values import MAX_ROPE_TABLE_BYTES, rope_table_bytes
 from ..contract import CONTRACT_FILE, make_contract
@@ -38,9 +38,9 @@ from .weights import CheckpointReader
 __all__ = ["ExportError", "ExportResult", "export_model", "FORMATS"]
 
 FORMATS = ("openvino", "onnx", "both")
-# Cache formats (mla_export/kv_formats.py) and the bytes per value of a per-head cache in each,
-# for the summary's comparison (the latent rows' exact sizes come from kv_formats.row_bytes).
-KV_DTYPES = {"bf16": 2, "f32": 4, "f16": 2, "int8": 1, "fp8": 1}
+# Cache formats (mla_export/kv_formats.py's registry) and the bytes per value of a per-head cache
+# in each, for the summary's comparison (the latent rows' exact sizes come from kv_formats.row_bytes).
+KV_DTYPES = {name: f.storage.itemsize for name, f in kv_formats.FORMATS.items()}
 
 
 class ExportError(ValueError):
@@ -163,9 +163,9 @@ def export_model(model_dir, out_dir, *, fmt: str = "openvino", portable: bool = 
         raise ExportError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     if kv_dtype not in KV_DTYPES:
         raise ExportError(f"--kv-dtype must be one of {', '.join(KV_DTYPES)}, got {kv_dtype!r}")
-    if portable and kv_dtype in ("int8", "fp8"):
+    if portable and kv_formats.FORMATS[kv_dtype].quantised:
         raise ExportError(f"--portable cannot hold an {kv_dtype} cache (standard ONNX has no bit-cast to read the f32 "
-                          "scale stored in each byte row); use --kv-dtype f16, bf16 or f32 with --portable")
+                          f"scale stored in each byte row); use --kv-dtype {', '.join(kv_formats.FLOAT_FORMATS)} with --portable")
     if moe_form not in MOE_FORMS + ("auto",):
         raise ExportError(f"--moe-form must be one of auto, {', '.join(f.replace('_', '-') for f in MOE_FORMS)}, "
                           f"got {moe_form!r}")

@@ -2,8 +2,8 @@
 (with the indexer-key caches of a DeepSeek Sparse Attention model beside it).
 
 One C-contiguous array per layer in the contract's cache format (mla_export/kv_formats.py):
-[num_blocks, block_size, W] of f32, bf16 or f16, or u8 [num_blocks, block_size, row bytes] for
-int8/fp8. MLA caches one latent row per token shared by every head, so there is no head axis.
+[num_blocks, block_size, W] of a float format's dtype, or u8 [num_blocks, block_size, row bytes]
+for a quantised one. MLA caches one latent row per token shared by every head, so there is no head axis.
 The executor binds these very arrays to the graph, so they are never replaced, only written.
 """
 
@@ -19,7 +19,7 @@ __all__ = ["CacheLayout", "cache_dtype", "get_kv_cache_shape"]
 
 
 def cache_dtype(name: str) -> np.dtype:
-    """numpy dtype of the cache arrays of a contract cache dtype name (u8 for int8/fp8)."""
+    """numpy dtype of the cache arrays of a contract cache dtype name (u8 for quantised formats)."""
     if name not in kv_formats.KV_DTYPES:
         raise ValueError(f"unsupported cache dtype {name!r}: the cache must be one of {list(kv_formats.KV_DTYPES)}")
     return kv_formats.storage_dtype(name)
@@ -40,9 +40,9 @@ class CacheLayout:
     block_size: int
     row_width: int  # W = kv_lora_rank + qk_rope_head_dim values
     dtype: str  # kv_formats.KV_DTYPES
-    kv_lora_rank: int | None = None  # r: needed for int8/fp8 rows (codes | scale | k_pe)
+    kv_lora_rank: int | None = None  # r: needed for quantised rows (codes | scale | k_pe)
     # DeepSeek Sparse Attention: one indexer-key cache per layer with its own indexer, rows of
-    # index_width values in the same dtype (int8/fp8: every value quantised, no k_pe part), on the
+    # index_width values in the same dtype (quantised formats: every value quantised, no k_pe part), on the
     # same block ids as the latent caches, so every block operation covers them too.
     index_layers: int = 0
     index_width: int = 0
@@ -91,7 +91,7 @@ class CacheLayout:
         return int(budget_bytes) // self.block_bytes
 
     def shape(self, num_blocks: int) -> tuple[int, int, int]:
-        # int8/fp8 arrays are u8 rows of bytes: the last axis counts bytes, not values.
+        # Quantised arrays are u8 rows of bytes: the last axis counts bytes, not values.
         width = self.row_bytes if self.dtype in kv_formats.QUANTISED else self.row_width
         return get_kv_cache_shape(num_blocks, self.block_size, 1, width)
 

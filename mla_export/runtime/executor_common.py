@@ -23,7 +23,7 @@ __all__ = ["PRECISIONS", "MLAExecutor", "CacheNotInPlaceError", "check_options",
 
 PRECISIONS = ("f32", "bf16")
 _SENTINEL = -1234.0  # exactly representable in bf16 and f16; no real cache row is all this value
-_SENTINEL_BYTE = 0xA5  # int8/fp8 byte rows: a written row (codes, scale, k_pe) is never all 0xA5
+_SENTINEL_BYTE = 0xA5  # quantised byte rows: a written row (codes, scale, k_pe) is never all 0xA5
 
 
 class CacheNotInPlaceError(RuntimeError):

@@ -21,7 +21,7 @@ class ModelFacts:
     max_model_len: int
     eos_token_ids: frozenset[int]
     tokenizer_path: Path | None
-    kv_lora_rank: int = 0  # r: where int8/fp8 rows split into codes and k_pe
+    kv_lora_rank: int = 0  # r: where quantised rows split into codes and k_pe
     random_weights: bool = False  # export.random_weights: its text is noise (generate says so)
 
     def load_tokenizer(self):

@@ -94,11 +94,13 @@ def _check_attribute(name: str, a: dict, value):
     return value
 
 
-def attributes(name: str, values: dict, *, keep_defaults: bool = True, check: bool = True) -> dict:
-    """values by the table: names the op does not have are refused, a required one missing too;
-    with check, types, allowed values and bounds are checked here (the libraries check them
-    again; the kernels own the kv_dtype and weight-bits rules). keep_defaults=False leaves out
-    a value equal to its default (as the exporter writes nodes)."""
+def attributes(name: str, values: dict, *, keep_defaults: bool = True, check: bool = True,
+               require: bool = True) -> dict:
+    """values by the table, None ones left out: names the op does not have are refused, and
+    (with require) a required one missing; with check, types, allowed values and bounds are
+    checked here (the libraries check them again; the kernels own the kv_dtype and weight-bits
+    rules). check=False, require=False pass values as they are, for tests of the libraries' own
+    checks. keep_defaults=False leaves out a value equal to its default."""
     spec = {a["name"]: a for a in op(name)["attributes"]}
     unknown = sorted(set(values) - set(spec))
     if unknown:
@@ -106,7 +108,7 @@ def attributes(name: str, values: dict, *, keep_defaults: bool = True, check: bo
     out = {}
     for n, a in spec.items():
         if values.get(n) is None:
-            if "default" not in a:
+            if require and "default" not in a:
                 raise ValueError(f"{name}: attribute '{n}' is required")
             continue
         v = _check_attribute(name, a, values[n]) if check else values[n]

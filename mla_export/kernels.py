@@ -1,4 +1,4 @@
-"""The numpy front of the three MLA ops, on either runtime: `runtime="openvino"` (one-op models
+"""The numpy front of the MLA ops, on either runtime: `runtime="openvino"` (one-op models
 on OpenVINO's CPU plugin, kernels_openvino.py) or `runtime="onnxruntime"` (one-node sessions
 with the mla-export custom-op library, kernels_onnxruntime.py). The same C++ kernels run
 underneath; tests and benchmarks call these to compare them with mla_export/reference.py.
@@ -17,7 +17,7 @@ import importlib
 
 import numpy as np
 
-__all__ = ["RUNTIMES", "available", "cache_write", "paged_decode", "paged_attention", "indexer_topk"]
+__all__ = ["RUNTIMES", "available", "cache_write", "decode_form", "paged_decode", "paged_attention", "indexer_topk"]
 
 RUNTIMES = ("openvino", "onnxruntime")
 FORMS = ("auto", "absorbed", "expanded")
@@ -47,13 +47,35 @@ def cache_write(kv_c, k_pe, kv_cache: np.ndarray, slot_mapping, kv_dtype: str | 
     return _runner(runtime).cache_write(kv_c, k_pe, kv_cache, slot_mapping, kv_dtype, num_threads=num_threads)
 
 
+def decode_form(q, kv_lora_rank: int) -> dict:
+    """MlaPagedAttention's inputs for absorbed decode queries q [B, H, r + dr] (one new token per
+    sequence): q_nope = q[..., :r], q_pe = q[..., r:], w_uk = w_uv = I_r per head, query_start_loc
+    = 0..B. In the absorbed form that is vLLM's mla_decode_kvcache: scores of [q_nope | q_pe]
+    against the latent rows, output the latent rows' weighted sum [B, H, r] (the identities
+    change no value)."""
+    if isinstance(kv_lora_rank, bool) or not isinstance(kv_lora_rank, (int, np.integer)):
+        raise ValueError(f"kv_lora_rank must be an integer (the model's r), got {kv_lora_rank!r}")
+    q = np.asarray(q)
+    if q.ndim != 3:
+        raise ValueError(f"input 'q' must be [B, H, r + dr], got shape {list(q.shape)}")
+    r = int(kv_lora_rank)
+    if not 0 < r < q.shape[2]:
+        raise ValueError(f"kv_lora_rank must be in [1, {q.shape[2] - 1}] (below q's row width {q.shape[2]}), got {r}")
+    eye = np.tile(np.eye(r, dtype=q.dtype), (q.shape[1], 1, 1))
+    return dict(q_nope=q[:, :, :r], q_pe=q[:, :, r:], w_uk=eye, w_uv=eye,
+                query_start_loc=np.arange(q.shape[0] + 1, dtype=np.int32))
+
+
 def paged_decode(q, kv_cache, block_tables, seq_lens, scale: float, kv_lora_rank: int,
-                 kv_dtype: str | None = None, *, runtime: str = "openvino", num_threads: int | None = None) -> np.ndarray:
-    """Absorbed MQA decode: q [B, H, r + dr] -> [B, H, r] (vLLM mla_decode_kvcache semantics)."""
+                 kv_dtype: str | None = None, *, runtime: str = "openvino", num_threads: int | None = None,
+                 compute: str = "f32") -> np.ndarray:
+    """Absorbed MQA decode: q [B, H, r + dr] -> [B, H, r] (vLLM mla_decode_kvcache semantics), run
+    as MlaPagedAttention's decode form (decode_form) in its absorbed form."""
     if kv_lora_rank is None:
         raise ValueError("kv_lora_rank is required (the model's r: the cache row width does not give it)")
-    return _runner(runtime).paged_decode(q, kv_cache, block_tables, seq_lens, scale, kv_lora_rank, kv_dtype,
-                                         num_threads=num_threads)
+    return paged_attention(**decode_form(q, kv_lora_rank), kv_cache=kv_cache, seq_lens=seq_lens,
+                           block_tables=block_tables, scale=scale, form="absorbed", kv_dtype=kv_dtype,
+                           runtime=runtime, num_threads=num_threads, compute=compute)
 
 
 def paged_attention(q_nope, q_pe, kv_cache, w_uk, w_uv, query_start_loc, seq_lens, block_tables,

@@ -1,4 +1,4 @@
-"""The three MLA ops run through onnxruntime and the mla-export custom-op library (the
+"""The MLA ops run through onnxruntime and the mla-export custom-op library (the
 onnxruntime side of the numpy op front, mla_export/kernels.py; the op tests and the kernel
 benchmark use it directly for what only onnxruntime has).
 
@@ -20,13 +20,14 @@ import threading
 
 import numpy as np
 
+from . import ops
 from .cache_binding import cache_binding
 from .ort_tensors import (BF16, ONNX_BFLOAT16, THREADS_CONFIG_KEY, available, ortvalue,  # noqa: F401 (re-exported)
                           session_options, to_numpy)
 
 __all__ = ["BF16", "available", "session_options", "ortvalue", "to_numpy", "single_op_model", "cache_write",
            "check_writable_cache", "THREADS_CONFIG_KEY",
-           "paged_decode", "paged_attention", "indexer_topk", "cache_write_then_attention", "FORMS"]
+           "paged_attention", "indexer_topk", "cache_write_then_attention", "FORMS"]
 
 FORMS = {"auto": 0, "absorbed": 1, "expanded": 2}
 DOMAIN = "mla_export"
@@ -90,14 +91,26 @@ def _session(key, build, num_threads: int | None = None):
         return sess
 
 
-def _run(op: str, arrays: list[tuple[str, np.ndarray]], attrs: dict, out_dtype, out_rank: int,
-         num_threads: int | None = None):
+def _run(op: str, given: dict, attrs: dict, num_threads: int | None = None):
+    """Runs op on the given inputs (by name, put in the op's order by the op table, the ordering
+    input filled in) -> its output 0. Attribute names are checked against the table, their values
+    are passed as they are (the library's checks are what report a bad one)."""
+    arrays = ops.ordered_inputs(op, given, filler=lambda name: np.zeros(1, np.int32))
+    attrs = ops.attributes(op, attrs, check=False, require=False)
+    out = ops.op(op)["outputs"][0]
+    out_dtype = dict(arrays)[out["type"][1:]].dtype if out["type"].startswith("=") else _OUT_DTYPES[out["type"]]
+    out_rank = ops.output_rank(op)
+    if out_rank is None:
+        raise ValueError(f"{op}: its output's rank follows an input's; not runnable through this front")
     key = (op, tuple((n, a.dtype.str, a.ndim) for n, a in arrays), tuple(sorted(attrs.items())), num_threads)
     sess = _session(key, lambda: single_op_model(
         [(op, [n for n, _ in arrays], attrs, ["output"])],
         [(n, a.dtype, a.ndim) for n, a in arrays], [("output", out_dtype, out_rank)]), num_threads)
     feeds = {n: ortvalue(a) for n, a in arrays}  # `arrays` keeps every buffer alive meanwhile
     return to_numpy(sess.run_with_ort_values(["output"], feeds)[0])
+
+
+_OUT_DTYPES = {"i32": np.int32, "f32": np.float32}
 
 
 def _contiguous(x) -> np.ndarray:
@@ -127,27 +140,11 @@ def cache_write(kv_c, k_pe, kv_cache: np.ndarray, slot_mapping, kv_dtype: str | 
     check_writable_cache(kv_cache)
     target = kv_cache if kv_cache.flags.c_contiguous else np.ascontiguousarray(kv_cache)
     attrs = _kv_attrs(target, kv_dtype)
-    arrays = [("kv_c", _contiguous(kv_c)), ("k_pe", _contiguous(k_pe)), ("kv_cache", _bind_cache(target, attrs)),
-              ("slot_mapping", _contiguous(slot_mapping))]
-    _run("MlaCacheWrite", arrays, attrs, np.int32, 1, num_threads)
+    _run("MlaCacheWrite", dict(kv_c=_contiguous(kv_c), k_pe=_contiguous(k_pe), kv_cache=_bind_cache(target, attrs),
+                               slot_mapping=_contiguous(slot_mapping)), attrs, num_threads)
     if target is not kv_cache:
         kv_cache[...] = target
     return kv_cache
-
-
-def paged_decode(q, kv_cache, block_tables, seq_lens, scale: float, kv_lora_rank: int | None = None,
-                 kv_dtype: str | None = None, num_threads: int | None = None) -> np.ndarray:
-    """MlaPagedDecode: q [B, H, r + dr] -> [B, H, r]. kv_lora_rank None: the attribute is left out (the op then
-    fails naming it: r has no default)."""
-    q = _contiguous(q)
-    cache = _contiguous(kv_cache)
-    kv = _kv_attrs(cache, kv_dtype)
-    arrays = [("q", q), ("kv_cache", _bind_cache(cache, kv)), ("block_tables", _contiguous(block_tables)),
-              ("seq_lens", _contiguous(seq_lens))]
-    attrs = {"scale": _float_attr(scale), **kv}
-    if kv_lora_rank is not None:
-        attrs["kv_lora_rank"] = int(kv_lora_rank)
-    return _run("MlaPagedDecode", arrays, attrs, q.dtype, 3, num_threads)
 
 
 def paged_attention(q_nope, q_pe, kv_cache, w_uk, w_uv, query_start_loc, seq_lens, block_tables,
@@ -163,14 +160,12 @@ def paged_attention(q_nope, q_pe, kv_cache, w_uk, w_uv, query_start_loc, seq_len
     q_nope = _contiguous(q_nope)
     cache = _contiguous(kv_cache)
     kv = _kv_attrs(cache, kv_dtype)
-    arrays = [("q_nope", q_nope), ("q_pe", _contiguous(q_pe)), ("kv_cache", _bind_cache(cache, kv)),
-              ("w_uk", _contiguous(w_uk)), ("w_uv", _contiguous(w_uv)),
-              ("query_start_loc", _contiguous(query_start_loc)), ("seq_lens", _contiguous(seq_lens)),
-              ("block_tables", _contiguous(block_tables))]
-    if topk_indices is not None:  # after the ordering input (never read)
-        arrays += [("after", np.zeros(1, np.int32)), ("topk_indices", _contiguous(topk_indices))]
-    return _run("MlaPagedAttention", arrays, {"scale": _float_attr(scale), "form": int(form), "compute": compute, **kv},
-                q_nope.dtype, 3, num_threads)
+    given = dict(q_nope=q_nope, q_pe=_contiguous(q_pe), kv_cache=_bind_cache(cache, kv), w_uk=_contiguous(w_uk),
+                 w_uv=_contiguous(w_uv), query_start_loc=_contiguous(query_start_loc), seq_lens=_contiguous(seq_lens),
+                 block_tables=_contiguous(block_tables),
+                 topk_indices=None if topk_indices is None else _contiguous(topk_indices))
+    return _run("MlaPagedAttention", given, {"scale": _float_attr(scale), "form": int(form), "compute": compute, **kv},
+                num_threads)
 
 
 def indexer_topk(q, weights, index_cache, query_start_loc, seq_lens, block_tables, topk: int,
@@ -178,10 +173,10 @@ def indexer_topk(q, weights, index_cache, query_start_loc, seq_lens, block_table
     """MlaIndexerTopK -> [T, topk] int32 positions (ascending, -1 padded)."""
     cache = _contiguous(index_cache)
     kv = _kv_attrs(cache, kv_dtype)
-    arrays = [("q", _contiguous(q)), ("weights", _contiguous(weights)), ("index_cache", _bind_cache(cache, kv)),
-              ("query_start_loc", _contiguous(query_start_loc)), ("seq_lens", _contiguous(seq_lens)),
-              ("block_tables", _contiguous(block_tables))]
-    return _run("MlaIndexerTopK", arrays, {"topk": int(topk), "compute": compute, **kv}, np.int32, 2, num_threads)
+    given = dict(q=_contiguous(q), weights=_contiguous(weights), index_cache=_bind_cache(cache, kv),
+                 query_start_loc=_contiguous(query_start_loc), seq_lens=_contiguous(seq_lens),
+                 block_tables=_contiguous(block_tables))
+    return _run("MlaIndexerTopK", given, {"topk": int(topk), "compute": compute, **kv}, num_threads)
 
 
 def cache_write_then_attention(kv_c, k_pe, slot_mapping, q_nope, q_pe, kv_cache: np.ndarray, w_uk, w_uv,
@@ -193,20 +188,21 @@ def cache_write_then_attention(kv_c, k_pe, slot_mapping, q_nope, q_pe, kv_cache:
     check_writable_cache(kv_cache)
     if not kv_cache.flags.c_contiguous:
         raise ValueError("kv_cache must be a C-contiguous numpy array (it is updated in place)")
-    arrays = [("kv_c", _contiguous(kv_c)), ("k_pe", _contiguous(k_pe)), ("slot_mapping", _contiguous(slot_mapping)),
-              ("q_nope", _contiguous(q_nope)), ("q_pe", _contiguous(q_pe)),
-              ("kv_cache", _bind_cache(kv_cache, _kv_attrs(kv_cache, kv_dtype))),
-              ("w_uk", _contiguous(w_uk)), ("w_uv", _contiguous(w_uv)),
-              ("query_start_loc", _contiguous(query_start_loc)), ("seq_lens", _contiguous(seq_lens)),
-              ("block_tables", _contiguous(block_tables))]
     kv = _kv_attrs(kv_cache, kv_dtype)
-    attrs = {"scale": _float_attr(scale), "form": FORMS[form], **kv}
+    write = dict(kv_c=_contiguous(kv_c), k_pe=_contiguous(k_pe), kv_cache=_bind_cache(kv_cache, kv),
+                 slot_mapping=_contiguous(slot_mapping))
+    attention = dict(q_nope=_contiguous(q_nope), q_pe=_contiguous(q_pe), kv_cache=write["kv_cache"],
+                     w_uk=_contiguous(w_uk), w_uv=_contiguous(w_uv), query_start_loc=_contiguous(query_start_loc),
+                     seq_lens=_contiguous(seq_lens), block_tables=_contiguous(block_tables))
+    arrays = list({**write, **attention}.items())  # the graph's inputs (the cache once)
+    write_inputs = [v for _, v in ops.ordered_inputs("MlaCacheWrite", {n: n for n in write})]
+    attention_inputs = [v for _, v in ops.ordered_inputs("MlaPagedAttention", {**{n: n for n in attention},
+                                                                                  "after": "written"})]
+    attrs = ops.attributes("MlaPagedAttention", {"scale": _float_attr(scale), "form": FORMS[form], **kv})
     key = ("write+attention", tuple((n, a.dtype.str, a.ndim) for n, a in arrays), tuple(sorted(attrs.items())))
     sess = _session(key, lambda: single_op_model(
-        [("MlaCacheWrite", ["kv_c", "k_pe", "kv_cache", "slot_mapping"], kv, ["written"]),
-         ("MlaPagedAttention", ["q_nope", "q_pe", "kv_cache", "w_uk", "w_uv", "query_start_loc", "seq_lens",
-                                "block_tables", "written"], attrs, ["output"])],
+        [("MlaCacheWrite", write_inputs, kv, ["written"]), ("MlaPagedAttention", attention_inputs, attrs, ["output"])],
         [(n, a.dtype, a.ndim) for n, a in arrays],
-        [("output", arrays[3][1].dtype, 3), ("written", np.int32, 1)]))
+        [("output", attention["q_nope"].dtype, 3), ("written", np.int32, 1)]))
     out, written = sess.run_with_ort_values(["output", "written"], {n: ortvalue(a) for n, a in arrays})
     return to_numpy(out), int(to_numpy(written)[0])

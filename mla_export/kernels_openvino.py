@@ -1,4 +1,4 @@
-"""The three MLA ops, each run as a one-op OpenVINO model on the CPU (the OpenVINO side of the
+"""The MLA ops, each run as a one-op OpenVINO model on the CPU (the OpenVINO side of the
 numpy op front, mla_export/kernels.py).
 
 A model is built and compiled once per signature (op, attributes, input dtypes) with every
@@ -20,13 +20,13 @@ from xml.sax.saxutils import quoteattr
 import numpy as np
 import openvino as ov
 
-from . import ov_core
+from . import ops, ov_core
 from .kv_formats import kv_dtype_of
 from .ov_op_errors import checked_infer
 from .cache_binding import cache_binding
 from .ov_tensors import BF16, ov_type, shared_tensor, to_numpy
 
-__all__ = ["cache_write", "paged_decode", "paged_attention", "indexer_topk"]
+__all__ = ["cache_write", "paged_attention", "indexer_topk"]
 
 _PRECISION = {ov.Type.f32: "FP32", ov.Type.f16: "FP16", ov.Type.bf16: "BF16", ov.Type.i32: "I32", ov.Type.u8: "U8", ov.Type.i8: "I8",
               ov.Type.i64: "I64"}
@@ -84,9 +84,16 @@ def _threads(num_threads) -> int:
     return int(num_threads)
 
 
-def _run(op: str, arrays: list[tuple[str, np.ndarray]], attrs: dict, out_type: ov.Type, out_rank: int,
-         num_threads: int | None = None):
-    req = _request(op, arrays, attrs, out_type, out_rank, num_threads)
+def _run(op: str, given: dict, attrs: dict, num_threads: int | None = None):
+    """Runs op on the given inputs (by name; put in the op's order, each converted by its type
+    class, the ordering input filled in) -> its output 0 as a tensor. The output's type and rank
+    come from the op table."""
+    arrays = ops.ordered_inputs(op, given, filler=lambda name: np.zeros(1, np.int32))
+    arrays = [(n, _BIND[cls](n, a)) for (n, a), cls in zip(arrays, (i["type"] for i in ops.op(op)["inputs"]))]
+    out = ops.op(op)["outputs"][0]
+    out_type = ov_type(dict(arrays)[out["type"][1:]].dtype) if out["type"].startswith("=") else _OUT_TYPES[out["type"]]
+    attrs = ops.attributes(op, attrs)
+    req = _request(op, arrays, attrs, out_type, ops.output_rank(op), num_threads)
     tensors = [shared_tensor(a) for _, a in arrays]  # `arrays` keeps every buffer alive meanwhile
     for i, t in enumerate(tensors):
         req.set_input_tensor(i, t)
@@ -123,6 +130,11 @@ def _cache(kv_cache, kv_dtype: str | None) -> tuple[np.ndarray, str]:
     return np.ascontiguousarray(a), fmt
 
 
+# How an input of each type class of the op table is passed (caches: as cache_binding made them).
+_BIND = {"float": _float, "index": _index, "cache": lambda name, a: a, "any": lambda name, a: np.ascontiguousarray(a)}
+_OUT_TYPES = {"i32": ov.Type.i32, "f32": ov.Type.f32}
+
+
 def cache_write(kv_c, k_pe, kv_cache: np.ndarray, slot_mapping, kv_dtype: str | None = None,
                 num_threads: int | None = None) -> np.ndarray:
     """Write [kv_c[t] | k_pe[t]] into kv_cache at slot_mapping[t] (skipping slots < 0), in place.
@@ -133,25 +145,11 @@ def cache_write(kv_c, k_pe, kv_cache: np.ndarray, slot_mapping, kv_dtype: str | 
         raise TypeError("input 'kv_cache' must be a numpy array (updated in place)")
     _, fmt = _cache(kv_cache, kv_dtype)
     target = kv_cache if kv_cache.flags.c_contiguous else np.ascontiguousarray(kv_cache)
-    arrays = [("kv_c", _float("kv_c", kv_c)), ("k_pe", _float("k_pe", k_pe)), ("kv_cache", cache_binding(target)),
-              ("slot_mapping", _index("slot_mapping", slot_mapping))]
-    _run("MlaCacheWrite", arrays, {"kv_dtype": fmt}, ov.Type.i32, 1, num_threads)
+    _run("MlaCacheWrite", dict(kv_c=kv_c, k_pe=k_pe, kv_cache=cache_binding(target), slot_mapping=slot_mapping),
+         {"kv_dtype": fmt}, num_threads)
     if target is not kv_cache:
         kv_cache[...] = target
     return kv_cache
-
-
-def paged_decode(q, kv_cache, block_tables, seq_lens, scale: float, kv_lora_rank: int,
-                 kv_dtype: str | None = None, num_threads: int | None = None) -> np.ndarray:
-    """Absorbed MQA decode: q [B, H, r + dr] -> [B, H, r] (vLLM mla_decode_kvcache semantics).
-    kv_lora_rank (r) comes from the caller (the model's config or the contract)."""
-    cache, fmt = _cache(kv_cache, kv_dtype)
-    r = int(kv_lora_rank)
-    arrays = [("q", _float("q", q)), ("kv_cache", cache_binding(cache)), ("block_tables", _index("block_tables", block_tables)),
-              ("seq_lens", _index("seq_lens", seq_lens))]
-    out = _run("MlaPagedDecode", arrays, {"scale": repr(float(scale)), "kv_lora_rank": r, "kv_dtype": fmt},
-               ov_type(arrays[0][1].dtype), 3, num_threads)
-    return to_numpy(out)
 
 
 def paged_attention(q_nope, q_pe, kv_cache, w_uk, w_uv, query_start_loc, seq_lens, block_tables,
@@ -165,15 +163,11 @@ def paged_attention(q_nope, q_pe, kv_cache, w_uk, w_uv, query_start_loc, seq_len
     if form not in forms:
         raise ValueError(f"form must be one of {sorted(forms)}, got {form!r}")
     cache, fmt = _cache(kv_cache, kv_dtype)
-    arrays = [("q_nope", _float("q_nope", q_nope)), ("q_pe", _float("q_pe", q_pe)),
-              ("kv_cache", cache_binding(cache)), ("w_uk", _float("w_uk", w_uk)),
-              ("w_uv", _float("w_uv", w_uv)), ("query_start_loc", _index("query_start_loc", query_start_loc)),
-              ("seq_lens", _index("seq_lens", seq_lens)), ("block_tables", _index("block_tables", block_tables))]
-    if topk_indices is not None:  # the ordering input (never read) comes first
-        arrays += [("after", np.zeros(1, np.int32)), ("topk_indices", _index("topk_indices", topk_indices))]
-    out = _run("MlaPagedAttention", arrays,
-               {"scale": repr(float(scale)), "form": forms[form], "kv_dtype": fmt, "compute": compute},
-               ov_type(arrays[0][1].dtype), 3, num_threads)
+    out = _run("MlaPagedAttention",
+               dict(q_nope=q_nope, q_pe=q_pe, kv_cache=cache_binding(cache), w_uk=w_uk, w_uv=w_uv,
+                    query_start_loc=query_start_loc, seq_lens=seq_lens, block_tables=block_tables,
+                    topk_indices=topk_indices),
+               {"scale": scale, "form": forms[form], "kv_dtype": fmt, "compute": compute}, num_threads)
     return to_numpy(out)
 
 
@@ -182,9 +176,8 @@ def indexer_topk(q, weights, index_cache, query_start_loc, seq_lens, block_table
     """MlaIndexerTopK: DeepSeek Sparse Attention's indexer over the paged key cache -> [T, topk]
     int32 positions (ascending; -1 pads a token that sees fewer than topk positions)."""
     cache, fmt = _cache(index_cache, kv_dtype)
-    arrays = [("q", _float("q", q)), ("weights", _float("weights", weights)), ("index_cache", cache_binding(cache)),
-              ("query_start_loc", _index("query_start_loc", query_start_loc)),
-              ("seq_lens", _index("seq_lens", seq_lens)), ("block_tables", _index("block_tables", block_tables))]
-    out = _run("MlaIndexerTopK", arrays, {"topk": int(topk), "kv_dtype": fmt, "compute": compute}, ov.Type.i32, 2,
-               num_threads)
+    out = _run("MlaIndexerTopK",
+               dict(q=q, weights=weights, index_cache=cache_binding(cache), query_start_loc=query_start_loc,
+                    seq_lens=seq_lens, block_tables=block_tables),
+               {"topk": int(topk), "kv_dtype": fmt, "compute": compute}, num_threads)
     return to_numpy(out)

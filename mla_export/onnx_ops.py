@@ -2,8 +2,9 @@
 
 Custom-op graphs (`model.onnx`) hold `mla_export::MlaCacheWrite` and
 `mla_export::MlaPagedAttention` nodes; OpenVINO runs them with the extension's ONNX frontend
-mapping (docs/ARCHITECTURE.md has their contract). `register_schemas()` makes the ONNX checker
-and shape inference know them.
+mapping (docs/ARCHITECTURE.md has their contract). The ops' signatures are not spelled here: the
+schemas and node inputs come from the op table (mla_export/ops/table.json, which the native
+libraries compile too). `register_schemas()` makes the ONNX checker and shape inference know them.
 
 Portable graphs (`model_portable.onnx`) run in plain onnxruntime. Their MLA nodes call
 model-local ONNX functions built here from standard ops, in their own domain
@@ -23,24 +24,22 @@ from __future__ import annotations
 import onnx
 from onnx import AttributeProto, TensorProto, helper
 
-from .kv_formats import KV_DTYPES
+from . import ops
 
 __all__ = [
     "DOMAIN", "PORTABLE_DOMAIN", "OPSET_VERSION", "ONNX_OPSET", "register_schemas",
     "cache_write_node", "paged_attention_node", "indexer_topk_node", "cache_update_node", "portable_attention_node",
-    "portable_functions", "opset_imports", "step_check_node", "STEP_INPUTS", "CHECKED",
+    "portable_functions", "opset_imports", "step_check_node", "STEP_INPUTS", "CHECKED", "node",
 ]
 
-DOMAIN = "mla_export"
+DOMAIN = ops.table()["domain"]
 PORTABLE_DOMAIN = "mla_export.portable"
-OPSET_VERSION = 1
+OPSET_VERSION = ops.table()["opset"]
 ONNX_OPSET = 21  # ScatterND reduction, ReduceMean/ReduceSum axes as inputs, UINT4 initializers (int4 weights); read by ORT and OpenVINO
 
-_FLOATS = ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"]
-_CACHES = ["tensor(float)", "tensor(bfloat16)", "tensor(float16)", "tensor(uint8)"]  # u8: rows as bytes
-_INDICES = ["tensor(int32)", "tensor(int64)"]
-_ANY = ["tensor(float)", "tensor(float16)", "tensor(bfloat16)", "tensor(int32)", "tensor(int64)",
-        "tensor(int8)", "tensor(uint8)", "tensor(bool)"]
+_ONNX_TYPES = {"float32": "tensor(float)", "float16": "tensor(float16)", "bfloat16": "tensor(bfloat16)",
+               "int32": "tensor(int32)", "int64": "tensor(int64)", "int8": "tensor(int8)", "uint8": "tensor(uint8)",
+               "bool": "tensor(bool)"}
 
 
 def opset_imports(portable: bool = False) -> list:
@@ -51,74 +50,46 @@ def opset_imports(portable: bool = False) -> list:
 
 
 # ------------------------------------------------------------------------------------ schemas
-def _schemas():
-    P, S = onnx.defs.OpSchema.FormalParameter, onnx.defs.OpSchema
-    opt = S.FormalParameterOption.Optional
-    A = S.Attribute
-    kv_dtype = A("kv_dtype", helper.make_attribute("kv_dtype", ""),
-                 f"cache row format: {', '.join(KV_DTYPES)} (mla_export/kv_formats.py); empty = by the cache's "
-                 "element type, u8 = bf16 rows")
-    # What the two reading ops share: their type constraints, the softmax scale and the ordering input.
-    reader_types = [("T", _FLOATS, ""), ("C", _CACHES, ""), ("I", _INDICES, ""), ("X", _ANY, "")]
-    scale = A("scale", S.AttrType.FLOAT, "softmax scale", required=True)
-    after = P("after", "X", "ordering only, never read", param_option=opt)
-    cache_write = S(
-        "MlaCacheWrite", DOMAIN, OPSET_VERSION,
-        "Writes row [kv_c | k_pe] (in the cache's dtype) at each slot >= 0 of kv_cache [NB, BS, W], in place; "
-        "returns the number of rows written. Feed the result to the attention's last input to order the write first.",
-        inputs=[P("kv_c", "T", "[T, r]"), P("k_pe", "T", "[T, dr]"), P("kv_cache", "C", "[NB, BS, r + dr]"),
-                P("slot_mapping", "I", "[T] block_id * BS + offset, < 0 = skip")],
-        outputs=[P("written", "tensor(int32)", "[1]")],
-        type_constraints=[("T", _FLOATS, "activations"), ("C", _CACHES, "cache"), ("I", _INDICES, "indices")],
-        attributes=[kv_dtype])
-    def reader(name: str, doc: str, inputs: list, out_shape: str, attribute, extra: list = ()):
-        """A reading op: its inputs then `after` (then `extra` optional inputs), output `out`, the
-        shared types and attributes."""
-        return S(name, DOMAIN, OPSET_VERSION, doc, inputs=inputs + [after, *extra], outputs=[P("out", "T", out_shape)],
-                 type_constraints=reader_types, attributes=[scale, attribute, kv_dtype])
+_ATTR_TYPES = {"float": "FLOAT", "int": "INT", "string": "STRING"}
 
-    decode = reader(
-        "MlaPagedDecode", "Absorbed MQA decode over the paged latent cache (vLLM mla_decode_kvcache semantics).",
-        [P("q", "T", "[B, H, W]"), P("kv_cache", "C", "[NB, BS, W]"), P("block_tables", "I", "[B, M]"),
-         P("seq_lens", "I", "[B]")],
-        "[B, H, r]", A("kv_lora_rank", S.AttrType.INT, "r, the model's kv_lora_rank", required=True))
-    attention = reader(
-        "MlaPagedAttention",
-        "Causal paged MLA over packed new tokens: token j of sequence b sits at position "
-        "seq_lens[b] - qlen_b + j and attends to positions 0..itself.",
-        [P("q_nope", "T", "[T, H, dn]"), P("q_pe", "T", "[T, H, dr]"), P("kv_cache", "C", "[NB, BS, W]"),
-         P("w_uk", "T", "[H, dn, r]"), P("w_uv", "T", "[H, r, dv]"), P("query_start_loc", "I", "[B+1]"),
-         P("seq_lens", "I", "[B]"), P("block_tables", "I", "[B, M]")],
-        "[T, H, dv]", A("form", helper.make_attribute("form", 0), "0 auto, 1 absorbed, 2 expanded"),
-        [P("topk_indices", "I", "[T, K] sparse attention: the positions each token attends to (-1 = none)",
-           param_option=opt)])
-    indexer = S(
-        "MlaIndexerTopK", DOMAIN, OPSET_VERSION,
-        "DeepSeek Sparse Attention's lightning indexer over the paged key cache: per new token the topk "
-        "positions it sees of largest sum_h weights[t, h] * relu(q[t, h] . key[s]), ascending, -1 padded.",
-        inputs=[P("q", "T", "[T, Hi, D]"), P("weights", "T", "[T, Hi]"), P("index_cache", "C", "[NB, BS, D]"),
-                P("query_start_loc", "I", "[B+1]"), P("seq_lens", "I", "[B]"), P("block_tables", "I", "[B, M]"),
-                after],
-        outputs=[P("topk_indices", "tensor(int32)", "[T, topk]")],
-        type_constraints=reader_types,
-        attributes=[A("topk", S.AttrType.INT, "positions per token (the model's index_topk)", required=True),
-                    kv_dtype])
-    var = S.FormalParameterOption.Variadic
-    step_check = S(
-        "MlaStepCheck", DOMAIN, OPSET_VERSION,
-        "Checks a whole step's metadata against the caches and the model's vocab and positions before any "
-        "layer runs; outputs input_ids, positions and slot_mapping unchanged, so everything after depends on it.",
-        inputs=[P("input_ids", "I", "[T]"), P("positions", "I", "[T]"), P("slot_mapping", "I", "[T]"),
-                P("query_start_loc", "I", "[B+1]"), P("seq_lens", "I", "[B]"), P("block_tables", "I", "[B, M]"),
-                P("logits_indices", "I", "[L]"),
-                P("kv_cache", "C", "one per layer, [NB, BS, W] (u8: [NB, BS, 2W] bf16 bytes)", param_option=var,
-                  is_homogeneous=True)],
-        outputs=[P("input_ids_checked", "I", "[T]"), P("positions_checked", "I", "[T]"),
-                 P("slot_mapping_checked", "I", "[T]")],
-        type_constraints=[("I", _INDICES, ""), ("C", _CACHES + ["tensor(int8)"], "")],
-        attributes=[A("vocab_size", S.AttrType.INT, "token ids lie in [0, vocab_size)", required=True),
-                    A("max_positions", S.AttrType.INT, "rows of the RoPE table", required=True)])
-    return [cache_write, decode, attention, indexer, step_check]
+
+def _schema(spec: dict, classes: dict):
+    """One op's ONNX schema from the op table: a type constraint per type class its inputs use
+    (inputs of one class share it, as the kernels expect), the output type by its rule."""
+    S = onnx.defs.OpSchema
+    P = S.FormalParameter
+
+    def constraint(cls: str) -> str:
+        return f"T_{cls}"
+
+    inputs = []
+    for i in spec["inputs"]:
+        opt = (S.FormalParameterOption.Variadic if i.get("variadic") else
+               S.FormalParameterOption.Optional if i.get("optional") else S.FormalParameterOption.Single)
+        inputs.append(P(i["name"], constraint(i["type"]), i.get("doc", ""), param_option=opt,
+                        is_homogeneous=bool(i.get("variadic"))))
+    by_name = {i["name"]: i for i in spec["inputs"]}
+    outputs = []
+    for o in spec["outputs"]:
+        t = o["type"]
+        typ = constraint(by_name[t[1:]]["type"]) if t.startswith("=") else _ONNX_TYPES[classes[t][0]]
+        outputs.append(P(o["name"], typ, o.get("doc", "")))
+    used = sorted({i["type"] for i in spec["inputs"]})
+    constraints = [(constraint(c), [_ONNX_TYPES[t] for t in classes[c]], "") for c in used]
+    attributes = []
+    for a in spec["attributes"]:
+        if "default" in a:
+            attributes.append(S.Attribute(a["name"], helper.make_attribute(a["name"], a["default"]), a.get("doc", "")))
+        else:
+            attributes.append(S.Attribute(a["name"], getattr(S.AttrType, _ATTR_TYPES[a["type"]]), a.get("doc", ""),
+                                          required=True))
+    return S(spec["name"], DOMAIN, OPSET_VERSION, spec.get("doc", ""), inputs=inputs, outputs=outputs,
+             type_constraints=constraints, attributes=attributes)
+
+
+def _schemas():
+    t = ops.table()
+    return [_schema(spec, t["types"]) for spec in t["ops"]]
 
 
 def register_schemas() -> None:
@@ -129,46 +100,52 @@ def register_schemas() -> None:
 
 
 # ------------------------------------------------------------------------------ node helpers
+def node(op_type: str, inputs: dict, outputs: list, name: str, **attrs):
+    """A node of the mla_export domain: inputs by name, put in the op's order by the table (a list
+    for the variadic input); attributes checked against the table, None ones left out."""
+    ordered = ops.ordered_inputs(op_type, inputs)
+    names = []
+    for _, value in ordered:
+        names.extend(value if isinstance(value, (list, tuple)) else [value])
+    return helper.make_node(op_type, names, list(outputs), name=name, domain=DOMAIN,
+                            **ops.attributes(op_type, attrs))
+
+
 def cache_write_node(kv_c: str, k_pe: str, kv_cache: str, slot_mapping: str, out: str, name: str,
                      kv_dtype: str = ""):
-    return helper.make_node("MlaCacheWrite", [kv_c, k_pe, kv_cache, slot_mapping], [out], name=name, domain=DOMAIN,
-                            **({"kv_dtype": kv_dtype} if kv_dtype else {}))
+    return node("MlaCacheWrite", dict(kv_c=kv_c, k_pe=k_pe, kv_cache=kv_cache, slot_mapping=slot_mapping), [out], name,
+                kv_dtype=kv_dtype or None)
 
 
 def paged_attention_node(q_nope, q_pe, kv_cache, w_uk, w_uv, query_start_loc, seq_lens, block_tables, after,
                          out: str, name: str, scale: float, form: int = 0, kv_dtype: str = "",
                          topk_indices: str | None = None):
-    if not isinstance(form, int) or form not in (0, 1, 2):  # OpenVINO would truncate a float silently
-        raise ValueError(f"form must be 0, 1 or 2, got {form!r}")
-    inputs = [q_nope, q_pe, kv_cache, w_uk, w_uv, query_start_loc, seq_lens, block_tables, after]
-    if topk_indices:
-        inputs.append(topk_indices)
-    return helper.make_node("MlaPagedAttention", inputs, [out], name=name, domain=DOMAIN,
-                            scale=float(scale), form=form, **({"kv_dtype": kv_dtype} if kv_dtype else {}))
+    return node("MlaPagedAttention", dict(q_nope=q_nope, q_pe=q_pe, kv_cache=kv_cache, w_uk=w_uk, w_uv=w_uv,
+                                          query_start_loc=query_start_loc, seq_lens=seq_lens,
+                                          block_tables=block_tables, after=after, topk_indices=topk_indices or None),
+                [out], name, scale=scale, form=form, kv_dtype=kv_dtype or None)
 
 
 def indexer_topk_node(q, weights, index_cache, query_start_loc, seq_lens, block_tables, after, out: str, name: str,
                       topk: int, kv_dtype: str = ""):
-    if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
-        raise ValueError(f"topk must be a positive integer, got {topk!r}")
-    return helper.make_node("MlaIndexerTopK", [q, weights, index_cache, query_start_loc, seq_lens, block_tables, after],
-                            [out], name=name, domain=DOMAIN, topk=topk, **({"kv_dtype": kv_dtype} if kv_dtype else {}))
+    return node("MlaIndexerTopK", dict(q=q, weights=weights, index_cache=index_cache, query_start_loc=query_start_loc,
+                                       seq_lens=seq_lens, block_tables=block_tables, after=after),
+                [out], name, topk=topk, kv_dtype=kv_dtype or None)
 
 
-STEP_INPUTS = ("input_ids", "positions", "slot_mapping", "query_start_loc", "seq_lens", "block_tables",
-               "logits_indices")
-CHECKED = {name: f"{name}.checked" for name in STEP_INPUTS[:3]}  # what the graph reads instead
+# The step's metadata inputs (MlaStepCheck's inputs before the caches) and the names the graph
+# reads instead of the ones the check passes through (its outputs take those inputs' types).
+STEP_INPUTS = tuple(i["name"] for i in ops.op("MlaStepCheck")["inputs"] if not i.get("variadic"))
+CHECKED = {o["type"][1:]: f"{o['type'][1:]}.checked" for o in ops.op("MlaStepCheck")["outputs"]}
 
 
-def step_check_node(num_layers: int, vocab_size: int, max_positions: int, name: str = "step_check",
-                    caches: list[str] | None = None):
+def step_check_node(num_layers: int, vocab_size: int, max_positions: int, name: str = "step_check"):
     """The graph's first node: validates the whole step; the rest of the graph reads input_ids,
     positions and slot_mapping only through its outputs (CHECKED), so no cache write can run
-    before the step was accepted. caches: the cache inputs (default kv_cache.0 .. num_layers - 1;
-    the MTP draft graph's one is kv_cache.<its layer index>)."""
-    caches = caches or [f"kv_cache.{i}" for i in range(num_layers)]
-    return helper.make_node("MlaStepCheck", [*STEP_INPUTS, *caches], list(CHECKED.values()), name=name,
-                            domain=DOMAIN, vocab_size=int(vocab_size), max_positions=int(max_positions))
+    before the step was accepted."""
+    caches = [f"kv_cache.{i}" for i in range(num_layers)]
+    return node("MlaStepCheck", {**{n: n for n in STEP_INPUTS}, "kv_cache": caches}, list(CHECKED.values()), name,
+                vocab_size=int(vocab_size), max_positions=int(max_positions))
 
 
 def cache_update_node(kv_c: str, k_pe: str, kv_cache: str, slot_mapping: str, out: str, name: str):

@@ -72,18 +72,20 @@ def step_check(feeds: dict, *, num_blocks: int, block_size: int, row_width: int,
     an invalid value into a valid one."""
     import numpy as np
 
-    names = ("input_ids", "positions", "slot_mapping", "query_start_loc", "seq_lens", "block_tables", "logits_indices")
+    from . import ops
+
+    metadata = [i for i in ops.op("MlaStepCheck")["inputs"] if not i.get("variadic")]  # in the C call's order
+    names = [i["name"] for i in metadata]
     arrays = [np.ascontiguousarray(feeds[n]) for n in names]
-    for n, a in zip(names, arrays):
+    for i, a in zip(metadata, arrays):
         if a.dtype != np.int32:
-            raise OpError(f"MlaStepCheck: input '{n}' must be int32, got {a.dtype}")
-        if a.ndim != (2 if n == "block_tables" else 1):
-            raise OpError(f"MlaStepCheck: input '{n}' must have rank {2 if n == 'block_tables' else 1}, got shape "
-                          f"{list(a.shape)}")
+            raise OpError(f"MlaStepCheck: input '{i['name']}' must be int32, got {a.dtype}")
+        if a.ndim != i["rank"]:
+            raise OpError(f"MlaStepCheck: input '{i['name']}' must have rank {i['rank']}, got shape {list(a.shape)}")
     ptrs = (ctypes.c_void_p * 7)(*[a.ctypes.data for a in arrays])
     lens = (ctypes.c_int64 * 7)(*[a.shape[0] for a in arrays])
     err = ctypes.create_string_buffer(4096)
-    bt = arrays[5]
+    bt = arrays[names.index("block_tables")]
     if _lib()[2](ptrs, lens, bt.shape[1], num_blocks, block_size, row_width, num_layers, vocab_size, max_positions,
                  err, len(err)):
         raise OpError(err.value.decode("utf-8", "replace"))

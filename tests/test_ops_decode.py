@@ -1,4 +1,5 @@
-"""MlaPagedDecode against the float64 reference (vLLM mla_decode_kvcache semantics)."""
+"""Decode (MlaPagedAttention's decode form, kernels.paged_decode) against the float64 reference
+(vLLM mla_decode_kvcache semantics)."""
 
 import numpy as np
 import pytest

@@ -62,11 +62,14 @@ def test_seq_len_over_table_capacity(problem):
 
 
 def test_decode_rejects(rng):
+    """The decode form of MlaPagedAttention (kernels.paged_decode): a sequence without the new
+    token's position, a q row narrower than the cache's, a rank at the row width, a bad block."""
     p = make_problem(rng, [5, 9], [1, 1], R + DR, 4)
     q = randn(rng, (2, H, R + DR))
     expect(lambda: kernels.paged_decode(q, p.kv_cache, p.block_tables, np.array([5, 0], np.int32), 0.1, R),
-           "'seq_lens'", "holds 0", "outside [1,")
-    expect(lambda: kernels.paged_decode(q[:, :, :-1], p.kv_cache, p.block_tables, p.seq_lens, 0.1, R), "'q'", "row width")
+           "'query_start_loc'", "1 new tokens, more than its seq_lens 0")
+    expect(lambda: kernels.paged_decode(q[:, :, :-1], p.kv_cache, p.block_tables, p.seq_lens, 0.1, R), "'q_pe'",
+           "row width")
     expect(lambda: kernels.paged_decode(q, p.kv_cache, p.block_tables, p.seq_lens, 0.1, R + DR), "kv_lora_rank")
     bad = p.block_tables.copy()
     bad[1, 2] = -7

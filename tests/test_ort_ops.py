@@ -11,6 +11,7 @@ import pytest
 ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
 
+from mla_export import kernels, ops  # noqa: E402
 from mla_export import kernels_onnxruntime as ok  # noqa: E402
 from mla_export.cache_binding import cache_binding  # noqa: E402
 from mla_export import reference as ref  # noqa: E402
@@ -163,14 +164,19 @@ def test_bf16_cache_written_in_place_and_read_by_attention_after_write(rng, layo
         assert rel_err(out, expected) <= TOL["f32"]
 
 
-# ------------------------------------------------------------------ MlaPagedDecode
+# ------------------------------------------------------------------ decode (MlaPagedAttention's decode form)
+
+def ort_decode(*args, **kwargs):
+    """Absorbed decode q [B, H, r + dr] -> [B, H, r]: MlaPagedAttention's decode form on onnxruntime."""
+    return kernels.paged_decode(*args, runtime="onnxruntime", **kwargs)
+
 
 def run_decode(rng, seq_lens, h, r, dr, bs, q_dtype="f32", cache_dtype="f32", scale=None):
     p = make_problem(rng, seq_lens, np.ones(len(seq_lens), int), r + dr, bs, cache_dtype.split("-")[0])
     q = randn(rng, (len(seq_lens), h, r + dr), q_dtype)
     scale = (r + dr) ** -0.5 if scale is None else scale
     bound = cache_binding(p.kv_cache) if cache_dtype.endswith("bytes") else p.kv_cache
-    out = ok.paged_decode(q, bound, p.block_tables, p.seq_lens, scale, kv_lora_rank=r)
+    out = ort_decode(q, bound, p.block_tables, p.seq_lens, scale, kv_lora_rank=r)
     expected = ref.paged_decode(q, p.kv_cache, p.block_tables, p.seq_lens, scale, kv_lora_rank=r)
     assert out.shape == (len(seq_lens), h, r) and out.dtype == q.dtype
     assert not np.isnan(out.astype(np.float32)).any(), "read a NaN-poisoned row no sequence owns"
@@ -199,7 +205,7 @@ def test_decode_deepseek_rank_and_long_context_split(rng):
     # across the pool.
     p = make_problem(rng, [2500, 1], [1, 1], 576, 16)
     q = randn(rng, (2, 2, 576))
-    out = ok.paged_decode(q, p.kv_cache, p.block_tables, p.seq_lens, 0.05, kv_lora_rank=512)
+    out = ort_decode(q, p.kv_cache, p.block_tables, p.seq_lens, 0.05, kv_lora_rank=512)
     assert rel_err(out, ref.paged_decode(q, p.kv_cache, p.block_tables, p.seq_lens, 0.05, 512)) <= TOL["f32"]
     run_decode(rng, [3000], 5, 20, 6, 32, scale=3.0)
 
@@ -305,14 +311,14 @@ def test_attention_attributes_are_checked(problem):
 def test_decode_rejects(rng):
     p = make_problem(rng, [5, 9], [1, 1], R + DR, 4)
     q = randn(rng, (2, H, R + DR))
-    expect_error(lambda: ok.paged_decode(q, p.kv_cache, p.block_tables, np.array([5, 0], np.int32), 0.1, R),
-                 "'seq_lens'", "holds 0", "outside [1,")
-    expect_error(lambda: ok.paged_decode(q[:, :, :-1], p.kv_cache, p.block_tables, p.seq_lens, 0.1, R), "'q'", "row width")
-    expect_error(lambda: ok.paged_decode(q, p.kv_cache, p.block_tables, p.seq_lens, 0.1, R + DR), "kv_lora_rank")
-    expect_error(lambda: ok.paged_decode(q, p.kv_cache, p.block_tables, p.seq_lens, 0.1), "kv_lora_rank", "required")
+    expect_error(lambda: ort_decode(q, p.kv_cache, p.block_tables, np.array([5, 0], np.int32), 0.1, R),
+                 "'query_start_loc'", "1 new tokens, more than its seq_lens 0")
+    expect_error(lambda: ort_decode(q[:, :, :-1], p.kv_cache, p.block_tables, p.seq_lens, 0.1, R), "'q_pe'",
+                 "row width")
+    expect_error(lambda: ort_decode(q, p.kv_cache, p.block_tables, p.seq_lens, 0.1, R + DR), "kv_lora_rank")
     bad = p.block_tables.copy()
     bad[1, 2] = -7
-    expect_error(lambda: ok.paged_decode(q, p.kv_cache, bad, p.seq_lens, 0.1, R), "'block_tables'", "-7", "[1, 2]")
+    expect_error(lambda: ort_decode(q, p.kv_cache, bad, p.seq_lens, 0.1, R), "'block_tables'", "-7", "[1, 2]")
 
 
 def test_cache_write_rejects_and_writes_nothing(rng):
@@ -346,11 +352,11 @@ def test_thread_count_config_is_checked_and_results_do_not_depend_on_it(rng):
         so.register_custom_ops_library(ort_path())
     p = make_problem(rng, [1500, 3], [1, 1], 40, 16)
     q = randn(rng, (2, 3, 40))
-    model = ok.single_op_model(
-        [("MlaPagedDecode", ["q", "kv_cache", "block_tables", "seq_lens"], {"scale": 0.2, "kv_lora_rank": 32}, ["out"])],
-        [("q", np.float32, 3), ("kv_cache", np.float32, 3), ("block_tables", np.int32, 2), ("seq_lens", np.int32, 1)],
-        [("out", np.float32, 3)])
-    feeds = {"q": q, "kv_cache": p.kv_cache, "block_tables": p.block_tables, "seq_lens": p.seq_lens}
+    given = {**kernels.decode_form(q, 32), "kv_cache": p.kv_cache, "block_tables": p.block_tables, "seq_lens": p.seq_lens}
+    names = [n for n, _ in ops.ordered_inputs("MlaPagedAttention", given)]
+    feeds = {n: np.ascontiguousarray(given[n]) for n in names}
+    model = ok.single_op_model([("MlaPagedAttention", names, {"scale": 0.2, "form": 1}, ["out"])],
+                               [(n, a.dtype, a.ndim) for n, a in feeds.items()], [("out", np.float32, 3)])
     expected = ref.paged_decode(q, p.kv_cache, p.block_tables, p.seq_lens, 0.2, 32)
     for n in (1, 2, 7):
         sess = ort.InferenceSession(model.SerializeToString(), sess_options=ok.session_options(num_threads=n),

@@ -4,8 +4,9 @@ Every builder takes a case's inputs (numpy arrays) and returns an `Impl`: `times
 timed calls and returns their durations in seconds, `output()` runs once and returns the
 result as float32 numpy (outside any timing). Compiled models are built once per signature.
 
-- ours:    the mla_export ops (MlaPagedDecode, MlaPagedAttention) as one-op OpenVINO models,
-           called through a pre-bound infer request (no per-call tensor creation).
+- ours:    the mla_export op MlaPagedAttention as one-op OpenVINO models (decode: its decode form,
+           mla_export.kernels.decode_form), called through a pre-bound infer request (no
+           per-call tensor creation).
 - torch:   plain torch gather + matmul + softmax (f32 math, also for a bf16 cache).
 - ov-std:  the same math from standard OpenVINO ops (Gather + MatMul + Softmax), compiled once.
 - ort:     the mla_export ops through onnxruntime and libmla_export_ort.so (optional).
@@ -161,11 +162,20 @@ def with_kv_dtype(inp: dict, kv_dtype: str) -> dict:
     return dict(inp, kv_cache=rows.reshape(*cache.shape[:2], -1))
 
 
+def decode_form_inputs(inp: dict) -> dict:
+    """A decode case's inputs (q [B, H, W]) as MlaPagedAttention's decode form, in the op's order."""
+    from mla_export import ops
+    from mla_export.kernels import decode_form
+    given = {**decode_form(inp["q"], R), **{n: inp[n] for n in DECODE_INPUTS[1:]}}
+    return {n: np.ascontiguousarray(a) for n, a in ops.ordered_inputs("MlaPagedAttention", given)}
+
+
 def ours_decode(inp: dict, scale: float, threads: int, kv_dtype: str | None = None) -> Impl:
-    named = _as_graph_binds(inp, DECODE_INPUTS)
-    attrs = {"scale": repr(float(scale)), "kv_lora_rank": R, **({"kv_dtype": kv_dtype} if kv_dtype else {})}
+    form = decode_form_inputs(inp)
+    named = _as_graph_binds(form, list(form))
+    attrs = {"scale": repr(float(scale)), "form": 1, **({"kv_dtype": kv_dtype} if kv_dtype else {})}
     key = ("ours_decode", inp["q"].dtype.str, scale, kv_dtype)
-    compiled = _compile(key, lambda: _ours_model("MlaPagedDecode", named, attrs), threads)
+    compiled = _compile(key, lambda: _ours_model("MlaPagedAttention", named, attrs), threads)
     return _bound_request(compiled, [a for _, a in named])
 
 
@@ -354,7 +364,8 @@ def ort_impl(op: str, inp: dict, names: list[str], attrs: dict, threads: int) ->
 
 
 def ort_decode(inp: dict, scale: float, threads: int) -> Impl:
-    return ort_impl("MlaPagedDecode", inp, DECODE_INPUTS, {"scale": float(scale), "kv_lora_rank": R}, threads)
+    form = decode_form_inputs(inp)
+    return ort_impl("MlaPagedAttention", form, list(form), {"scale": float(scale), "form": 1}, threads)
 
 
 def ort_prefill(inp: dict, scale: float, threads: int) -> Impl:

@@ -6,7 +6,7 @@
     python tools/bench_kernels.py --ours-only --isa-tables avx2,avx512 --kv-dtypes int8,fp8 --only 'decode B(4|1) H16'
                                                  # our ISA tables and cache formats side by side
 
-For each shape, in one run and on the same inputs: ours (MlaPagedDecode / MlaPagedAttention),
+For each shape, in one run and on the same inputs: ours (MlaPagedAttention: decode form / prefill),
 plain torch (gather + matmul + softmax), the same math from standard OpenVINO ops, optionally
 onnxruntime with our custom-op library (--ort), and the peers (vLLM `mla_decode_kvcache`,
 SGLang `decode_attention_cpu` / `extend_attention_cpu`) in their own venv and process
@@ -204,8 +204,8 @@ def combine_peaks(runs: list[dict]) -> dict:
 
 
 def measure_call_overhead(threads: int) -> dict:
-    """Per-call cost of an (almost) empty MlaPagedDecode: through a bound infer request (what we
-    time below) and through the numpy front mla_export.kernels.paged_decode."""
+    """Per-call cost of an (almost) empty decode (MlaPagedAttention's decode form): through a
+    bound infer request (what we time below) and through the numpy front kernels.paged_decode."""
     import numpy as np
 
     import bench_impls as bi
@@ -520,7 +520,7 @@ def markdown(report: dict) -> str:
         "probes can suffer more than the kernels, so this can exceed 100%). `% best matmul`: against the "
         "best matmul peak of the run (a lower bound on a loaded machine). `% roofline` (JSON) = "
         "max(FLOP / matmul probe, bytes / read probe) / median time.",
-        f"Per-call overhead of an almost empty MlaPagedDecode: bound infer request "
+        f"Per-call overhead of an almost empty decode (MlaPagedAttention's decode form): bound infer request "
         f"{ov['request_infer_ms']:.3f} ms (what 'ours' is timed with), numpy front "
         f"`mla_export.kernels.paged_decode` {ov['numpy_front_ms']:.3f} ms.",
         f"Peers: {report['peers']}.", "",

@@ -78,16 +78,8 @@ def ort_portable_prefill(inp: dict, scale: float, threads: int) -> bi.Impl:
 
 
 def ort_portable_decode(inp: dict, scale: float, threads: int) -> bi.Impl:
-    """MlaPagedDecode's math through the portable attention (inputs of bench_impls.decode_inputs)."""
-    q, cache = inp["q"], inp["kv_cache"]
-    batch, heads, _ = q.shape
-    eye = np.broadcast_to(np.eye(bi.R, dtype=np.float32), (heads, bi.R, bi.R)).astype(q.dtype)
-    as_prefill = {
-        "q_nope": np.ascontiguousarray(q[:, :, :bi.R]), "q_pe": np.ascontiguousarray(q[:, :, bi.R:]),
-        "kv_cache": cache, "w_uk": eye, "w_uv": eye,
-        "query_start_loc": np.arange(batch + 1, dtype=np.int32), "seq_lens": inp["seq_lens"],
-        "block_tables": inp["block_tables"],
-    }
+    """Absorbed decode's math through the portable attention (inputs of bench_impls.decode_inputs)."""
+    as_prefill = bi.decode_form_inputs(inp)  # MlaPagedAttention's decode form (q split at r, identity w_uk/w_uv)
     return _impl(as_prefill, scale, threads)
 
 

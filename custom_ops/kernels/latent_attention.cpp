@@ -1,4 +1,4 @@
-// MlaPagedDecode and MlaPagedAttention.
+// MlaPagedAttention (decode is its one-token-per-sequence call).
 //
 // Both walk a sequence's context in chunks of kChunk positions gathered from the paged cache
 // (any block size), keep an online softmax per query row (flash-attention style), and split
@@ -547,38 +547,6 @@ Workspace::~Workspace() = default;
 static Workspace::Attention& attention_buffers(Workspace& ws) {
     if (!ws.attention) ws.attention = std::make_unique<Workspace::Attention>();
     return *ws.attention;
-}
-
-// ---------------------------------------------------------------- MlaPagedDecode
-
-static const char* kDecode = "MlaPagedDecode";
-
-DecodePlan plan_decode(const TensorView& q, const TensorView& cache_in, const TensorView& bt,
-                       const TensorView& seq_lens, float scale, int64_t r, KvDtype kv_dtype) {
-    check_rank(kDecode, q, 3);
-    check_float(kDecode, q);
-    const CacheRows rows = cache_rows(kDecode, cache_in, kv_dtype, r, /*writable=*/false);
-    const int64_t w = rows.logical.dim(2);
-    check_dim(kDecode, q, 2, w, "the cache row width r + dr");
-    if (r <= 0 || r >= w)
-        throw Error(std::string(kDecode) + ": attribute 'kv_lora_rank' must be in [1, " + std::to_string(w - 1) +
-                    "] (below the cache row width), got " + std::to_string(r));
-    check_block_tables(kDecode, bt, seq_lens, rows.logical, q.dim(0), /*min_len=*/1);
-    return DecodePlan{DecodeShapes{q.dim(0), q.dim(1), r}, rows, &q, &bt, &seq_lens, scale};
-}
-
-void run_decode(const DecodePlan& plan, const TensorView& out, const Threading& th, Workspace& ws_all) {
-    Workspace::Attention& ws = attention_buffers(ws_all);
-    const DecodeShapes& shp = plan.shapes;
-    const int64_t w = plan.cache.width, r = shp.rank;
-    const float* qf = as_f32(*plan.q, ws.q_f32[0]);
-    float* of = out.dtype == DType::f32 ? out.ptr<float>() : grow(ws.out_f32, shp.batch * shp.heads * r);
-    ws.seqs.clear();
-    for (int64_t b = 0; b < shp.batch; ++b)
-        ws.seqs.push_back(AbsorbedSeq{seq_cache(plan.cache, *plan.block_tables, b), qf + b * shp.heads * w, 1,
-                                      shp.heads, index_at(*plan.seq_lens, b), of + b * shp.heads * r});
-    run_absorbed(isa(), ws.seqs, r, plan.scale, th, ws.absorbed);
-    if (out.dtype != DType::f32) from_f32(of, out.dtype, out.data, shp.batch * shp.heads * r);
 }
 
 // ---------------------------------------------------------------- MlaPagedAttention

@@ -1,4 +1,4 @@
-// The three MLA kernels on raw pointers, each as validate -> plan -> run (FlashInfer's plan/run
+// The MLA kernels on raw pointers, each as validate -> plan -> run (FlashInfer's plan/run
 // split, inside the op): plan_* validates every input once (validate.cpp; throws mla::Error
 // naming the input and the bad value, before anything is read or written) and returns the
 // output shape and what the run needs; run_* computes into buffers of a Workspace that the op
@@ -49,7 +49,6 @@ private:
 };
 
 // Output shapes, computed after validation (used by the wrappers to allocate outputs).
-struct DecodeShapes { int64_t batch, heads, rank; };
 struct AttentionShapes { int64_t tokens, heads, v_dim; };
 
 // kv_dtype (every op): the cache's row format (cache_format.hpp); automatic = by its element
@@ -61,21 +60,9 @@ int64_t cache_write(const TensorView& kv_c, const TensorView& k_pe, const Tensor
                     const TensorView& slot_mapping, const Threading& threading, KvDtype kv_dtype,
                     Workspace& ws);
 
-// A validated call. It points at the caller's views, which must outlive it.
-struct DecodePlan {
-    DecodeShapes shapes;
-    CacheRows cache;
-    const TensorView *q, *block_tables, *seq_lens;
-    float scale;
-};
-
-// MlaPagedDecode: absorbed MQA over the latent rows, vLLM mla_decode_kvcache semantics.
-DecodePlan plan_decode(const TensorView& q, const TensorView& kv_cache, const TensorView& block_tables,
-                       const TensorView& seq_lens, float scale, int64_t kv_lora_rank, KvDtype kv_dtype);
-// out [B, H, r] (of plan.shapes).
-void run_decode(const DecodePlan& plan, const TensorView& out, const Threading& threading, Workspace& ws);
-
 // MlaPagedAttention: causal attention of packed new tokens over their sequences' cached rows.
+// A plan points at the caller's views, which must outlive it. Decode is its one-token-per-sequence
+// call (query_start_loc = 0..B); the absorbed form then is vLLM's mla_decode_kvcache.
 enum class Form : int64_t { automatic = 0, absorbed = 1, expanded = 2 };
 struct AttentionPlan {
     AttentionShapes shapes;

@@ -1,7 +1,9 @@
 // The extension's entry point: the op classes (to read IR back) and the ONNX frontend
-// conversions of the `mla_export` domain. The conversions read attributes explicitly: with the
-// declarative OpExtension and no attribute map, an ONNX attribute was seen to keep the op's
-// default silently.
+// conversions of the `mla_export` domain, one of each per op of the table (custom_ops/op_table).
+// The conversions read every attribute the table lists, explicitly: with the declarative
+// OpExtension and no attribute map, an ONNX attribute was seen to keep the op's default silently.
+#include <utility>
+
 #include <openvino/core/extension.hpp>
 #include <openvino/core/op_extension.hpp>
 #include <openvino/frontend/onnx/extension/conversion.hpp>
@@ -17,53 +19,40 @@ ov::OutputVector inputs_of(const ov::frontend::NodeContext& ctx) {
     return args;
 }
 
-// The cache's row format; absent = "" (by the cache's element type, u8 = bf16 rows).
-std::string kv_dtype_of(const ov::frontend::NodeContext& ctx) {
-    return ctx.get_attribute<std::string>("kv_dtype", "");
+// The node's attributes by the table: a required one the node lacks fails the conversion (the
+// frontend names it); an optional one takes the table's default.
+mla::ops::AttrValues attributes_of(const mla::ops::OpSpec& op, const ov::frontend::NodeContext& ctx) {
+    mla::ops::AttrValues v = mla::ops::default_attrs(op);
+    for (int k = 0; k < op.n_attrs; ++k) {
+        const mla::ops::AttrSpec& a = op.attrs[k];
+        auto& x = v[static_cast<size_t>(k)];
+        switch (a.type) {
+            case mla::ops::AttrType::f32:
+                x.f = a.has_default ? ctx.get_attribute<float>(a.name, a.default_f) : ctx.get_attribute<float>(a.name);
+                break;
+            case mla::ops::AttrType::i64:
+                x.i = a.has_default ? ctx.get_attribute<int64_t>(a.name, a.default_i) : ctx.get_attribute<int64_t>(a.name);
+                break;
+            case mla::ops::AttrType::str:
+                x.s = a.has_default ? ctx.get_attribute<std::string>(a.name, a.default_s)
+                                    : ctx.get_attribute<std::string>(a.name);
+                break;
+        }
+    }
+    return v;
 }
 
-ov::OutputVector convert_cache_write(const ov::frontend::NodeContext& ctx) {
-    return std::make_shared<mla_ov::MlaCacheWrite>(inputs_of(ctx), kv_dtype_of(ctx))->outputs();
+template <int I>
+ov::OutputVector convert(const ov::frontend::NodeContext& ctx) {
+    using Op = mla_ov::TableOp<I>;
+    return std::make_shared<Op>(inputs_of(ctx), attributes_of(Op::op(), ctx))->outputs();
 }
 
-ov::OutputVector convert_decode(const ov::frontend::NodeContext& ctx) {
-    const float scale = ctx.get_attribute<float>("scale");
-    const int64_t rank = ctx.get_attribute<int64_t>("kv_lora_rank");  // required: no model's r is a default
-    return std::make_shared<mla_ov::MlaPagedDecode>(inputs_of(ctx), scale, rank, kv_dtype_of(ctx))->outputs();
-}
-
-ov::OutputVector convert_attention(const ov::frontend::NodeContext& ctx) {
-    const float scale = ctx.get_attribute<float>("scale");
-    const int64_t form = ctx.get_attribute<int64_t>("form", 0);
-    const std::string compute = ctx.get_attribute<std::string>("compute", "f32");
-    return std::make_shared<mla_ov::MlaPagedAttention>(inputs_of(ctx), scale, form, kv_dtype_of(ctx), compute)->outputs();
-}
-
-ov::OutputVector convert_indexer(const ov::frontend::NodeContext& ctx) {
-    const int64_t topk = ctx.get_attribute<int64_t>("topk");  // required: the model's index_topk
-    const std::string compute = ctx.get_attribute<std::string>("compute", "f32");
-    return std::make_shared<mla_ov::MlaIndexerTopK>(inputs_of(ctx), topk, kv_dtype_of(ctx), compute)->outputs();
-}
-
-ov::OutputVector convert_step_check(const ov::frontend::NodeContext& ctx) {
-    const int64_t vocab = ctx.get_attribute<int64_t>("vocab_size");
-    const int64_t max_pos = ctx.get_attribute<int64_t>("max_positions");
-    return std::make_shared<mla_ov::MlaStepCheck>(inputs_of(ctx), vocab, max_pos)->outputs();
-}
-
-ov::OutputVector convert_moe_experts(const ov::frontend::NodeContext& ctx) {
-    const int64_t w13_bits = ctx.get_attribute<int64_t>("w13_bits");
-    const int64_t w2_bits = ctx.get_attribute<int64_t>("w2_bits");
-    const std::string compute = ctx.get_attribute<std::string>("compute", "f32");
-    return std::make_shared<mla_ov::MlaMoeExperts>(inputs_of(ctx), w13_bits, w2_bits, compute)->outputs();
-}
-
-ov::OutputVector convert_qlinear(const ov::frontend::NodeContext& ctx) {
-    const int64_t bits = ctx.get_attribute<int64_t>("bits");
-    const std::string compute = ctx.get_attribute<std::string>("compute", "f32");
-    const std::string layout = ctx.get_attribute<std::string>("layout", "rows4");
-    return std::make_shared<mla_ov::MlaQLinear>(inputs_of(ctx), bits, compute, mla_ov::ZeroPointScan::Bytes{}, layout)
-        ->outputs();
+template <int... I>
+std::vector<ov::Extension::Ptr> extensions(std::integer_sequence<int, I...>) {
+    return {std::make_shared<ov::OpExtension<mla_ov::TableOp<I>>>()...,
+            std::make_shared<ov::frontend::onnx::ConversionExtension>(mla::ops::kOps[I].name, mla::ops::kDomain,
+                                                                      convert<I>)...};
 }
 
 }  // namespace
@@ -76,20 +65,9 @@ extern "C" __attribute__((visibility("default"))) int MlaExportKernels(const cha
 }
 // The CPU features the kernels probed, in /proc/cpuinfo's names (cpu_features.hpp).
 extern "C" __attribute__((visibility("default"))) const char* MlaExportCpuFeatures() { return mla::cpu_feature_names(); }
+// The op table this library was built from, as JSON (mla_export.ops checks it against table.json).
+extern "C" __attribute__((visibility("default"))) const char* mla_export_op_table() {
+    return mla::ops::table_json().c_str();
+}
 
-OPENVINO_CREATE_EXTENSIONS(std::vector<ov::Extension::Ptr>({
-    std::make_shared<ov::OpExtension<mla_ov::MlaCacheWrite>>(),
-    std::make_shared<ov::OpExtension<mla_ov::MlaPagedDecode>>(),
-    std::make_shared<ov::OpExtension<mla_ov::MlaPagedAttention>>(),
-    std::make_shared<ov::OpExtension<mla_ov::MlaIndexerTopK>>(),
-    std::make_shared<ov::OpExtension<mla_ov::MlaStepCheck>>(),
-    std::make_shared<ov::OpExtension<mla_ov::MlaMoeExperts>>(),
-    std::make_shared<ov::OpExtension<mla_ov::MlaQLinear>>(),
-    std::make_shared<ov::frontend::onnx::ConversionExtension>("MlaCacheWrite", "mla_export", convert_cache_write),
-    std::make_shared<ov::frontend::onnx::ConversionExtension>("MlaPagedDecode", "mla_export", convert_decode),
-    std::make_shared<ov::frontend::onnx::ConversionExtension>("MlaPagedAttention", "mla_export", convert_attention),
-    std::make_shared<ov::frontend::onnx::ConversionExtension>("MlaIndexerTopK", "mla_export", convert_indexer),
-    std::make_shared<ov::frontend::onnx::ConversionExtension>("MlaStepCheck", "mla_export", convert_step_check),
-    std::make_shared<ov::frontend::onnx::ConversionExtension>("MlaMoeExperts", "mla_export", convert_moe_experts),
-    std::make_shared<ov::frontend::onnx::ConversionExtension>("MlaQLinear", "mla_export", convert_qlinear),
-}));
+OPENVINO_CREATE_EXTENSIONS(extensions(std::make_integer_sequence<int, mla::ops::kNumOps>{}));

@@ -6,15 +6,13 @@
 
 #include <atomic>
 #include <cstring>
-#include <initializer_list>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "../kernels/mla_kernels.hpp"
-#include "../kernels/moe_experts.hpp"
-#include "../kernels/qlinear.hpp"
 #include "../kernels/qmatmul.hpp"
+#include "../op_table/op_runs.hpp"
 
 namespace mla_ov {
 namespace {
@@ -134,31 +132,13 @@ mla::Threading ov_threading() {
     return th;
 }
 
-// The kv_dtype attribute, checked when the graph is built (not first at inference).
-void check_kv_dtype(const ov::Node* node, const std::string& kv_dtype) {
-    try {
-        mla::kv_dtype_from_name(node->get_type_name(), kv_dtype);
-    } catch (const mla::Error& e) {
-        NODE_VALIDATION_CHECK(node, false, e.what());
-    }
-}
-
-// The compute attribute, by the kernels' one check (the onnxruntime ops use the same).
-void check_compute(const ov::Node* node, const std::string& compute) {
-    try {
-        mla::compute_from_name(node->get_type_name(), compute);
-    } catch (const mla::Error& e) {
-        NODE_VALIDATION_CHECK(node, false, e.what());
-    }
-}
-
 // OpenVINO's CPU plugin runs i64 as i32: when it compiles a model it puts a Convert(i64 -> i32)
 // between an i64 model input and its consumers, which wraps a value beyond int32 (2**32 + k
 // becomes k) before any op sees it, so an invalid index would run as a valid one. The index
-// inputs listed here read past such a narrowing Convert instead: the kernels take i64 indices and
+// inputs the table marks exact_i64 read past such a narrowing Convert instead: the kernels take i64 indices and
 // range-check them (as onnxruntime hands them over), so a value that does not fit is refused,
 // naming the input. For any index that fits, the values are the same either way.
-void read_i64_indices(ov::Node* node, std::initializer_list<size_t> inputs) {
+void read_i64_indices(ov::Node* node, const std::vector<size_t>& inputs) {
     for (const size_t i : inputs) {
         if (i >= node->get_input_size()) continue;  // an optional input that is not there
         const auto convert = ov::as_type_ptr<ov::op::v0::Convert>(node->get_input_node_shared_ptr(i));
@@ -168,352 +148,105 @@ void read_i64_indices(ov::Node* node, std::initializer_list<size_t> inputs) {
     }
 }
 
-void check_inputs(const ov::Node* node, size_t required, size_t optional = 1) {
-    const size_t n = node->get_input_size();
-    NODE_VALIDATION_CHECK(node, n >= required && n <= required + optional, node->get_type_name(), " takes ", required,
-                          optional == 1 ? " inputs (and an optional ordering input), got "
-                                        : " inputs (and the optional ordering and topk_indices inputs), got ",
-                          n);
-}
-
 }  // namespace
 
-// ---------------------------------------------------------------- MlaCacheWrite
-
-MlaCacheWrite::MlaCacheWrite(const ov::OutputVector& args, std::string kv_dtype)
-    : Op(args), m_kv_dtype(std::move(kv_dtype)) {
-    constructor_validate_and_infer_types();
-}
-
-void MlaCacheWrite::validate_and_infer_types() {
-    NODE_VALIDATION_CHECK(this, get_input_size() == 4, "MlaCacheWrite takes 4 inputs, got ", get_input_size());
-    read_i64_indices(this, {3});  // slot_mapping
-    check_kv_dtype(this, m_kv_dtype);
-    set_output_type(0, ov::element::i32, ov::PartialShape{1});
-}
-
-std::shared_ptr<ov::Node> MlaCacheWrite::clone_with_new_inputs(const ov::OutputVector& args) const {
-    return std::make_shared<MlaCacheWrite>(args, m_kv_dtype);
-}
-
-bool MlaCacheWrite::visit_attributes(ov::AttributeVisitor& visitor) {
-    visitor.on_attribute("kv_dtype", m_kv_dtype);
-    return true;
-}
-
-bool MlaCacheWrite::evaluate(ov::TensorVector& outputs, const ov::TensorVector& inputs) const {
-    return recorded([&] {
-        int64_t written = 0;
-        m_ws.use([&](mla::Workspace& ws) {
-            written = mla::cache_write(view(inputs[0], "kv_c"), view(inputs[1], "k_pe"), view(inputs[2], "kv_cache"),
-                                       view(inputs[3], "slot_mapping"), ov_threading(),
-                                       mla::kv_dtype_from_name("MlaCacheWrite", m_kv_dtype), ws);
-        });
-        outputs[0].set_shape(ov::Shape{1});
-        outputs[0].data<int32_t>()[0] = static_cast<int32_t>(written);
-    });
-}
-
-// ---------------------------------------------------------------- MlaPagedDecode
-
-MlaPagedDecode::MlaPagedDecode(const ov::OutputVector& args, float scale, int64_t kv_lora_rank, std::string kv_dtype)
-    : Op(args), m_scale(scale), m_kv_lora_rank(kv_lora_rank), m_kv_dtype(std::move(kv_dtype)) {
-    constructor_validate_and_infer_types();
-}
-
-void MlaPagedDecode::validate_and_infer_types() {
-    check_inputs(this, 4);
-    read_i64_indices(this, {2, 3});  // block_tables, seq_lens
-    check_kv_dtype(this, m_kv_dtype);
-    NODE_VALIDATION_CHECK(this, m_kv_lora_rank > 0, "MlaPagedDecode attribute 'kv_lora_rank' must be positive, got ",
-                          m_kv_lora_rank);
-    const auto& q = get_input_partial_shape(0);
-    ov::PartialShape out = ov::PartialShape::dynamic(3);
-    if (q.rank().is_static() && q.rank().get_length() == 3) out = ov::PartialShape{q[0], q[1], m_kv_lora_rank};
-    set_output_type(0, get_input_element_type(0), out);
-}
-
-std::shared_ptr<ov::Node> MlaPagedDecode::clone_with_new_inputs(const ov::OutputVector& args) const {
-    return std::make_shared<MlaPagedDecode>(args, m_scale, m_kv_lora_rank, m_kv_dtype);
-}
-
-bool MlaPagedDecode::visit_attributes(ov::AttributeVisitor& visitor) {
-    visitor.on_attribute("scale", m_scale);
-    visitor.on_attribute("kv_lora_rank", m_kv_lora_rank);
-    visitor.on_attribute("kv_dtype", m_kv_dtype);
-    return true;
-}
-
-bool MlaPagedDecode::evaluate(ov::TensorVector& outputs, const ov::TensorVector& inputs) const {
-    return recorded([&] {
-        const auto q = view(inputs[0], "q"), cache = view(inputs[1], "kv_cache");
-        const auto bt = view(inputs[2], "block_tables"), lens = view(inputs[3], "seq_lens");
-        const auto kv = mla::kv_dtype_from_name("MlaPagedDecode", m_kv_dtype);
-        const mla::DecodePlan plan = mla::plan_decode(q, cache, bt, lens, m_scale, m_kv_lora_rank, kv);
-        const mla::DecodeShapes& s = plan.shapes;
-        outputs[0].set_shape(ov::Shape{size_t(s.batch), size_t(s.heads), size_t(s.rank)});
-        m_ws.use([&](mla::Workspace& ws) { mla::run_decode(plan, view(outputs[0], "output"), ov_threading(), ws); });
-    });
-}
-
-// ---------------------------------------------------------------- MlaPagedAttention
-
-MlaPagedAttention::MlaPagedAttention(const ov::OutputVector& args, float scale, int64_t form, std::string kv_dtype,
-                                     std::string compute)
-    : Op(args), m_scale(scale), m_form(form), m_kv_dtype(std::move(kv_dtype)), m_compute(std::move(compute)) {
-    constructor_validate_and_infer_types();
-}
-
-void MlaPagedAttention::validate_and_infer_types() {
-    check_inputs(this, 8, 2);
-    read_i64_indices(this, {5, 6, 7, 9});  // query_start_loc, seq_lens, block_tables, topk_indices
-    check_kv_dtype(this, m_kv_dtype);
-    NODE_VALIDATION_CHECK(this, m_form >= 0 && m_form <= 2, "MlaPagedAttention attribute 'form' must be 0 (auto), ",
-                          "1 (absorbed) or 2 (expanded), got ", m_form);
-    check_compute(this, m_compute);
-    const auto& qn = get_input_partial_shape(0);
-    const auto& wuv = get_input_partial_shape(4);
-    ov::PartialShape out = ov::PartialShape::dynamic(3);
-    if (qn.rank().is_static() && qn.rank().get_length() == 3 && wuv.rank().is_static() && wuv.rank().get_length() == 3)
-        out = ov::PartialShape{qn[0], qn[1], wuv[2]};
-    set_output_type(0, get_input_element_type(0), out);
-}
-
-std::shared_ptr<ov::Node> MlaPagedAttention::clone_with_new_inputs(const ov::OutputVector& args) const {
-    return std::make_shared<MlaPagedAttention>(args, m_scale, m_form, m_kv_dtype, m_compute);
-}
-
-bool MlaPagedAttention::visit_attributes(ov::AttributeVisitor& visitor) {
-    visitor.on_attribute("scale", m_scale);
-    visitor.on_attribute("form", m_form);
-    visitor.on_attribute("kv_dtype", m_kv_dtype);
-    visitor.on_attribute("compute", m_compute);
-    return true;
-}
-
-bool MlaPagedAttention::evaluate(ov::TensorVector& outputs, const ov::TensorVector& inputs) const {
-    return recorded([&] {
-        const auto qn = view(inputs[0], "q_nope"), qp = view(inputs[1], "q_pe"), cache = view(inputs[2], "kv_cache");
-        const auto wuk = view(inputs[3], "w_uk"), wuv = view(inputs[4], "w_uv");
-        const auto qsl = view(inputs[5], "query_start_loc"), lens = view(inputs[6], "seq_lens");
-        const auto bt = view(inputs[7], "block_tables");
-        const auto kv = mla::kv_dtype_from_name("MlaPagedAttention", m_kv_dtype);
-        mla::TensorView topk;
-        if (inputs.size() > 9) topk = view(inputs[9], "topk_indices");
-        mla::AttentionPlan plan = mla::plan_attention(qn, qp, cache, wuk, wuv, qsl, lens, bt, m_scale,
-                                                      static_cast<mla::Form>(m_form), kv,
-                                                      inputs.size() > 9 ? &topk : nullptr);
-        plan.bf16_products = m_compute == "bf16";
-        const mla::AttentionShapes& s = plan.shapes;
-        outputs[0].set_shape(ov::Shape{size_t(s.tokens), size_t(s.heads), size_t(s.v_dim)});
-        m_ws.use([&](mla::Workspace& ws) { mla::run_attention(plan, view(outputs[0], "output"), ov_threading(), ws); });
-    });
-}
-
-// ---------------------------------------------------------------- MlaIndexerTopK
-
-MlaIndexerTopK::MlaIndexerTopK(const ov::OutputVector& args, int64_t topk, std::string kv_dtype, std::string compute)
-    : Op(args), m_topk(topk), m_kv_dtype(std::move(kv_dtype)), m_compute(std::move(compute)) {
-    constructor_validate_and_infer_types();
-}
-
-void MlaIndexerTopK::validate_and_infer_types() {
-    check_inputs(this, 6);
-    read_i64_indices(this, {3, 4, 5});  // query_start_loc, seq_lens, block_tables
-    check_kv_dtype(this, m_kv_dtype);
-    NODE_VALIDATION_CHECK(this, m_topk >= 1, "MlaIndexerTopK attribute 'topk' must be >= 1, got ", m_topk);
-    check_compute(this, m_compute);
-    const auto& q = get_input_partial_shape(0);
-    ov::Dimension tokens = ov::Dimension::dynamic();
-    if (q.rank().is_static() && q.rank().get_length() == 3) tokens = q[0];
-    set_output_type(0, ov::element::i32, ov::PartialShape{tokens, m_topk});
-}
-
-std::shared_ptr<ov::Node> MlaIndexerTopK::clone_with_new_inputs(const ov::OutputVector& args) const {
-    return std::make_shared<MlaIndexerTopK>(args, m_topk, m_kv_dtype, m_compute);
-}
-
-bool MlaIndexerTopK::visit_attributes(ov::AttributeVisitor& visitor) {
-    visitor.on_attribute("topk", m_topk);
-    visitor.on_attribute("kv_dtype", m_kv_dtype);
-    visitor.on_attribute("compute", m_compute);
-    return true;
-}
-
-bool MlaIndexerTopK::evaluate(ov::TensorVector& outputs, const ov::TensorVector& inputs) const {
-    return recorded([&] {
-        const auto q = view(inputs[0], "q"), w = view(inputs[1], "weights"), cache = view(inputs[2], "index_cache");
-        const auto qsl = view(inputs[3], "query_start_loc"), lens = view(inputs[4], "seq_lens");
-        const auto bt = view(inputs[5], "block_tables");
-        const auto kv = mla::kv_dtype_from_name("MlaIndexerTopK", m_kv_dtype);
-        mla::IndexerPlan plan = mla::plan_indexer(q, w, cache, qsl, lens, bt, m_topk, kv);
-        plan.bf16_products = m_compute == "bf16";
-        outputs[0].set_shape(ov::Shape{size_t(plan.tokens), size_t(plan.topk)});
-        m_ws.use([&](mla::Workspace& ws) { mla::run_indexer(plan, view(outputs[0], "output"), ov_threading(), ws); });
-    });
-}
-
-// ---------------------------------------------------------------- MlaStepCheck
+// ---------------------------------------------------------------- any op of the table
 
 namespace {
-const char* const kStepNames[] = {"input_ids", "positions", "slot_mapping", "query_start_loc",
-                                  "seq_lens", "block_tables", "logits_indices"};
-constexpr size_t kStepMeta = 7;
 
-// "kv_cache.<i>" names that outlive the views pointing at them.
-const std::vector<std::string>& cache_names(size_t n) {
-    static std::vector<std::string> names;
-    static std::mutex mutex;
-    std::lock_guard<std::mutex> lock(mutex);
-    while (names.size() < n) names.push_back("kv_cache." + std::to_string(names.size()));
-    return names;
+ov::element::Type element_type(mla::ops::TypeClass t) {
+    switch (t) {
+        case mla::ops::TypeClass::i32: return ov::element::i32;
+        case mla::ops::TypeClass::f32: return ov::element::f32;
+        default: return ov::element::dynamic;  // a class of several types: the table says "=input" instead
+    }
 }
+
+// An output's partial shape by the table's rule: a dimension of an input whose rank is not the
+// table's (or not known yet) is dynamic; "input[:-1]" of an input of unknown rank makes it all dynamic.
+ov::PartialShape output_shape(const ov::Node& node, const mla::ops::OpSpec& op, const mla::ops::AttrValues& attrs,
+                              const mla::ops::OutputSpec& out) {
+    using mla::ops::DimKind;
+    std::vector<ov::Dimension> dims;
+    for (int t = 0; t < out.n_terms; ++t) {
+        const mla::ops::DimTerm& term = out.shape[t];
+        if (term.kind == DimKind::constant) {
+            dims.emplace_back(term.value);
+        } else if (term.kind == DimKind::attribute) {
+            dims.emplace_back(attrs[static_cast<size_t>(term.ref)].i);
+        } else {
+            const auto& ps = node.get_input_partial_shape(static_cast<size_t>(term.ref));
+            const int64_t rank = ps.rank().is_static() ? ps.rank().get_length() : -1;
+            const int want = op.inputs[term.ref].rank;
+            if (term.kind == DimKind::leading) {
+                if (rank < 1) return ov::PartialShape::dynamic();
+                for (int64_t d = 0; d + 1 < rank; ++d) dims.push_back(ps[d]);
+            } else {
+                const bool known = rank >= 0 && (want < 0 ? rank > term.axis : rank == want);
+                dims.push_back(known ? ps[term.axis] : ov::Dimension::dynamic());
+            }
+        }
+    }
+    return ov::PartialShape(dims);
+}
+
 }  // namespace
 
-MlaStepCheck::MlaStepCheck(const ov::OutputVector& args, int64_t vocab_size, int64_t max_positions)
-    : Op(args), m_vocab_size(vocab_size), m_max_positions(max_positions) {
-    constructor_validate_and_infer_types();
+void validate_node(ov::Node& node, const mla::ops::OpSpec& op, const mla::ops::AttrValues& attrs, ZeroPointScan& zp) {
+    const size_t n = node.get_input_size(), required = op.required_inputs(), optional = op.optional_inputs();
+    if (op.variadic()) {
+        NODE_VALIDATION_CHECK(&node, n >= required + 1, op.name, " takes the ", required, " inputs and at least one ",
+                              op.inputs[op.n_inputs - 1].name, ", got ", n, " inputs");
+    } else {
+        NODE_VALIDATION_CHECK(&node, n >= required && n <= required + optional, op.name, " takes ", required,
+                              " inputs", optional ? " (and " + std::to_string(optional) + " optional ones)" : "",
+                              ", got ", n);
+    }
+    std::vector<size_t> exact;
+    for (int i = 0; i < op.n_inputs; ++i)
+        if (op.inputs[i].exact_i64) exact.push_back(static_cast<size_t>(i));
+    read_i64_indices(&node, exact);
+    try {
+        mla::ops::check_node_attrs(op, attrs);
+        if (const auto zero_points = mla::ops::op_run(op).zero_points) zp.update(node, zero_points(op, attrs));
+    } catch (const mla::Error& e) {
+        NODE_VALIDATION_CHECK(&node, false, e.what());
+    }
+    for (int k = 0; k < op.n_outputs; ++k) {
+        const mla::ops::OutputSpec& out = op.outputs[k];
+        const auto type = out.like_input >= 0 ? node.get_input_element_type(static_cast<size_t>(out.like_input))
+                                              : element_type(out.type);
+        node.set_output_type(static_cast<size_t>(k), type, output_shape(node, op, attrs, out));
+    }
 }
 
-void MlaStepCheck::validate_and_infer_types() {
-    NODE_VALIDATION_CHECK(this, get_input_size() >= kStepMeta + 1, "MlaStepCheck takes the 7 metadata inputs and ",
-                          "at least one kv_cache, got ", get_input_size(), " inputs");
-    NODE_VALIDATION_CHECK(this, m_vocab_size > 0 && m_max_positions > 0,
-                          "MlaStepCheck attributes vocab_size and max_positions must be positive, got ", m_vocab_size,
-                          " and ", m_max_positions);
-    for (size_t i = 0; i < 3; ++i) set_output_type(i, get_input_element_type(i), get_input_partial_shape(i));
+ZeroPointScan::Bytes bytes_for_clone(const ov::Node& node, const mla::ops::OpSpec& op, const mla::ops::AttrValues& attrs,
+                                     const ZeroPointScan& zp) {
+    const auto zero_points = mla::ops::op_run(op).zero_points;
+    return zero_points ? zp.for_clone(node, zero_points(op, attrs)) : ZeroPointScan::Bytes{};
 }
 
-std::shared_ptr<ov::Node> MlaStepCheck::clone_with_new_inputs(const ov::OutputVector& args) const {
-    return std::make_shared<MlaStepCheck>(args, m_vocab_size, m_max_positions);
-}
-
-bool MlaStepCheck::visit_attributes(ov::AttributeVisitor& visitor) {
-    visitor.on_attribute("vocab_size", m_vocab_size);
-    visitor.on_attribute("max_positions", m_max_positions);
-    return true;
-}
-
-bool MlaStepCheck::evaluate(ov::TensorVector& outputs, const ov::TensorVector& inputs) const {
-    return recorded([&] {
-        mla::StepInputs in{view(inputs[0], kStepNames[0]), view(inputs[1], kStepNames[1]), view(inputs[2], kStepNames[2]),
-                           view(inputs[3], kStepNames[3]), view(inputs[4], kStepNames[4]), view(inputs[5], kStepNames[5]),
-                           view(inputs[6], kStepNames[6])};
-        const auto& names = cache_names(inputs.size() - kStepMeta);
-        std::vector<mla::TensorView> caches;
-        for (size_t i = kStepMeta; i < inputs.size(); ++i) caches.push_back(view(inputs[i], names[i - kStepMeta].c_str()));
-        mla::step_check(in, caches, m_vocab_size, m_max_positions);
-        for (size_t i = 0; i < 3; ++i) {
-            outputs[i].set_shape(inputs[i].get_shape());
-            std::memcpy(outputs[i].data(), inputs[i].data(), inputs[i].get_byte_size());
+void visit(ov::AttributeVisitor& visitor, const mla::ops::OpSpec& op, mla::ops::AttrValues& attrs) {
+    for (int k = 0; k < op.n_attrs; ++k) {
+        auto& v = attrs[static_cast<size_t>(k)];
+        switch (op.attrs[k].type) {
+            case mla::ops::AttrType::f32: visitor.on_attribute(op.attrs[k].name, v.f); break;
+            case mla::ops::AttrType::i64: visitor.on_attribute(op.attrs[k].name, v.i); break;
+            case mla::ops::AttrType::str: visitor.on_attribute(op.attrs[k].name, v.s); break;
         }
-    });
-}
-
-// ---------------------------------------------------------------- MlaMoeExperts
-
-MlaMoeExperts::MlaMoeExperts(const ov::OutputVector& args, int64_t w13_bits, int64_t w2_bits, std::string compute,
-                             ZeroPointScan::Bytes inherited)
-    : Op(args), m_w13_bits(w13_bits), m_w2_bits(w2_bits), m_compute(std::move(compute)) {
-    m_zp.inherited = std::move(inherited);
-    constructor_validate_and_infer_types();
-}
-
-void MlaMoeExperts::validate_and_infer_types() {
-    NODE_VALIDATION_CHECK(this, get_input_size() == 9, "MlaMoeExperts takes 9 inputs, got ", get_input_size());
-    read_i64_indices(this, {1});  // topk_ids
-    NODE_VALIDATION_CHECK(this, mla::weight_bits_valid(m_w13_bits), "MlaMoeExperts attribute 'w13_bits' must be ",
-                          mla::kWeightBitsExpected, ", got ", m_w13_bits);
-    NODE_VALIDATION_CHECK(this, mla::weight_bits_valid(m_w2_bits), "MlaMoeExperts attribute 'w2_bits' must be ",
-                          mla::kWeightBitsExpected, ", got ", m_w2_bits);
-    check_compute(this, m_compute);
-    try {
-        m_zp.update(*this, mla::int4_zero_point_inputs(mla::MoeBits{m_w13_bits, m_w2_bits}));
-    } catch (const mla::Error& e) {
-        NODE_VALIDATION_CHECK(this, false, e.what());
     }
-    const auto& x = get_input_partial_shape(0);
-    ov::PartialShape out = ov::PartialShape::dynamic(2);
-    if (x.rank().is_static() && x.rank().get_length() == 2) out = x;
-    set_output_type(0, ov::element::f32, out);
 }
 
-std::shared_ptr<ov::Node> MlaMoeExperts::clone_with_new_inputs(const ov::OutputVector& args) const {
-    return std::make_shared<MlaMoeExperts>(args, m_w13_bits, m_w2_bits, m_compute,
-                                           m_zp.for_clone(*this, mla::int4_zero_point_inputs(mla::MoeBits{m_w13_bits, m_w2_bits})));
-}
-
-bool MlaMoeExperts::visit_attributes(ov::AttributeVisitor& visitor) {
-    visitor.on_attribute("w13_bits", m_w13_bits);
-    visitor.on_attribute("w2_bits", m_w2_bits);
-    visitor.on_attribute("compute", m_compute);
-    return true;
-}
-
-bool MlaMoeExperts::evaluate(ov::TensorVector& outputs, const ov::TensorVector& inputs) const {
+bool evaluate_node(const mla::ops::OpSpec& op, const mla::ops::AttrValues& attrs, bool zero_points_checked,
+                   mla::OpWorkspace& ws, ov::TensorVector& outputs, const ov::TensorVector& inputs) {
     return recorded([&] {
-        const mla::MoeInputs in{view(inputs[0], "x"),      view(inputs[1], "topk_ids"), view(inputs[2], "topk_weights"),
-                                view(inputs[3], "w13_q"),  view(inputs[4], "w13_s"),    view(inputs[5], "w13_zp"),
-                                view(inputs[6], "w2_q"),   view(inputs[7], "w2_s"),     view(inputs[8], "w2_zp"),
-                                m_zp.checked};
-        const mla::MoeBits bits{m_w13_bits, m_w2_bits};
-        const mla::MoeShapes s = mla::moe_experts_shapes(in, bits);
-        outputs[0].set_shape(ov::Shape{size_t(s.tokens), size_t(s.hidden)});
-        mla::moe_experts(in, bits, view(outputs[0], "output"), ov_threading(), mla::compute_from_name("MlaMoeExperts", m_compute));
-    });
-}
-
-// ---------------------------------------------------------------- MlaQLinear
-
-MlaQLinear::MlaQLinear(const ov::OutputVector& args, int64_t bits, std::string compute, ZeroPointScan::Bytes inherited,
-                       std::string layout)
-    : Op(args), m_bits(bits), m_compute(std::move(compute)), m_layout(std::move(layout)) {
-    m_zp.inherited = std::move(inherited);
-    constructor_validate_and_infer_types();
-}
-
-void MlaQLinear::validate_and_infer_types() {
-    NODE_VALIDATION_CHECK(this, get_input_size() == 4, "MlaQLinear takes 4 inputs, got ", get_input_size());
-    NODE_VALIDATION_CHECK(this, mla::weight_bits_valid(m_bits), "MlaQLinear attribute 'bits' must be ",
-                          mla::kWeightBitsExpected, ", got ", m_bits);
-    check_compute(this, m_compute);
-    NODE_VALIDATION_CHECK(this, m_layout == "rows4" || (m_layout == "tile16" && m_bits == 8),
-                          "MlaQLinear attribute 'layout' must be rows4, or tile16 with bits 8; got '", m_layout,
-                          "' with bits ", m_bits);
-    try {
-        m_zp.update(*this, mla::int4_zero_point_inputs(m_bits));
-    } catch (const mla::Error& e) {
-        NODE_VALIDATION_CHECK(this, false, e.what());
-    }
-    const auto& x = get_input_partial_shape(0);
-    const auto& w = get_input_partial_shape(1);
-    ov::PartialShape out = ov::PartialShape::dynamic();
-    if (x.rank().is_static() && x.rank().get_length() >= 1 && w.rank().is_static() && w.rank().get_length() == 2) {
-        out = x;
-        out[x.rank().get_length() - 1] = w[0];
-    }
-    set_output_type(0, ov::element::f32, out);
-}
-
-std::shared_ptr<ov::Node> MlaQLinear::clone_with_new_inputs(const ov::OutputVector& args) const {
-    return std::make_shared<MlaQLinear>(args, m_bits, m_compute, m_zp.for_clone(*this, mla::int4_zero_point_inputs(m_bits)),
-                                        m_layout);
-}
-
-bool MlaQLinear::visit_attributes(ov::AttributeVisitor& visitor) {
-    visitor.on_attribute("bits", m_bits);
-    visitor.on_attribute("compute", m_compute);
-    visitor.on_attribute("layout", m_layout);
-    return true;
-}
-
-bool MlaQLinear::evaluate(ov::TensorVector& outputs, const ov::TensorVector& inputs) const {
-    return recorded([&] {
-        const mla::QLinearInputs in{view(inputs[0], "x"), view(inputs[1], "w_q"), view(inputs[2], "w_s"),
-                                    view(inputs[3], "w_zp"), m_zp.checked, mla::qlinear_tile16_from_name(m_layout)};
-        const std::vector<int64_t> shape = mla::qlinear_shape(in, m_bits);
-        outputs[0].set_shape(ov::Shape(shape.begin(), shape.end()));
-        mla::qlinear(in, m_bits, view(outputs[0], "output"), ov_threading(), mla::compute_from_name("MlaQLinear", m_compute));
+        mla::ops::OpCall call{op, attrs, {}, nullptr, ov_threading(), &ws, zero_points_checked};
+        for (size_t i = 0; i < inputs.size(); ++i) call.inputs.push_back(view(inputs[i], mla::ops::input_name(op, i)));
+        call.output = [&](size_t k, const std::vector<int64_t>& shape) {
+            outputs[k].set_shape(ov::Shape(shape.begin(), shape.end()));
+            return view(outputs[k], "output");
+        };
+        mla::ops::op_run(op).run(call);
     });
 }
 
@@ -543,23 +276,20 @@ extern "C" __attribute__((visibility("default"))) int mla_export_step_check(
     const int32_t* const* arrays, const int64_t* lengths, int64_t block_width, int64_t num_blocks,
     int64_t block_size, int64_t row_width, int64_t num_layers, int64_t vocab_size, int64_t max_positions,
     char* err, size_t err_size) {
-    static const char* const names[] = {"input_ids", "positions", "slot_mapping", "query_start_loc",
-                                        "seq_lens", "block_tables", "logits_indices"};
+    const mla::ops::OpSpec& op = mla::ops::spec(mla::ops::OpId::MlaStepCheck);
     try {
         mla::TensorView v[7];
         for (int i = 0; i < 7; ++i) {
-            v[i].name = names[i];
+            v[i].name = mla::ops::input_name(op, static_cast<size_t>(i));
             v[i].data = const_cast<int32_t*>(arrays[i]);
             v[i].dtype = mla::DType::i32;
             v[i].shape = {lengths[i]};
         }
         v[5].shape = {lengths[5], block_width};
         static float dummy = 0.f;  // never read: the check looks at the caches' shapes only
-        std::vector<std::string> cache_names;
-        for (int64_t i = 0; i < num_layers; ++i) cache_names.push_back("kv_cache." + std::to_string(i));
         std::vector<mla::TensorView> caches(static_cast<size_t>(num_layers));
         for (int64_t i = 0; i < num_layers; ++i) {
-            caches[i].name = cache_names[i].c_str();
+            caches[i].name = mla::ops::input_name(op, static_cast<size_t>(7 + i));
             caches[i].data = &dummy;
             caches[i].dtype = mla::DType::f32;
             caches[i].shape = {num_blocks, block_size, row_width};

@@ -1,7 +1,9 @@
-// OpenVINO op classes of the MLA ops and the fused MoE op (opset "mla_export"). They only translate tensors
-// and attributes; validation and math live in custom_ops/kernels. Each runs on the CPU plugin
-// as a reference node whose evaluate() is called with the real input buffers, which is what
-// lets MlaCacheWrite update a shared-memory cache Parameter in place.
+// The OpenVINO side of the mla_export ops (opset "mla_export"): one generic op class, TableOp<I>,
+// for every op of the table (custom_ops/op_table: its name, inputs, attributes and output rule),
+// which only translates tensors and attributes; validation and math live in the kernels (each
+// op's run function: op_runs.cpp). Each runs on the CPU plugin as a reference node whose
+// evaluate() is called with the real input buffers, which is what lets MlaCacheWrite update a
+// shared-memory cache Parameter in place.
 #pragma once
 
 #include <memory>
@@ -13,96 +15,9 @@
 #include <openvino/op/op.hpp>
 
 #include "../kernels/mla_kernels.hpp"
+#include "../op_table/op_table.hpp"
 
 namespace mla_ov {
-
-// The overrides every op class here has (shape inference, cloning, attributes, evaluate on the
-// real buffers); each class defines them in mla_ops.cpp.
-#define MLA_OV_OP_OVERRIDES                                                                          \
-    void validate_and_infer_types() override;                                                         \
-    std::shared_ptr<ov::Node> clone_with_new_inputs(const ov::OutputVector& args) const override;     \
-    bool visit_attributes(ov::AttributeVisitor& visitor) override;                                    \
-    bool evaluate(ov::TensorVector& outputs, const ov::TensorVector& inputs) const override;          \
-    bool has_evaluate() const override { return true; }
-
-class MlaCacheWrite : public ov::op::Op {
-public:
-    OPENVINO_OP("MlaCacheWrite", "mla_export");
-    MlaCacheWrite() = default;
-    // kv_c, k_pe, kv_cache, slot_mapping
-    explicit MlaCacheWrite(const ov::OutputVector& args, std::string kv_dtype = "");
-    MLA_OV_OP_OVERRIDES
-
-private:
-    std::string m_kv_dtype;  // the cache's row format ("" = by element type, see cache_format.hpp)
-    mutable mla::OpWorkspace m_ws;  // reused across evaluate calls
-};
-
-class MlaPagedDecode : public ov::op::Op {
-public:
-    OPENVINO_OP("MlaPagedDecode", "mla_export");
-    MlaPagedDecode() = default;
-    // q, kv_cache, block_tables, seq_lens [, after]
-    MlaPagedDecode(const ov::OutputVector& args, float scale, int64_t kv_lora_rank, std::string kv_dtype = "");
-    MLA_OV_OP_OVERRIDES
-
-private:
-    float m_scale = 1.0f;
-    int64_t m_kv_lora_rank = 0;  // set by the constructor or the IR's attribute (checked > 0)
-    std::string m_kv_dtype;
-    mutable mla::OpWorkspace m_ws;  // reused across evaluate calls
-};
-
-class MlaPagedAttention : public ov::op::Op {
-public:
-    OPENVINO_OP("MlaPagedAttention", "mla_export");
-    MlaPagedAttention() = default;
-    // q_nope, q_pe, kv_cache, w_uk, w_uv, query_start_loc, seq_lens, block_tables [, after [, topk_indices]]
-    // (topk_indices: sparse attention over the listed positions, mla_kernels.hpp). compute: "f32" (as exported: every product f32) or "bf16" (set by the runtime when it
-    // compiles for bf16: decode rows may multiply in bf16 on AMX tiles; see attention_amx.hpp).
-    MlaPagedAttention(const ov::OutputVector& args, float scale, int64_t form, std::string kv_dtype = "",
-                      std::string compute = "f32");
-    MLA_OV_OP_OVERRIDES
-
-private:
-    float m_scale = 1.0f;
-    int64_t m_form = 0;
-    std::string m_kv_dtype;
-    std::string m_compute = "f32";
-    mutable mla::OpWorkspace m_ws;  // reused across evaluate calls
-};
-
-class MlaIndexerTopK : public ov::op::Op {
-public:
-    OPENVINO_OP("MlaIndexerTopK", "mla_export");
-    MlaIndexerTopK() = default;
-    // q, weights, index_cache, query_start_loc, seq_lens, block_tables [, after] -> [T, topk] i32
-    // compute: "f32" (as exported) or "bf16" (set by the runtime under a bf16 hint: the scores may
-    // multiply in bf16 on AMX tiles, indexer_amx.hpp).
-    MlaIndexerTopK(const ov::OutputVector& args, int64_t topk, std::string kv_dtype = "", std::string compute = "f32");
-    MLA_OV_OP_OVERRIDES
-
-private:
-    int64_t m_topk = 0;  // set by the constructor or the IR's attribute (checked >= 1)
-    std::string m_kv_dtype;
-    std::string m_compute = "f32";
-    mutable mla::OpWorkspace m_ws;
-};
-
-// input_ids, positions, slot_mapping, query_start_loc, seq_lens, block_tables, logits_indices,
-// kv_cache.0 .. kv_cache.<L-1> -> input_ids, positions, slot_mapping (copies, once the whole step
-// passed). The graph reads those three only through this op, so nothing runs before it.
-class MlaStepCheck : public ov::op::Op {
-public:
-    OPENVINO_OP("MlaStepCheck", "mla_export");
-    MlaStepCheck() = default;
-    MlaStepCheck(const ov::OutputVector& args, int64_t vocab_size, int64_t max_positions);
-    MLA_OV_OP_OVERRIDES
-
-private:
-    int64_t m_vocab_size = 0;
-    int64_t m_max_positions = 0;
-};
 
 // Whether a node's int4 zero points were scanned (every code <= 15), so its kernels skip the scan
 // per call. They are scanned when the node is validated if they are Constants. The CPU plugin
@@ -124,42 +39,46 @@ struct ZeroPointScan {
     Bytes for_clone(const ov::Node& node, const std::vector<std::pair<size_t, const char*>>& inputs) const;
 };
 
-// x, topk_ids, topk_weights, w13_q, w13_s, w13_zp, w2_q, w2_s, w2_zp -> the routed experts' sum
-// (custom_ops/kernels/moe_experts.hpp). The weights are Constants read in place.
-class MlaMoeExperts : public ov::op::Op {
+// What TableOp<I> does, for any op of the table (mla_ops.cpp).
+void validate_node(ov::Node& node, const mla::ops::OpSpec& op, const mla::ops::AttrValues& attrs, ZeroPointScan& zp);
+ZeroPointScan::Bytes bytes_for_clone(const ov::Node& node, const mla::ops::OpSpec& op,
+                                     const mla::ops::AttrValues& attrs, const ZeroPointScan& zp);
+void visit(ov::AttributeVisitor& visitor, const mla::ops::OpSpec& op, mla::ops::AttrValues& attrs);
+bool evaluate_node(const mla::ops::OpSpec& op, const mla::ops::AttrValues& attrs, bool zero_points_checked,
+                   mla::OpWorkspace& ws, ov::TensorVector& outputs, const ov::TensorVector& inputs);
+
+// The op kOps[I] of the table. The default constructor (used when IR is read) starts from the
+// table's defaults; a required attribute the IR lacks is refused when the node is validated.
+template <int I>
+class TableOp : public ov::op::Op {
 public:
-    OPENVINO_OP("MlaMoeExperts", "mla_export");
-    MlaMoeExperts() = default;
-    // compute: "f32" (as exported) or "bf16" (set by the runtime when it compiles for bf16; see
-    // compute.hpp).
+    OPENVINO_OP(mla::ops::kOps[I].name, "mla_export");
+    static const mla::ops::OpSpec& op() { return mla::ops::kOps[I]; }
+
+    TableOp() : m_attrs(mla::ops::default_attrs(op())) {}
     // inherited: the zero-point bytes a clone's source scanned (ZeroPointScan).
-    MlaMoeExperts(const ov::OutputVector& args, int64_t w13_bits, int64_t w2_bits, std::string compute = "f32",
-                  ZeroPointScan::Bytes inherited = {});
-    MLA_OV_OP_OVERRIDES
+    TableOp(const ov::OutputVector& args, mla::ops::AttrValues attrs, ZeroPointScan::Bytes inherited = {})
+        : Op(args), m_attrs(std::move(attrs)) {
+        m_zp.inherited = std::move(inherited);
+        constructor_validate_and_infer_types();
+    }
+    void validate_and_infer_types() override { validate_node(*this, op(), m_attrs, m_zp); }
+    std::shared_ptr<ov::Node> clone_with_new_inputs(const ov::OutputVector& args) const override {
+        return std::make_shared<TableOp>(args, m_attrs, bytes_for_clone(*this, op(), m_attrs, m_zp));
+    }
+    bool visit_attributes(ov::AttributeVisitor& visitor) override {
+        visit(visitor, op(), m_attrs);
+        return true;
+    }
+    bool evaluate(ov::TensorVector& outputs, const ov::TensorVector& inputs) const override {
+        return evaluate_node(op(), m_attrs, m_zp.checked, m_ws, outputs, inputs);
+    }
+    bool has_evaluate() const override { return true; }
 
 private:
-    int64_t m_w13_bits = 8, m_w2_bits = 8;
-    std::string m_compute = "f32";
+    mla::ops::AttrValues m_attrs;  // in the table's order
     ZeroPointScan m_zp;
-};
-
-// x, w_q, w_s, w_zp -> x @ W^T on integer weights (custom_ops/kernels/qlinear.hpp); the weights
-// are Constants read in place.
-class MlaQLinear : public ov::op::Op {
-public:
-    OPENVINO_OP("MlaQLinear", "mla_export");
-    MlaQLinear() = default;
-    // compute: as MlaMoeExperts'. layout: the codes' order, "rows4" (as exported) or "tile16" (int8
-    // codes the runtime rewrote for VNNI CPUs; qmatmul.hpp).
-    MlaQLinear(const ov::OutputVector& args, int64_t bits, std::string compute = "f32",
-               ZeroPointScan::Bytes inherited = {}, std::string layout = "rows4");
-    MLA_OV_OP_OVERRIDES
-
-private:
-    int64_t m_bits = 8;
-    std::string m_compute = "f32";
-    std::string m_layout = "rows4";
-    ZeroPointScan m_zp;
+    mutable mla::OpWorkspace m_ws;  // reused across evaluate calls
 };
 
 }  // namespace mla_ov

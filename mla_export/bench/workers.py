@@ -218,7 +218,7 @@ def worker_profile(spec: dict) -> dict:
 def classify_node(name: str, node_type: str, weight: str = "") -> str:
     n, w = name.lower(), weight.lower()
     if ("paged_attention" in n or "paged_decode" in n or "cache_write" in n
-            or node_type in ("MlaPagedAttention", "MlaPagedDecode", "MlaCacheWrite")):
+            or node_type in ("MlaPagedAttention", "MlaCacheWrite")):
         return "attention op (MLA custom ops, incl. cache write)"
     if "lm_head" in w or n == "logits" or "lm_head" in n:
         return "lm_head"

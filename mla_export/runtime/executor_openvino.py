@@ -20,7 +20,7 @@ from typing import Sequence
 import numpy as np
 import openvino as ov
 
-from .. import ov_core
+from .. import ops, ov_core
 from ..ov_op_errors import checked_infer, step_check
 from ..cache_binding import cache_binding
 from ..ov_tensors import shared_tensor
@@ -148,7 +148,9 @@ def match_moe_compute(model: ov.Model, precision: str) -> None:
     (as the plugin's own compressed FullyConnected kernels do with their dynamic quantization) and
     MlaPagedAttention's decode rows multiply in bf16 on AMX tiles or AVX512-BF16 dot products where
     the CPU has them (as the plugin's own attention does there); f32 under an f32 hint, which keeps
-    f32 runs exact. The ops cannot see the hint, so they are told here."""
+    f32 runs exact. The ops cannot see the hint, so they are told here: every op of the table
+    with a `compute` attribute."""
+    told = set(ops.with_attribute("compute"))
     for op in model.get_ops():
-        if op.get_type_name() in ("MlaMoeExperts", "MlaQLinear", "MlaPagedAttention", "MlaIndexerTopK"):
+        if op.get_type_name() in told:
             op.set_attribute("compute", "bf16" if precision == "bf16" else "f32")

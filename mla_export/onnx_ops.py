@@ -139,11 +139,13 @@ STEP_INPUTS = tuple(i["name"] for i in ops.op("MlaStepCheck")["inputs"] if not i
 CHECKED = {o["type"][1:]: f"{o['type'][1:]}.checked" for o in ops.op("MlaStepCheck")["outputs"]}
 
 
-def step_check_node(num_layers: int, vocab_size: int, max_positions: int, name: str = "step_check"):
+def step_check_node(num_layers: int, vocab_size: int, max_positions: int, name: str = "step_check",
+                    caches: list[str] | None = None):
     """The graph's first node: validates the whole step; the rest of the graph reads input_ids,
     positions and slot_mapping only through its outputs (CHECKED), so no cache write can run
-    before the step was accepted."""
-    caches = [f"kv_cache.{i}" for i in range(num_layers)]
+    before the step was accepted. caches: the cache inputs (default kv_cache.0 .. num_layers - 1;
+    the MTP draft graph's one is kv_cache.<its layer index>)."""
+    caches = caches or [f"kv_cache.{i}" for i in range(num_layers)]
     return node("MlaStepCheck", {**{n: n for n in STEP_INPUTS}, "kv_cache": caches}, list(CHECKED.values()), name,
                 vocab_size=int(vocab_size), max_positions=int(max_positions))
 

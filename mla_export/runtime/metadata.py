@@ -95,6 +95,14 @@ def _int_list(values, name: str) -> list[int]:
     return values
 
 
+def _int32_from(values, count: int, name: str, rule: str) -> np.ndarray:
+    """The integers as an int32 array; a value int32 cannot hold is refused, not wrapped."""
+    try:
+        return np.fromiter(values, dtype=np.int32, count=count)
+    except OverflowError as e:  # numpy: "Python integer ... out of bounds for int32"
+        raise ValueError(f"{name}: {rule}; {e}") from None
+
+
 def _out_of_range(arr: np.ndarray, upper: int) -> bool:
     """Any value outside [0, upper) in an int32 array, with one reduction: viewed as uint32, a
     negative value is >= 2**31 > upper."""
@@ -162,9 +170,8 @@ class MLAMetadataBuilder:
         # Block tables padded with 0 to the widest (a valid block id the kernels never read,
         # since they stop at seq_len).
         width, total = max(needed), sum(needed)
-        flat = np.fromiter(
-            chain.from_iterable(t[:n] for t, n in zip(block_tables, needed)), dtype=np.int32, count=total
-        )
+        flat = _int32_from(chain.from_iterable(t[:n] for t, n in zip(block_tables, needed)), total,
+                           "block_tables", f"block ids must lie in [0, {self.num_blocks})")
         if _out_of_range(flat, self.num_blocks):
             raise ValueError(f"block ids must lie in [0, {self.num_blocks}); got {flat.min()}..{flat.max()}")
         num_tokens = sum(query_lens)
@@ -246,7 +253,8 @@ class MLAMetadataBuilder:
         lens = [len(t) for t in new_token_ids]
         if lens != query_lens:
             raise ValueError(f"new_token_ids must hold query_lens {query_lens} ids, got {lens}")
-        flat = np.fromiter(chain.from_iterable(new_token_ids), dtype=np.int32, count=num_tokens)
+        flat = _int32_from(chain.from_iterable(new_token_ids), num_tokens, "new_token_ids",
+                           f"token ids must lie in [0, {upper})")
         if _out_of_range(flat, upper):
             raise ValueError(f"token ids must lie in [0, {upper}); got {flat.min()}..{flat.max()}")
         packed = buf.array("input_ids", (num_tokens,))

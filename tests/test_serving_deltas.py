@@ -7,6 +7,7 @@
   step's output, which the HTTP layer copied again.)
 - Both engine clients yield one item type: the in-process loop's `Delta` is what the Ray
   replicas send over their output channel, unchanged by the trip.
+- The penalties keep their counts as the output grows instead of recounting the whole history.
 - A steady decode step's metadata is written once, by the builder, into the arrays the graph
   reads: the executor's input tensors are the builder's arrays (shared memory), and nothing
   checks or copies them again between the two.
@@ -121,6 +122,51 @@ class TestBothClientsYieldTheSameDelta:
         assert items[0].prompt_logprobs is None and items[-1].num_prompt_tokens == 4
         # the Ray replica sends exactly these items over its output channel (channel.py)
         assert [from_wire(json.loads(json.dumps(to_wire(d)))) for d in items] == items
+
+
+class TestPenaltiesDoNotReadTheWholeHistoryPerStep:
+    """Cause: the repetition, frequency and presence penalties turned the whole prompt and output
+    into arrays at every step (np.unique of both, np.bincount of the output)."""
+
+    def test_counts_are_kept_as_the_output_grows(self, engine, monkeypatch):
+        from mla_export.runtime.sampling import SamplingParams
+
+        calls = {"bincount": 0, "unique": 0}
+        for name in calls:
+            real = getattr(np, name)
+            monkeypatch.setattr(np, name, lambda *a, _real=real, _name=name, **k: (
+                calls.__setitem__(_name, calls[_name] + 1), _real(*a, **k))[1])
+        engine.add_request("pen", [5, 6, 7, 8, 9, 5, 6], SamplingParams(
+            max_tokens=40, ignore_eos=True, repetition_penalty=1.3, frequency_penalty=0.5, presence_penalty=0.2))
+        outs = []
+        while engine.has_unfinished_requests():
+            outs += engine.step()
+        assert outs[-1].finished and len(outs[-1].token_ids) == 40
+        assert calls == {"bincount": 1, "unique": 0}  # counted once, then kept per appended token
+
+    def test_kept_counts_give_the_whole_history_values(self, rng):
+        from mla_export.runtime.sampling import Sampler, SamplingParams
+        from mla_export.runtime.token_counts import OutputTokenIds
+
+        vocab = 50
+        for _ in range(50):
+            p = SamplingParams(repetition_penalty=float(rng.choice([1.3, 0.7])),
+                               frequency_penalty=float(rng.uniform(-1, 1)), presence_penalty=float(rng.uniform(-1, 1)))
+            prompt = rng.integers(0, vocab, size=int(rng.integers(1, 20))).tolist()
+            kept, plain = OutputTokenIds(), []
+            for _ in range(30):
+                row = rng.standard_normal(vocab).astype(np.float32)
+                want = row.copy()  # the whole-history rule, computed here (vLLM's order: repetition, then the others)
+                seen = np.unique(np.array(prompt + plain, np.int64))
+                v = want[seen]
+                want[seen] = np.where(v > 0, v / p.repetition_penalty, v * p.repetition_penalty)
+                if plain:
+                    counts = np.bincount(np.array(plain), minlength=vocab).astype(np.float32)
+                    want -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0)
+                np.testing.assert_array_equal(Sampler.process(row, p, prompt, kept), want)
+                t = int(rng.integers(0, vocab))
+                kept.append(t)
+                plain.append(t)
 
 
 def _decode_steps(engine, n_steps: int) -> list:

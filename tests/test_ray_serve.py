@@ -259,41 +259,39 @@ def test_block_chain_keys_whole_blocks_by_everything_before():
     assert all(x != y for x, y in zip(block_chain(a, 16), block_chain(b, 16)))  # block 2 differs: its prefix did
 
 
-def test_deltas_accumulate_into_the_engines_outputs():
+def test_deltas_carry_only_the_step_over_the_wire():
     from mla_export.runtime.engine import RequestMetrics, RequestOutput
-    from mla_export.server.ray_serve.wire import Accumulator, delta_of
+    from mla_export.runtime.sampling import Logprob
+    from mla_export.server.ray_serve.wire import delta_of, from_wire, to_wire
+
+    def sent(o):  # as the channel carries it
+        return from_wire(json.loads(json.dumps(to_wire(delta_of(o)))))
 
     m = RequestMetrics(0.0, None, None, 0, 0)
     outs = [RequestOutput("r", [1, 2], [7], [7], "a", False, None, m, new_text="a"),
             RequestOutput("r", [1, 2], [7, 8], [8], "a", False, None, m, new_text=""),
             RequestOutput("r", [1, 2], [7, 8, 9], [9], "abc", True, "length", m, new_text="bc")]
-    acc = Accumulator()
-    got = [acc.add(delta_of(o)) for o in outs]
-    for o, g in zip(outs, got):
-        assert (g.token_ids, g.new_token_ids, g.text, g.finished, g.finish_reason) == \
-               (o.token_ids, o.new_token_ids, o.text, o.finished, o.finish_reason)
+    got = [sent(o) for o in outs]
+    assert [(d.new_token_ids, d.new_text, d.finished, d.finish_reason) for d in got] == \
+           [([7], "a", False, None), ([8], "", False, None), ([9], "bc", True, "length")]
+    assert got[-1].text == "abc" and got[0].text is None  # the whole text on the finishing delta only
     assert got[-1].num_prompt_tokens == 2 and got[0].num_prompt_tokens == 0
-    none = Accumulator().add(delta_of(RequestOutput("s", [1], [5], [5], None, False, None, m)))
-    assert none.text is None  # a model without a tokenizer has no text
-    # logprobs (cumulative in the engine's outputs) travel as the new tokens' and add up again
-    from mla_export.runtime.sampling import Logprob
-    from mla_export.server.ray_serve.wire import from_wire, to_wire
-
+    # a "delta" output (what the server asks for) gives the same delta; its final text travels apart
+    last = RequestOutput("r", [1, 2], [9], [9], "bc", True, "length", m, new_text="bc", final_text="abc")
+    assert sent(last) == got[-1]
+    assert sent(RequestOutput("s", [1], [5], [5], None, False, None, m)).new_text is None  # no tokenizer: no text
+    # logprobs (cumulative in a cumulative output) travel as the new tokens' only
     lps = [{7: Logprob(-0.5, 1, "a")}, {8: Logprob(-1.5, 2, "b"), 3: Logprob(-0.2, 1, "c")}]
     outs = [RequestOutput("q", [1], [7], [7], "a", False, None, m, new_text="a", logprobs=lps[:1]),
             RequestOutput("q", [1], [7, 8], [8], "ab", True, "length", m, new_text="b", logprobs=lps)]
-    acc = Accumulator()
-    got = [acc.add(from_wire(json.loads(json.dumps(to_wire(delta_of(o)))))) for o in outs]
-    assert got[0].logprobs == lps[:1] and got[1].logprobs == lps
+    got = [sent(o) for o in outs]
+    assert got[0].new_logprobs == lps[:1] and got[1].new_logprobs == lps[1:]
     # prompt logprobs (on every cumulative output) travel once, with the first tokens
     plp = [None, {4: Logprob(-2.0, 3, "x"), 9: Logprob(-0.1, 1, "y")}]
     outs = [RequestOutput("p", [1, 4], [7], [7], "a", False, None, m, new_text="a", prompt_logprobs=plp),
             RequestOutput("p", [1, 4], [7, 8], [8], "ab", True, "length", m, new_text="b", prompt_logprobs=plp)]
-    deltas = [delta_of(o) for o in outs]
-    assert deltas[0].prompt_logprobs == plp and deltas[1].prompt_logprobs is None
-    acc = Accumulator()
-    got = [acc.add(from_wire(json.loads(json.dumps(to_wire(d))))) for d in deltas]
-    assert got[0].prompt_logprobs == plp and got[1].prompt_logprobs == plp
+    got = [sent(o) for o in outs]
+    assert got[0].prompt_logprobs == plp and got[1].prompt_logprobs is None
 
 
 # ---- the output channel (channel.py), on this machine's loopback ---------------------------------

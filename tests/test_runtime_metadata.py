@@ -101,3 +101,22 @@ def test_hand_computed_decode_step():
     assert md.input_ids.tolist() == [7, 8]
     for arr in md.feeds().values():
         assert arr.dtype == np.int32 and arr.flags.c_contiguous
+
+
+class TestIdsBeyondInt32AreRefusedBeforeTheCast:
+    """Cause: the builder cast packed int64 token ids to int32 before checking them (2**32 + 3 ran
+    as token 3), and a Python int beyond int32 in a list raised numpy's OverflowError, naming no
+    input. The builder is the one check of these values on the engine's path (docs/SAFETY.md)."""
+
+    def _builder(self):
+        return MLAMetadataBuilder(block_size=4, num_blocks=8, max_model_len=64, vocab_size=100)
+
+    def test_packed_int64_token_id(self):
+        with pytest.raises(ValueError, match=r"token ids must lie in \[0, 100\); got 4294967299"):
+            self._builder().build([1], [1], [[1]], np.array([2**32 + 3], dtype=np.int64))
+
+    @pytest.mark.parametrize("where", ["block_tables", "new_token_ids"])
+    def test_python_int_beyond_int32(self, where):
+        tables, ids = ([[2**32 + 1]], [[1]]) if where == "block_tables" else ([[1]], [[2**32 + 3]])
+        with pytest.raises(ValueError, match=f"^{where}: .* out of bounds for int32"):
+            self._builder().build([1], [1], tables, ids)

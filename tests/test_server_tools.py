@@ -243,8 +243,8 @@ KIMI_SPECIAL = ["<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<
 
 def _serve_recorded(tok, ids, make_output, decode, stream: bool, finish_reason="stop"):
     """The server's response path over recorded token ids: one engine output per token."""
-    from mla_export.runtime.engine import RequestMetrics, RequestOutput
     from mla_export.server import protocol as P
+    from mla_export.server.deltas import Delta
     from mla_export.server.generation import _Choice, chat_choice, chat_delta, make_detok
 
     s = P.parse_chat_request({"messages": USER, "stream": stream}).sampling
@@ -252,19 +252,20 @@ def _serve_recorded(tok, ids, make_output, decode, stream: bool, finish_reason="
     ch = _Choice(index=0, request_id="r", stop=[])
     ch.out = make_output()
     chunks = []
+    sent = ""
     for k in range(1, len(ids) + 1):
         done = k == len(ids)
         # with the engine's own text, as the engine sends it (special tokens skipped, an incomplete
-        # UTF-8 character held back until it is complete)
+        # UTF-8 character held back until it is complete): what it adds to the text sent so far
         text = tok.decode(ids[:k], skip_special_tokens=True)
         if not done:
             text = text.rstrip("\ufffd")
-        out = RequestOutput("r", [1], ids[:k], [ids[k - 1]], text, done,
-                            finish_reason if done else None,
-                            RequestMetrics(0.0, None, None, 0, 0))
+        out = Delta("r", [ids[k - 1]], text[len(sent):], done, finish_reason if done else None,
+                    text=text if done else None)
+        sent = text
+        ch.token_ids.append(ids[k - 1])
         delta = detok.advance(ch, out)
-        ch.text += delta
-        ch.token_ids = ids[:k]
+        ch.add_text(delta)
         if done:
             ch.finished, ch.finish_reason = True, finish_reason
         if stream and (d := chat_delta(ch, delta, [ids[k - 1]], None, s)) is not None:

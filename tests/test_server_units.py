@@ -8,7 +8,6 @@ import argparse
 import pytest
 
 from mla_export.commands.serve import parse_size
-from mla_export.runtime.engine import RequestMetrics, RequestOutput
 from mla_export.server import protocol as P
 from mla_export.server.app import _Choice, _Detok
 from mla_export.server.chat import ChatTemplate, TemplateError, load_chat_template
@@ -80,27 +79,28 @@ def test_chat_messages():
         P.parse_chat_request({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]})
 
 
-def _out(text, finished=False, n=1):
-    return RequestOutput("r", [1], list(range(n)), [n - 1], text, finished, "length" if finished else None,
-                         RequestMetrics(0.0, None, None, 0, 0))
+def _delta(new_text, finished=False, n=1, text=None):
+    from mla_export.server.deltas import Delta
+
+    return Delta("r", [n - 1], new_text, finished, "length" if finished else None, text=text)
 
 
 def test_detok_emits_only_the_new_text_and_the_final_decode():
-    # The engine's text (already cut at stop strings, engine-side) grows; each step emits its new part.
+    # The engine's deltas (already cut at stop strings, engine-side): each step emits its new part.
     d = _Detok(None)
     ch = _Choice(index=0, request_id="r", stop=[])
     emitted = []
-    for i, t in enumerate(["ab", "ab", "abEN", "abENxyé"]):
-        delta = d.advance(ch, _out(t, n=i + 1))
-        ch.text += delta
+    for i, t in enumerate(["ab", "", "EN", "xyé"]):
+        delta = d.advance(ch, _delta(t, n=i + 1))
+        ch.add_text(delta)
         emitted.append(delta)
-    assert emitted == ["ab", "", "EN", "xyé"] and ch.final_text is None
-    # The finishing output carries the final decode; text already sent is never taken back.
-    delta = d.advance(ch, _out("abENxyé!", finished=True, n=5))
+    assert emitted == ["ab", "", "EN", "xyé"] and ch.final_text is None and ch.text == "abENxyé"
+    # The finishing delta carries the final decode; text already sent is never taken back.
+    delta = d.advance(ch, _delta("!", finished=True, n=5, text="abENxyé!"))
     assert delta == "!" and ch.final_text == "abENxyé!"
     ch2 = _Choice(index=0, request_id="r", stop=[])
     ch2.text = "abX"
-    assert d.advance(ch2, _out("abYZ", finished=True, n=3)) == "Z" and ch2.final_text == "abYZ"
+    assert d.advance(ch2, _delta("Z", finished=True, n=3, text="abYZ")) == "Z" and ch2.final_text == "abYZ"
 
 
 def test_metrics_text():

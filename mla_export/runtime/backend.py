@@ -3,7 +3,8 @@
 Shaped like vLLM's attention backend plus its model runner's cache ownership:
   - cache layout: `CacheLayout` (cache_layout.py) sizes and allocates one array per layer; the
     backend owns those arrays (the memory), the KVCacheManager only hands out block ids;
-  - metadata -> graph inputs: `MLAMetadataBuilder` (metadata.py);
+  - metadata -> graph inputs: `MLAMetadataBuilder` (metadata.py), writing each step straight
+    into the executor's own input arrays (`executor.metadata_tensors`);
   - execute: one executor per runtime behind it (executor_openvino.py, executor_onnxruntime.py),
     constructed on the backend's arrays and writing them in place;
   - block operations: the copies the KVCacheManager decided in `Scheduler.schedule()`
@@ -82,10 +83,13 @@ class MLABackend:
     def execute(self, seq_lens: Sequence[int], query_lens: Sequence[int], block_tables: Sequence[Sequence[int]],
                 new_token_ids, num_logits: Sequence[int] | None = None) -> np.ndarray:
         """One step: per-sequence facts -> graph inputs -> logits [L, vocab] f32 (L = B: each
-        sequence's last new token; more rows where num_logits asks for them, see metadata.py)."""
-        return self.executor.execute(self.build(seq_lens, query_lens, block_tables, new_token_ids, num_logits))
+        sequence's last new token; more rows where num_logits asks for them, see metadata.py).
+        The builder writes into the executor's inputs (one pass over the metadata, no copy after)."""
+        return self.executor.execute(self.builder.build(seq_lens, query_lens, block_tables, new_token_ids,
+                                                        num_logits, out=self.executor.metadata_tensors))
 
     def build(self, seq_lens, query_lens, block_tables, new_token_ids, num_logits=None) -> MLAMetadata:
+        """A step's metadata in fresh arrays (tools that keep several steps)."""
         return self.builder.build(seq_lens, query_lens, block_tables, new_token_ids, num_logits)
 
     def apply_block_copies(self, src_to_dst) -> None:

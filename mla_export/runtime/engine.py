@@ -78,6 +78,10 @@ class RequestOutput:
     # ones given the tokens before it (None for the first), vLLM's PromptLogprobs. In "delta"
     # outputs only the request's first output carries it.
     prompt_logprobs: list | None = None
+    # The whole output's final text (the full decode, cut at a stop string), on the finishing
+    # output of every kind when the model has a tokenizer: what a "delta" consumer returns as
+    # the text (its deltas add up to it whenever the full decode extends what was sent).
+    final_text: str | None = None
 
 
 class LLMEngine:
@@ -543,9 +547,7 @@ class LLMEngine:
         (held-back text and this step's only, so a step's cost does not grow with the output)."""
         emit, req.pending_text, hit = match_stop_strings(req.pending_text, new_text, req.params.stop,
                                                          req.params.include_stop_str_in_output, final)
-        if len(req.emitted_text) > 1:  # kept as one string: cumulative outputs join it every step
-            req.emitted_text[:] = ["".join(req.emitted_text)]
-        req.emitted_text.append(emit)
+        req.emitted_text.append(emit)  # joined only where a whole text is asked for (_output)
         return emit, hit
 
     def _stop_reason(self, req: Request, token: int) -> str | None:
@@ -578,8 +580,9 @@ class LLMEngine:
             if req.detokenizer is not None:
                 if req.final_text is not None:
                     text = req.final_text
-                elif req.params.stop:
-                    text = "".join(req.emitted_text)
+                elif req.params.stop:  # kept as one string: cumulative outputs join it every step
+                    req.emitted_text[:] = ["".join(req.emitted_text)]
+                    text = req.emitted_text[0]
                 else:
                     text = req.detokenizer.text
         return RequestOutput(
@@ -600,6 +603,7 @@ class LLMEngine:
             cumulative_logprob=req.cumulative_logprob if req.params.logprobs is not None else None,
             stop_reason=req.stop_reason,
             prompt_logprobs=prompt_logprobs,
+            final_text=req.final_text if req.is_finished else None,
         )
 
     def _encode(self, prompt) -> list[int]:

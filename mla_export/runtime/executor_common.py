@@ -16,10 +16,11 @@ import numpy as np
 from ..contract import Contract
 from ..kv_formats import BF16
 from .cache_layout import CacheLayout
-from .metadata import MLAMetadata, MLAMetadataBuilder
+from .graph_feeds import graph_feeds
+from .metadata import METADATA_INPUTS, MetadataBuffers, MLAMetadata, MLAMetadataBuilder
 
-__all__ = ["PRECISIONS", "MLAExecutor", "CacheNotInPlaceError", "check_options", "check_cache_bindings",
-           "check_cache_written_in_place"]
+__all__ = ["PRECISIONS", "MLAExecutor", "CacheNotInPlaceError", "MetadataTensors", "check_options",
+           "check_cache_bindings", "check_cache_written_in_place"]
 
 PRECISIONS = ("f32", "bf16")
 _SENTINEL = -1234.0  # exactly representable in bf16 and f16; no real cache row is all this value
@@ -84,6 +85,51 @@ def check_cache_written_in_place(execute: Callable[[MLAMetadata], np.ndarray], k
         raise RuntimeError("the start-up step produced non-finite logits: the exported graph is broken")
 
 
+class MetadataTensors(MetadataBuffers):
+    """An executor's own int32 metadata inputs, handed to the builder to write a step into
+    (`MLAMetadataBuilder.build(..., out=executor.metadata_tensors)`), so the graph reads the
+    builder's arrays themselves: nothing is copied or checked again between the two.
+
+    Each input has one grow-only int32 store; `array(name, shape)` returns a view of its first
+    elements at that shape, the same array object as last time when the shape did not change (a
+    steady decode step rebinds nothing). A store that must grow is replaced, never resized in
+    place, so an array handed out before stays valid memory. `holds(metadata)` tells whether a
+    step's arrays are the ones handed out last (then the builder made them: int32, the graph's
+    ranks, values checked)."""
+
+    def __init__(self):
+        self._stores: dict[str, np.ndarray] = {}
+        self._last: dict[str, np.ndarray] = {}
+
+    def array(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        last = self._last.get(name)
+        if last is not None and last.shape == shape:
+            return last
+        size = 1
+        for d in shape:
+            size *= d
+        store = self._stores.get(name)
+        if store is None or store.size < size:
+            store = self._stores[name] = np.empty(max(size, 2 * (0 if store is None else store.size), 16), np.int32)
+        arr = self._last[name] = store[:size].reshape(shape)
+        return arr
+
+    def holds(self, metadata: MLAMetadata) -> bool:
+        last = self._last
+        return all(getattr(metadata, name) is last.get(name) for name in METADATA_INPUTS)
+
+    def take(self, metadata: MLAMetadata) -> dict[str, np.ndarray]:
+        """The step's arrays as the graph's inputs, all of them this object's: the builder's own
+        as they are; any other metadata checked (graph_feeds.py: int32 without a lossy cast, the
+        graph's ranks, or a ValueError naming the input) and copied in."""
+        if self.holds(metadata):
+            return self._last
+        feeds = graph_feeds(metadata)  # every input checked before any is written
+        for name, arr in feeds.items():
+            self.array(name, arr.shape)[...] = arr
+        return self._last
+
+
 class MLAExecutor(ABC):
     """What the backend needs of the executor of one runtime (backend.executor_class picks it):
     constructed on the caller's per-layer cache arrays, which it binds and writes in place (kept
@@ -98,6 +144,8 @@ class MLAExecutor(ABC):
         self._kv_caches = list(kv_caches)
         self.cache_names = CacheLayout.of(contract).names()  # the graph input of each array
         self._bound: list[np.ndarray] = []  # the arrays the graph sees (set by the subclass)
+        # The metadata inputs the graph reads, which the backend's builder writes into.
+        self.metadata_tensors = MetadataTensors()
 
     @abstractmethod
     def execute(self, metadata: MLAMetadata) -> np.ndarray:

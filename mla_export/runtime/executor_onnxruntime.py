@@ -35,8 +35,7 @@ from ..cache_binding import cache_binding
 from ..contract import Contract, ContractError
 from .batch_invariance import pinned_onnx_bytes
 from .executor_common import CacheNotInPlaceError, MLAExecutor, check_cache_bindings
-from .graph_feeds import graph_feeds
-from .metadata import METADATA_INPUTS, MLAMetadata
+from .metadata import MLAMetadata
 
 __all__ = ["OnnxRuntimeMLAExecutor", "CacheNotInPlaceError", "VARIANTS"]
 
@@ -121,6 +120,7 @@ class OnnxRuntimeMLAExecutor(MLAExecutor):
         self._io = self.session.io_binding()
         for name, v in zip(self.cache_names, self._cache_values):
             self._io.bind_ortvalue_input(name, v)
+        self._meta_bound: dict[str, tuple] = {}  # metadata input -> (the array, its OrtValue) bound
         self._outputs = ["logits"]
         if self.variant == "portable":
             self._outputs += [f"kv_cache_out.{i}" for i in range(len(self._kv_caches))]
@@ -135,12 +135,16 @@ class OnnxRuntimeMLAExecutor(MLAExecutor):
 
     def execute(self, metadata: MLAMetadata) -> np.ndarray:
         """Run one step; logits [B, vocab] f32."""
-        feeds = graph_feeds(metadata)  # int32 of the graph's ranks, or a ValueError naming the input
-        keep = []  # the OrtValues wrap the metadata arrays (no copy); `feeds` keeps those alive
-        for name in METADATA_INPUTS:
-            value = ort_tensors.ortvalue(feeds[name])
-            keep.append(value)
-            self._io.bind_ortvalue_input(name, value)
+        # The builder's arrays are this executor's own (MetadataTensors.take: other metadata is
+        # checked and copied in); an input is rebound only when its array changed (a new shape),
+        # as an OrtValue over the array's memory, so the graph reads what the builder wrote.
+        bound = self._meta_bound
+        for name, arr in self.metadata_tensors.take(metadata).items():
+            held = bound.get(name)
+            if held is None or held[0] is not arr:
+                value = ort_tensors.ortvalue(arr)
+                bound[name] = (arr, value)  # both kept alive while bound
+                self._io.bind_ortvalue_input(name, value)
         # Outputs unallocated every step: onnxruntime allocates them at this step's shapes (a
         # binding kept from the previous step would pin its [B, vocab] shape).
         self._io.clear_binding_outputs()

@@ -3,8 +3,9 @@
 One compiled model and one infer request serve every step. The per-layer cache arrays of the
 KVCacheManager are bound once, as tensors over their own memory; the graph's MlaCacheWrite op
 writes the new rows straight into them, so nothing is copied per step and the numpy arrays
-*are* the cache (copy-on-write and block swaps act on them directly). Per step only the small
-int32 metadata values are copied into the executor's own input tensors.
+*are* the cache (copy-on-write and block swaps act on them directly). The int32 metadata inputs are bound
+the same way, over the executor's own arrays (`metadata_tensors`), which the backend's builder
+writes each step into: a steady decode step copies nothing and rebinds nothing.
 
 That only holds when the plugin hands the op the caller's buffer. It silently makes a copy
 when the bound array's type differs from what the op consumes (a Convert is inserted: e.g. a
@@ -27,9 +28,8 @@ from ..ov_tensors import shared_tensor
 from ..contract import Contract
 from .batch_invariance import pin_attention_form_openvino
 from .executor_common import CacheNotInPlaceError, MLAExecutor, check_cache_bindings
-from .graph_feeds import graph_feeds
 from .memory_plan import check_fits
-from .metadata import METADATA_INPUTS, MLAMetadata
+from .metadata import MLAMetadata
 from .model_dir import graph_path
 from .qlinear_tiles import pack_qlinear_tiles
 from .weights_memory import read_ir
@@ -72,12 +72,7 @@ class OpenVINOMLAExecutor(MLAExecutor):
         self.request = self.compiled.create_infer_request()
         for name, arr in zip(self.cache_names, self._bound):
             self.request.set_tensor(name, shared_tensor(arr))
-        self._meta_tensors = {}
-        self._meta_views: dict[str, np.ndarray] = {}  # numpy views of the tensors at their current shape
-        for name in METADATA_INPUTS:
-            rank = self.compiled.input(name).get_partial_shape().rank.get_length()
-            self._meta_tensors[name] = ov.Tensor(ov.Type.i32, [1] * rank)
-            self.request.set_tensor(name, self._meta_tensors[name])
+        self._meta_bound: dict[str, np.ndarray] = {}  # metadata input -> the array its tensor wraps
         self._logits = self.compiled.output("logits")
         outputs = {name for port in self.compiled.outputs for name in port.get_names()}
         self._hidden = self.compiled.output("hidden_states") if "hidden_states" in outputs else None
@@ -94,28 +89,22 @@ class OpenVINOMLAExecutor(MLAExecutor):
 
     def execute(self, metadata: MLAMetadata) -> np.ndarray:
         """Run one step; logits [B, vocab] f32, a view valid until the next call."""
-        feeds = graph_feeds(metadata)  # int32 of the graph's ranks, or a ValueError naming the input
-        if self._precheck is not None:  # one thread: a bad step must never reach infer()
-            step_check(feeds, **self._precheck)
-        self._copy_in(feeds)
+        self.bind(metadata)
         return self.run()
 
     def bind(self, metadata: MLAMetadata) -> None:
-        """Bind the step's metadata without running it (the graph alone is then `run()`)."""
-        self._copy_in(graph_feeds(metadata))
-
-    def _copy_in(self, feeds: dict[str, np.ndarray]) -> None:
-        """Copy the step's int32 metadata (graph_feeds) into the executor's own input tensors
-        (bound once at start-up). They hold only T + B * M + 3B int32 values; a tensor is resized
-        only when its shape changes. (Wrapping each step's arrays in fresh shared tensors costs
-        more than copying them.)"""
+        """Bind the step's metadata without running it (the graph alone is then `run()`). The
+        builder's arrays are this executor's own (MetadataTensors.take); an input is rebound
+        only when its array changed (a new shape): a tensor over the array's memory, as the
+        caches are bound, so the graph reads what the builder wrote."""
+        feeds = self.metadata_tensors.take(metadata)
+        if self._precheck is not None:  # one thread: a bad step must never reach infer()
+            step_check(feeds, **self._precheck)
+        bound = self._meta_bound
         for name, arr in feeds.items():
-            view = self._meta_views.get(name)
-            if view is None or view.shape != arr.shape:
-                tensor = self._meta_tensors[name]
-                tensor.shape = arr.shape
-                view = self._meta_views[name] = tensor.data
-            view[...] = arr
+            if bound.get(name) is not arr:
+                self.request.set_tensor(name, shared_tensor(arr))
+                bound[name] = arr
 
     def run(self) -> np.ndarray:
         """The graph alone, on the inputs bound last."""

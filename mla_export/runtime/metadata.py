@@ -15,6 +15,13 @@ From these it derives every index the graph needs (see docs/MLA.md, "The paged l
   block_tables    = the tables padded with 0 to the batch's widest needed width
 Everything is computed with whole-array numpy operations; the only Python loop runs over the
 B sequences (to pack their ragged tables), never over tokens.
+
+Where the values land: `build(..., out=buffers)` writes every array into the int32 arrays that
+`buffers` hands out. The backend passes its executor's own input arrays (executor_common.py
+`MetadataTensors`), which the graph reads in place: a step's metadata is written once, where
+it is consumed (as OpenVINO GenAI's pipelines fill their infer request's input tensors), and no
+second pass checks or copies it (docs/SAFETY.md, "Which check holds which invariant"). Without
+`out` the arrays are fresh (tools, tests, the start-up sentinel step).
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["MLAMetadata", "MLAMetadataBuilder"]
+__all__ = ["MLAMetadata", "MLAMetadataBuilder", "MetadataBuffers", "METADATA_INPUTS"]
 
 # The graph inputs carried by the metadata, in the contract's order (the caches are bound separately).
 METADATA_INPUTS = (
@@ -64,6 +71,18 @@ class MLAMetadata:
         return {name: getattr(self, name) for name in METADATA_INPUTS}
 
 
+class MetadataBuffers:
+    """Where a build puts its arrays: `array(name, shape)` returns a writable C-contiguous int32
+    array of that shape for the metadata input `name` (its old values are overwritten). This
+    base class returns fresh arrays; an executor's subclass returns its own input arrays."""
+
+    def array(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        return np.empty(shape, dtype=np.int32)
+
+
+_FRESH = MetadataBuffers()
+
+
 def _int_list(values, name: str) -> list[int]:
     """Per-sequence integers as a Python list (cheap to check for a handful of sequences)."""
     if isinstance(values, np.ndarray):
@@ -74,6 +93,14 @@ def _int_list(values, name: str) -> list[int]:
     if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in values):
         raise ValueError(f"{name} must hold integers")
     return values
+
+
+def _int32_from(values, count: int, name: str, rule: str) -> np.ndarray:
+    """The integers as an int32 array; a value int32 cannot hold is refused, not wrapped."""
+    try:
+        return np.fromiter(values, dtype=np.int32, count=count)
+    except OverflowError as e:  # numpy: "Python integer ... out of bounds for int32"
+        raise ValueError(f"{name}: {rule}; {e}") from None
 
 
 def _out_of_range(arr: np.ndarray, upper: int) -> bool:
@@ -107,10 +134,13 @@ class MLAMetadataBuilder:
         block_tables: Sequence[Sequence[int]],
         new_token_ids: Sequence[Sequence[int]] | np.ndarray,
         num_logits: Sequence[int] | None = None,
+        out: MetadataBuffers | None = None,
     ) -> MLAMetadata:
         """`new_token_ids` is either one sequence of ids per sequence or the packed [T] array.
         `num_logits[b]` (default 1): how many of sequence b's new tokens, the last ones, return
         logits rows (in order); more than one for the prompt logprobs of a prefill chunk.
+        `out`: where the arrays are written (MetadataBuffers; default fresh arrays). The returned
+        metadata then holds `out`'s arrays: valid until the next build into the same `out`.
 
         This runs once per step on the hot path. Numpy's per-call cost dominates at decode batch
         sizes, so the per-sequence facts (B values) are checked with Python builtins, and numpy
@@ -136,78 +166,99 @@ class MLAMetadataBuilder:
         ):
             self._explain(seq_lens, query_lens, block_tables, needed)
 
+        buf = _FRESH if out is None else out
         # Block tables padded with 0 to the widest (a valid block id the kernels never read,
         # since they stop at seq_len).
         width, total = max(needed), sum(needed)
-        flat = np.fromiter(
-            chain.from_iterable(t[:n] for t, n in zip(block_tables, needed)), dtype=np.int32, count=total
-        )
+        flat = _int32_from(chain.from_iterable(t[:n] for t, n in zip(block_tables, needed)), total,
+                           "block_tables", f"block ids must lie in [0, {self.num_blocks})")
         if _out_of_range(flat, self.num_blocks):
             raise ValueError(f"block ids must lie in [0, {self.num_blocks}); got {flat.min()}..{flat.max()}")
+        num_tokens = sum(query_lens)
+        input_ids = self._pack_token_ids(new_token_ids, query_lens, num_tokens, buf)
+        tables = buf.array("block_tables", (num_seqs, width))
         if total == num_seqs * width:  # every table has the same width: no padding
-            tables = flat.reshape(num_seqs, width)
+            tables.reshape(-1)[:] = flat
         else:
-            tables = np.zeros((num_seqs, width), dtype=np.int32)
+            tables.fill(0)
             tables[np.arange(width) < np.array(needed)[:, None]] = flat
 
-        seq_lens_arr = np.array(seq_lens, dtype=np.int32)
-        num_tokens = sum(query_lens)
+        seq_lens_arr = buf.array("seq_lens", (num_seqs,))
+        seq_lens_arr[:] = seq_lens
+        query_start_loc = buf.array("query_start_loc", (num_seqs + 1,))
+        positions = buf.array("positions", (num_tokens,))
         if num_tokens == num_seqs:  # a pure decode step (each query_len is >= 1): token b is sequence b
-            query_start_loc = np.arange(num_seqs + 1, dtype=np.int32)
+            query_start_loc[:] = np.arange(num_seqs + 1, dtype=np.int32)
             seq_of_token = query_start_loc[:-1]
-            positions = seq_lens_arr - 1
+            np.subtract(seq_lens_arr, 1, out=positions)
         else:  # which sequence each packed token belongs to, and its index j within the chunk
             query_lens_arr = np.array(query_lens, dtype=np.int32)
-            query_start_loc = np.zeros(num_seqs + 1, dtype=np.int32)
+            query_start_loc[0] = 0
             np.cumsum(query_lens_arr, out=query_start_loc[1:])
             seq_of_token = np.repeat(np.arange(num_seqs), query_lens_arr)
             j = np.arange(num_tokens, dtype=np.int32) - query_start_loc[:-1][seq_of_token]
-            positions = (seq_lens_arr - query_lens_arr)[seq_of_token] + j
+            np.add((seq_lens_arr - query_lens_arr)[seq_of_token], j, out=positions)
         # int32 cannot overflow: __init__ checked num_blocks * block_size.
-        slot_mapping = tables[seq_of_token, positions // bs] * bs + positions % bs
+        slot_mapping = buf.array("slot_mapping", (num_tokens,))
+        np.multiply(tables[seq_of_token, positions // bs], bs, out=slot_mapping)
+        slot_mapping += positions % bs
 
         return MLAMetadata(
-            input_ids=self._pack_token_ids(new_token_ids, query_lens, num_tokens),
+            input_ids=input_ids,
             positions=positions,
             slot_mapping=slot_mapping,
             query_start_loc=query_start_loc,
             seq_lens=seq_lens_arr,
             block_tables=tables,
-            logits_indices=self._logits_indices(query_start_loc, query_lens, num_logits),
+            logits_indices=self._logits_indices(query_start_loc, query_lens, num_logits, buf),
         )
 
     @staticmethod
-    def _logits_indices(query_start_loc: np.ndarray, query_lens: list[int], num_logits) -> np.ndarray:
-        last = query_start_loc[1:] - 1
-        if num_logits is None:
-            return last
-        counts = _int_list(num_logits, "num_logits")
-        if len(counts) != len(query_lens):
-            raise ValueError(f"num_logits must have one count per sequence ({len(query_lens)}), got {len(counts)}")
-        for b, (c, q) in enumerate(zip(counts, query_lens)):
-            if not 1 <= c <= q:
-                raise ValueError(f"num_logits[{b}] must lie in [1, {q}] (the sequence's new tokens), got {c}")
-        if all(c == 1 for c in counts):
-            return last
+    def _logits_indices(query_start_loc: np.ndarray, query_lens: list[int], num_logits,
+                        buf: MetadataBuffers) -> np.ndarray:
+        counts = None if num_logits is None else _int_list(num_logits, "num_logits")
+        if counts is not None:
+            if len(counts) != len(query_lens):
+                raise ValueError(f"num_logits must have one count per sequence ({len(query_lens)}), got {len(counts)}")
+            for b, (c, q) in enumerate(zip(counts, query_lens)):
+                if not 1 <= c <= q:
+                    raise ValueError(f"num_logits[{b}] must lie in [1, {q}] (the sequence's new tokens), got {c}")
+            if all(c == 1 for c in counts):
+                counts = None
+        if counts is None:  # each sequence's last new token
+            out = buf.array("logits_indices", (len(query_lens),))
+            np.subtract(query_start_loc[1:], 1, out=out)
+            return out
         counts_arr = np.array(counts, dtype=np.int32)
+        last = query_start_loc[1:] - 1
         starts = np.repeat(last + 1 - counts_arr, counts_arr)  # each run's first row, per returned row
         run_start = np.repeat(np.cumsum(counts_arr) - counts_arr, counts_arr)
-        return (starts + np.arange(int(counts_arr.sum()), dtype=np.int32) - run_start).astype(np.int32)
+        out = buf.array("logits_indices", (int(counts_arr.sum()),))
+        np.add(starts, np.arange(out.shape[0], dtype=np.int32) - run_start, out=out, casting="unsafe")
+        return out
 
-    def _pack_token_ids(self, new_token_ids, query_lens: list[int], num_tokens: int) -> np.ndarray:
+    def _pack_token_ids(self, new_token_ids, query_lens: list[int], num_tokens: int,
+                        buf: MetadataBuffers) -> np.ndarray:
+        upper = self.vocab_size if self.vocab_size is not None else np.iinfo(np.int32).max
         if isinstance(new_token_ids, np.ndarray):
             if new_token_ids.shape != (num_tokens,) or new_token_ids.dtype.kind not in "iu":
                 raise ValueError(f"expected {num_tokens} packed integer token ids, got {new_token_ids.dtype} "
                                  f"{new_token_ids.shape}")
-            packed = np.ascontiguousarray(new_token_ids, dtype=np.int32)
-        else:
-            lens = [len(t) for t in new_token_ids]
-            if lens != query_lens:
-                raise ValueError(f"new_token_ids must hold query_lens {query_lens} ids, got {lens}")
-            packed = np.fromiter(chain.from_iterable(new_token_ids), dtype=np.int32, count=num_tokens)
-        upper = self.vocab_size if self.vocab_size is not None else np.iinfo(np.int32).max
-        if _out_of_range(packed, upper):
-            raise ValueError(f"token ids must lie in [0, {upper}); got {packed.min()}..{packed.max()}")
+            # checked in its own dtype: a cast first would turn an int64 id of 2**32 + k into k
+            if new_token_ids.size and (int(new_token_ids.min()) < 0 or int(new_token_ids.max()) >= upper):
+                raise ValueError(f"token ids must lie in [0, {upper}); got {new_token_ids.min()}..{new_token_ids.max()}")
+            packed = buf.array("input_ids", (num_tokens,))
+            packed[:] = new_token_ids
+            return packed
+        lens = [len(t) for t in new_token_ids]
+        if lens != query_lens:
+            raise ValueError(f"new_token_ids must hold query_lens {query_lens} ids, got {lens}")
+        flat = _int32_from(chain.from_iterable(new_token_ids), num_tokens, "new_token_ids",
+                           f"token ids must lie in [0, {upper})")
+        if _out_of_range(flat, upper):
+            raise ValueError(f"token ids must lie in [0, {upper}); got {flat.min()}..{flat.max()}")
+        packed = buf.array("input_ids", (num_tokens,))
+        packed[:] = flat
         return packed
 
     def _explain(self, seq_lens, query_lens, block_tables, needed) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from .sampling import SamplingParams
+from .token_counts import OutputTokenIds
 
 __all__ = ["Request", "RequestStatus"]
 
@@ -27,7 +28,8 @@ class Request:
     params: SamplingParams
     generator: np.random.Generator
     arrival_time: float = field(default_factory=time.time)
-    output_token_ids: list[int] = field(default_factory=list)
+    # append only; keeps what the penalties read up to date (token_counts.py)
+    output_token_ids: list[int] = field(default_factory=OutputTokenIds)
     # prompt + output: the tokens whose cache rows the request needs. After a preemption the
     # generated ones are recomputed like prompt tokens.
     all_token_ids: list[int] = field(init=False)

@@ -26,6 +26,7 @@ import numpy as np
 
 # vLLM's vllm.sampling_params holds these too
 from .structured_output import GuidedDecodingParams, StructuredOutputsParams
+from .token_counts import output_counts, seen_mask
 
 __all__ = ["SamplingParams", "SamplingParamError", "Sampler", "OUTPUT_KINDS", "Logprob", "token_logprobs",
            "rows_logprobs", "StructuredOutputsParams", "GuidedDecodingParams", "SAMPLING_EPS", "MAX_N", "NO_TOKEN",
@@ -339,12 +340,12 @@ class Sampler:
             held = [t for t in (*eos_token_ids, *p.stop_token_ids) if t < vocab]
             x[held] = -np.inf
         if p.repetition_penalty != 1:
-            seen = np.unique(np.concatenate([np.asarray(prompt, np.int64), np.asarray(output, np.int64)]))
+            seen = seen_mask(prompt, output, vocab)  # kept per request as its output grows (token_counts.py)
             v = x[seen]
             with np.errstate(over="ignore", divide="ignore"):  # capped below
                 x[seen] = np.where(v > 0, v / p.repetition_penalty, v * p.repetition_penalty)
         if (p.frequency_penalty or p.presence_penalty) and len(output):
-            counts = np.bincount(np.asarray(output, np.int64), minlength=vocab)[:vocab].astype(np.float32)
+            counts = output_counts(output, vocab)
             x -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0)
         # A repetition penalty near 0 divides a positive logit past float32's range, and +inf would
         # make the sampler's exp(x - max) NaN: the largest float keeps it the favourite (-inf stays).

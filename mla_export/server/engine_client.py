@@ -8,8 +8,9 @@ The request handling (app.py, generation.py) needs two things, both typed here:
   thread of this process, `mla-export serve`) is one; `RayEngineClient` (N engine replicas behind
   a Ray Serve deployment handle, `mla-export serve --replicas N`) is the other.
 
-Outputs arrive on an `OutputQueue` (an asyncio.Queue) per submission: engine `RequestOutput`s
-(cumulative token ids and text) and `Aborted` for a sequence the serving side ended.
+Outputs arrive on an `OutputQueue` (an asyncio.Queue) per submission, the same items from both
+clients: `Delta`s (deltas.py: what one engine step added to a sequence) and `Aborted` for a
+sequence the serving side ended.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 The `LLMEngine` is not thread-safe, so exactly one thread (this loop's) ever calls it. The
 asyncio side talks to it through a command queue (add / abort / stop) and gets each request's
 outputs on an `asyncio.Queue` of its own, filled from the engine thread with
-`call_soon_threadsafe` (one hop per engine step, not per token).
+`call_soon_threadsafe` (one hop per engine step, not per token). The outputs are `Delta`s
+(deltas.py: what this step added, as the Ray client yields them too) and `Aborted`.
 
 Admission: at most `max_num_seqs + max_queue` sequences are in the server at once (a request
 with `n` choices counts `n`). A request that would exceed it is refused at once with
@@ -27,6 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from .deltas import delta_of
 from .engine_client import OutputQueue
 from .metrics import ServerMetrics
 
@@ -149,8 +151,8 @@ class EngineLoop:
 
     # ---- asyncio side ----------------------------------------------------------------------
     async def submit(self, seqs: list[SeqRequest], queue=None):
-        """Add the sequences to the engine (all or none); their outputs (`RequestOutput`, or
-        `Aborted`) arrive on the one queue returned. Raises QueueFull, ShuttingDown,
+        """Add the sequences to the engine (all or none); their outputs (`Delta`, or `Aborted`)
+        arrive on the one queue returned. Raises QueueFull, ShuttingDown,
         EngineDead, or the engine's own ValueError for a request it rejects.
 
         `queue`: where to put the outputs instead of a new `OutputQueue` (anything with
@@ -327,7 +329,7 @@ class EngineLoop:
                 continue  # aborted meanwhile
             n_new = len(out.new_token_ids or ())
             new_tokens += n_new
-            seq.num_generated = len(out.token_ids)
+            seq.num_generated += n_new
             if seq.first_token is None and n_new:
                 seq.first_token = now
                 prompt_tokens += len(out.prompt_token_ids or ())
@@ -347,7 +349,7 @@ class EngineLoop:
                 self.metrics.observe_end(out.finish_reason or "stop", now - seq.arrival, seq.num_generated,
                                          seq.num_prompt_tokens)
                 self._observe_finished(out, seq, now)
-            items.append((seq.loop, seq.queue, out))
+            items.append((seq.loop, seq.queue, delta_of(out)))
         self.metrics.observe_step(now, new_tokens, prompt_tokens)
         self.metrics.observe_iteration(new_tokens + prompt_tokens)
         # The snapshot is taken before the outputs are delivered: a client that has seen its

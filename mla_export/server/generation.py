@@ -1,8 +1,8 @@
 """One generation request, from admitted prompt ids to the HTTP response (JSON or SSE).
 
 `respond(st, request, endpoint, prompt_ids, sampling, chat)` submits every choice to the
-state's engine client, turns the engine outputs into text (incremental detokenization, stop
-strings) and answers with one ASGI response that races the work against a client disconnect;
+state's engine client (asking for deltas), keeps each choice's tokens and text from the deltas
+that come back (deltas.py) and answers with one ASGI response that races the work against a client disconnect;
 whatever did not finish is aborted in the engine when the response ends.
 
 Engine failures become errors: a JSON error for a non-streamed request, one SSE `error` event
@@ -31,6 +31,10 @@ log = logging.getLogger("mla_export.server")
 
 @dataclass
 class _Choice:
+    """One choice as the engine's deltas build it up: tokens, logprobs and text are appended to
+    (a step's work does not grow with the output), the text joined only where a whole text is
+    asked for (the response body, a reasoning / tool-call parser)."""
+
     index: int
     request_id: str
     stop: list[str]
@@ -43,38 +47,56 @@ class _Choice:
     first_token_text: str = ""  # the prompt's first token (it has no logprob: nothing precedes it)
     echo_sent: bool = False
     keep_output: bool = True  # False for max_tokens 0 with echo: the one token the engine ran is dropped
-    text: str = ""  # text emitted so far
+    pieces: list[str] = field(default_factory=list)  # text emitted so far, in pieces (see `text`)
+    text_len: int = 0  # characters emitted so far
     final_text: str | None = None  # the whole text, once finished
     finished: bool = False
     finish_reason: str | None = None
-    last_sent_tokens: int = 0  # token ids already reported (return_token_ids in streams)
     out: Any = None  # chat_output.ChoiceOutput: reasoning / tool calls split out of the text (None: plain text)
+
+    @property
+    def text(self) -> str:
+        """The text emitted so far (its pieces joined once, and kept as one)."""
+        if len(self.pieces) > 1:
+            self.pieces[:] = ["".join(self.pieces)]
+        return self.pieces[0] if self.pieces else ""
+
+    @text.setter
+    def text(self, value: str) -> None:
+        self.pieces[:] = [value] if value else []
+        self.text_len = len(value)
+
+    def add_text(self, piece: str) -> None:
+        if piece:
+            self.pieces.append(piece)
+            self.text_len += len(piece)
 
 
 class _Detok:
-    """Text of a choice's tokens, as the engine reports it, emitted incrementally. Stop strings
-    are matched once, in the engine, on its thread (runtime/stop_strings.py): its text is
-    already cut at a stop string and holds back what may still grow into one, and an
-    incomplete UTF-8 character. So a step here only takes the new part of the text."""
+    """The text of a choice's deltas, as the engine sends it. Stop strings are matched once, in
+    the engine, on its thread (runtime/stop_strings.py): its text is already cut at a stop string
+    and holds back what may still grow into one, and an incomplete UTF-8 character. So a step
+    here only takes the delta's text; the finishing delta brings the engine's final decode."""
 
     def __init__(self, decode: Callable[[list[int]], str] | None):
         self.decode = decode
 
-    def full_text(self, out) -> str:
-        if out.text is not None:  # the engine's text of all generated tokens
-            return out.text
-        if self.decode is not None:
-            return self.decode(list(out.token_ids))
-        return ""
+    def advance(self, ch: _Choice, d) -> str:
+        """The new text to emit for delta `d` (its tokens already in ch.token_ids). When the
+        choice ends, `ch.final_text` is its whole text (what a non-streamed response returns)."""
+        if d.new_text is None:  # an engine that sends no text: the decode of the tokens so far
+            return _advance_to(ch, self.decode(ch.token_ids) if self.decode is not None else "", d.finished)
+        if d.finished and d.text is not None:
+            return _advance_to(ch, d.text, True)
+        return d.new_text
 
-    def advance(self, ch: _Choice, out) -> str:
-        """The new text to emit. When the choice ends, `ch.final_text` is its whole text (what a
-        non-streamed response returns)."""
-        full = self.full_text(out)
-        if out.finished:
-            ch.final_text = full  # the final decode: may differ from the streamed text's tail
-            return _suffix_after(full, ch.text)
-        return full[len(ch.text):]  # until then the text only grows
+
+def _advance_to(ch: _Choice, full: str, finished: bool) -> str:
+    """What `full` (the choice's whole text now) adds to what was emitted."""
+    if finished:
+        ch.final_text = full  # the final decode: may differ from the streamed text's tail
+        return _suffix_after(full, ch.text)
+    return full[ch.text_len:]  # until then the text only grows
 
 
 def _text(ch: _Choice) -> str:
@@ -129,7 +151,8 @@ def engine_params(st, s: P.Sampling, prompt_len: int, choice: int):
                               prompt_logprobs=s.engine_prompt_logprobs, bad_words=tuple(s.bad_words),
                               allowed_token_ids=None if s.allowed_token_ids is None else tuple(s.allowed_token_ids),
                               structured_outputs=s.structured_outputs, stop=tuple(s.stop),
-                              include_stop_str_in_output=s.include_stop_str_in_output)
+                              include_stop_str_in_output=s.include_stop_str_in_output,
+                              output_kind="delta")  # the choice keeps its tokens and text (_Choice)
     except ValueError as e:  # SamplingParams' domain check (SamplingParamError names the field)
         raise P.bad_request(str(e), getattr(e, "param", None)) from None
 
@@ -201,49 +224,62 @@ class Generation(Response):
 
 
 async def next_events(st, detok: _Detok, q: asyncio.Queue, by_id: dict[str, _Choice]):
-    """Wait for engine outputs; returns (choice, new_text, new_token_ids) per update and raises
-    APIError on a server-side abort."""
+    """Wait for engine outputs (deltas.Delta, or Aborted); returns (choice, new_text,
+    new_token_ids, new_logprobs) per choice updated and raises APIError on a server-side abort."""
     item = await q.get()
     items = [item]
     while not q.empty():
         items.append(q.get_nowait())
-    # Outputs are cumulative: of several queued for one sequence only the latest matters (one
-    # event, one SSE chunk carrying all their tokens), unless the sequence was aborted.
-    latest: dict[str, Any] = {}
+    # Several deltas queued for one sequence make one event (one SSE chunk carrying all their
+    # tokens), unless the sequence was aborted.
+    by_seq: dict[str, Any] = {}
     for item in items:
-        if not isinstance(latest.get(item.request_id), Aborted):
-            latest[item.request_id] = item
+        got = by_seq.get(item.request_id)
+        if isinstance(got, Aborted):
+            continue
+        if isinstance(item, Aborted) or got is None:
+            by_seq[item.request_id] = item if isinstance(item, Aborted) else [item]
+        else:
+            got.append(item)
     events = []
-    for item in latest.values():
-        ch = by_id.get(item.request_id)
+    for rid, got in by_seq.items():
+        ch = by_id.get(rid)
         if ch is None or ch.finished:
             continue
-        if isinstance(item, Aborted):
+        if isinstance(got, Aborted):
             ch.finished = True
             ch.finish_reason = "abort"
-            if item.reason == "shutdown":
+            if got.reason == "shutdown":
                 raise P.APIError(503, "The server shut down before the request finished.", type="server_error",
                                  code="shutting_down")
-            raise P.APIError(500, f"The engine failed: {item.error}", type="server_error", code="engine_error")
-        if getattr(item, "prompt_logprobs", None) is not None:
-            ch.prompt_logprobs = item.prompt_logprobs
+            raise P.APIError(500, f"The engine failed: {got.error}", type="server_error", code="engine_error")
+        last = got[-1]
+        for d in got:
+            if d.prompt_logprobs is not None:
+                ch.prompt_logprobs = d.prompt_logprobs
         if not ch.keep_output:  # max_tokens 0 with echo: the prompt was run, nothing generated is returned
             ch.finished, ch.finish_reason = True, "length"
-            if not item.finished:
+            if not last.finished:
                 st.client.abort([ch.request_id], reason="stop")
-            events.append((ch, "", [], [] if item.logprobs is not None else None))
+            events.append((ch, "", [], [] if last.new_logprobs is not None else None))
             continue
-        delta = detok.advance(ch, item)
-        new_ids = list(item.token_ids[ch.last_sent_tokens:])
-        new_logprobs = item.logprobs[ch.last_sent_tokens:] if item.logprobs is not None else None
-        ch.token_ids = list(item.token_ids)
-        ch.logprobs = item.logprobs
-        ch.last_sent_tokens = len(ch.token_ids)
-        ch.text += delta
-        if item.finished:
+        start = len(ch.token_ids)
+        pieces = []
+        for d in got:
+            ch.token_ids += d.new_token_ids
+            if d.new_logprobs is not None:
+                if ch.logprobs is None:
+                    ch.logprobs = []
+                ch.logprobs += d.new_logprobs
+            piece = detok.advance(ch, d)
+            ch.add_text(piece)
+            pieces.append(piece)
+        new_ids = ch.token_ids[start:]
+        new_logprobs = ch.logprobs[start:] if ch.logprobs is not None else None
+        if last.finished:
             ch.finished = True
-            ch.finish_reason = item.finish_reason or "stop"
-        events.append((ch, delta, new_ids, new_logprobs))
+            ch.finish_reason = last.finish_reason or "stop"
+        events.append((ch, "".join(pieces), new_ids, new_logprobs))
     return events
 
 
@@ -356,24 +392,23 @@ def chat_choice(ch: _Choice, want_ids: bool, top: int = 0, echo: str | None = No
 
 class _MarkerDetok(_Detok):
     """Text decoded from the token ids by a parser's decode that keeps its marker tokens, in
-    place of the engine's text (which skips every special token). Decodes all ids per step."""
+    place of the engine's text (which skips every special token). Decodes all ids per step
+    (only for tokenizers whose parser markers are special tokens: chat_tools.marker_decoder)."""
 
-    def full_text(self, out) -> str:
-        return self.decode(list(out.token_ids))
-
-    def advance(self, ch: _Choice, out) -> str:
+    def advance(self, ch: _Choice, d) -> str:
         """As _Detok's, the text cut at the first complete stop string (the engine matched them
         on its own text, which skips the markers; this text is decoded here)."""
+        full = self.decode(ch.token_ids)
         if not ch.stop:
-            return super().advance(ch, out)
+            return _advance_to(ch, full, d.finished)
         from mla_export.runtime.stop_strings import match_stop_strings
 
         # a tail that may still grow into a stop string stays held (emitted text is never taken back)
-        emit, _held, hit = match_stop_strings("", self.full_text(out), ch.stop, ch.include_stop, final=out.finished)
-        if out.finished or hit is not None:
+        emit, _held, hit = match_stop_strings("", full, ch.stop, ch.include_stop, final=d.finished)
+        if d.finished or hit is not None:
             ch.final_text = emit
             return _suffix_after(emit, ch.text)
-        return emit[len(ch.text):] if emit.startswith(ch.text) else ""
+        return emit[ch.text_len:] if emit.startswith(ch.text) else ""
 
 
 def make_detok(decode: Callable[[list[int]], str] | None, marker_decode: Callable[[list[int]], str] | None) -> _Detok:
@@ -467,7 +502,7 @@ async def respond(st, request: Request, endpoint: str, prompt_ids: list[list[int
                         if d is not None:
                             await emit(P.chat_chunk(rid, st.model_name, created, [d]))
                     else:
-                        offset = len(ch.echo_text or "") + len(ch.text) - len(delta)
+                        offset = len(ch.echo_text or "") + ch.text_len - len(delta)
                         d = {"index": ch.index, "text": echo_text + delta,
                              "logprobs": _joined(echo_lps, completion_logprobs(new_ids, new_lps, offset)),
                              "finish_reason": ch.finish_reason}

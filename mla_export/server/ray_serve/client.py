@@ -5,7 +5,8 @@ the `OutputQueue` the HTTP handlers read, exactly as from an in-process `EngineL
 Each call is a Ray Serve streaming call whose stream says only "accepted" (naming the replica
 and its output channel) and, at the end, the replica's stats; the outputs arrive on the one
 output channel per replica (channel.py), a frame per engine step for all calls, and are
-handed to each call's queue here.
+handed to each call's queue here as they came: `Delta`s, the item the in-process engine loop
+yields too (deltas.py).
 
 Admission: the client counts the sequences in flight against the sum of the replicas'
 capacities (QueueFull -> 429 as in `mla-export serve`); each replica still checks its own.
@@ -36,7 +37,7 @@ from ..metrics import ServerMetrics
 from .channel import ChannelReader
 from . import registry
 from .registry import routing_stats_by_replica
-from .wire import Accumulator, EngineCall
+from .wire import EngineCall
 
 __all__ = ["RayEngineClient"]
 
@@ -59,7 +60,7 @@ class _Call:
     aborted: set[str] = field(default_factory=set)
     first: dict[str, float] = field(default_factory=dict)
     last: dict[str, float] = field(default_factory=dict)
-    acc: Accumulator = field(default_factory=Accumulator)
+    generated: dict[str, int] = field(default_factory=dict)  # output tokens so far, by sequence (metrics)
     ended: asyncio.Event = field(default_factory=asyncio.Event)  # set once `ids` is empty
 
 
@@ -214,9 +215,10 @@ class RayEngineClient:
                 self._deliver(call, its)
 
     def _deliver(self, call: _Call, items: list) -> None:
-        outs = [it if isinstance(it, Aborted) else call.acc.add(it) for it in items]
-        self._observe(call, outs)
-        for item in outs:
+        """The items go to the call's queue as they came (the deltas the local engine loop yields
+        too: the HTTP layer keeps the tokens and text)."""
+        self._observe(call, items)
+        for item in items:
             if item.request_id in call.aborted:
                 continue
             if isinstance(item, Aborted) or item.finished:
@@ -270,6 +272,7 @@ class RayEngineClient:
             n_new = len(it.new_token_ids or ())
             new_tokens += n_new
             rid = it.request_id
+            call.generated[rid] = call.generated.get(rid, 0) + n_new
             if n_new and rid not in call.first:
                 call.first[rid] = now
                 self.metrics.observe_ttft(now - call.arrival)
@@ -278,7 +281,7 @@ class RayEngineClient:
             if n_new:
                 call.last[rid] = now
             if it.finished:
-                self.metrics.observe_end(it.finish_reason or "stop", now - call.arrival, len(it.token_ids),
+                self.metrics.observe_end(it.finish_reason or "stop", now - call.arrival, call.generated[rid],
                                          it.num_prompt_tokens)
                 prompt_tokens += it.num_prompt_tokens
         self.metrics.observe_step(now, new_tokens, prompt_tokens)

@@ -9,18 +9,20 @@ whose stream carries only its control messages:
     ("rejected", kind, message)                 or instead: kind in REJECT_KINDS
     ("stats", snapshot)                         last, once every sequence ended: the replica's stats
 
-The outputs themselves (`Delta` / `Aborted`) travel on the replica's output channel to that
-ingress (channel.py): one frame per engine step for all of the ingress's calls on the replica,
-each item encoded by `to_wire` as a JSON list.
+The outputs themselves (`Delta` / `Aborted`, the items every engine client yields: deltas.py)
+travel on the replica's output channel to that ingress (channel.py): one frame per engine step
+for all of the ingress's calls on the replica, each item encoded by `to_wire` as a JSON list and
+handed to the HTTP layer as it came (nothing is accumulated at the far end).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..deltas import Delta, delta_of
 from ..engine_loop import Aborted
 
-__all__ = ["EngineCall", "REJECT_KINDS", "Delta", "delta_of", "Accumulator", "to_wire", "from_wire"]
+__all__ = ["EngineCall", "REJECT_KINDS", "Delta", "delta_of", "to_wire", "from_wire"]
 
 REJECT_KINDS = ("queue_full", "shutting_down", "engine_dead", "invalid")
 
@@ -35,80 +37,6 @@ class EngineCall:
         """The first sequence's prompt token ids: what the router matches on."""
         p = self.seqs[0].prompt if self.seqs else []
         return list(p) if isinstance(p, (list, tuple)) else []
-
-
-@dataclass
-class Delta:
-    """One engine output as sent over the wire: only what this step added (a `RequestOutput`
-    carries the whole output and prompt every step, which would be pickled every token)."""
-
-    request_id: str
-    new_token_ids: list[int]
-    new_text: str | None
-    finished: bool
-    finish_reason: str | None
-    error: str | None = None
-    text: str | None = None  # the whole text, on the finishing delta only (the engine's final decode)
-    num_prompt_tokens: int = 0  # on the finishing delta only
-    new_logprobs: list | None = None  # per new token {token id: Logprob} (requests with logprobs)
-    prompt_logprobs: list | None = None  # on the request's first delta only (prompt_logprobs asked)
-
-
-def delta_of(out) -> Delta:
-    fin = bool(out.finished)
-    new = list(out.new_token_ids or ())
-    lps = getattr(out, "logprobs", None)
-    if lps is not None:
-        lps = list(lps[len(lps) - len(new):]) if new else []
-    plp = getattr(out, "prompt_logprobs", None)
-    if plp is not None and len(out.token_ids or ()) > len(new):  # sent with the first tokens already
-        plp = None
-    return Delta(out.request_id, new, out.new_text, fin, out.finish_reason,
-                 out.error, out.text if fin else None, len(out.prompt_token_ids or ()) if fin else 0, lps, plp)
-
-
-@dataclass
-class Output:
-    """A delta accumulated back into what the HTTP layer reads from a `RequestOutput`."""
-
-    request_id: str
-    token_ids: list[int]
-    new_token_ids: list[int]
-    text: str | None
-    finished: bool
-    finish_reason: str | None
-    error: str | None
-    num_prompt_tokens: int = 0  # known on the finishing output
-    logprobs: list | None = None  # per token so far, with the request's logprobs
-    prompt_logprobs: list | None = None  # once the first delta brought them
-
-
-class Accumulator:
-    """Per call: token ids, text and logprobs so far, by sequence."""
-
-    def __init__(self):
-        self._ids: dict[str, list[int]] = {}
-        self._text: dict[str, str | None] = {}
-        self._logprobs: dict[str, list] = {}
-        self._prompt_logprobs: dict[str, list] = {}
-
-    def add(self, d: Delta) -> Output:
-        ids = self._ids.setdefault(d.request_id, [])
-        ids += d.new_token_ids
-        prev = self._text.get(d.request_id)
-        text = prev if d.new_text is None else (prev or "") + d.new_text  # None: the model has no tokenizer
-        if d.finished and d.text is not None:
-            text = d.text
-        self._text[d.request_id] = text
-        lps = None
-        if d.new_logprobs is not None:
-            lps = self._logprobs.setdefault(d.request_id, [])
-            lps += d.new_logprobs
-            lps = list(lps)
-        if d.prompt_logprobs is not None:
-            self._prompt_logprobs[d.request_id] = d.prompt_logprobs
-        return Output(d.request_id, list(ids), list(d.new_token_ids), text, d.finished, d.finish_reason, d.error,
-                      d.num_prompt_tokens, lps, self._prompt_logprobs.get(d.request_id))
 
 
 def to_wire(item) -> list:

@@ -74,7 +74,7 @@ _VARS = [
            "isa=generic|avx2|avx512 (the vector tables), amx=0|1 (AMX tiles), decode_rows=f32|bf16|amx (the "
            "absorbed bf16 decode rows' engine), qlinear=rows4|tile16 (MlaQLinear's int8 layout; auto: tile16 on "
            "VNNI CPUs under a bf16 hint). What this build or CPU cannot run is an error naming the key. "
-           "Python: mla_export.kernel_config.configure() sets the same in process."),
+           "Python: mla_export.ops.kernel_config.configure() sets the same in process."),
     EnvVar("MLA_EXPORT_ORT_THREADS", "kernels", None, _text,
            "onnxruntime custom ops' thread count when the session gives none (default: the CPU's)."),
     EnvVar("MLA_LLAMACPP_PEER", "bench", None, _text, "`bench`: the llama.cpp peer's directory."),

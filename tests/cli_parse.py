@@ -15,5 +15,5 @@ def parse_command(line: str) -> tuple[argparse.Namespace, list[str]]:
     assert argv[0] == "mla-export", f"not an mla-export command: {line!r}"
     parser = argparse.ArgumentParser(prog="mla-export")
     sub = parser.add_subparsers(dest="command")
-    importlib.import_module(f"mla_export.commands.{argv[1]}").add_parser(sub)
+    importlib.import_module(f"mla_export.cli.commands.{argv[1]}").add_parser(sub)
     return parser.parse_known_args(argv[1:])

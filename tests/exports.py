@@ -21,7 +21,7 @@ class Exports:
     def checkpoint(self, model_type: str = "deepseek_v3") -> Path:
         """A tiny random checkpoint of `model_type` in transformers' layout (one per type)."""
         if model_type not in self._ckpts:
-            from mla_export.presets import make_checkpoint
+            from mla_export.checkpoint.presets import make_checkpoint
 
             root = self._tmp.mktemp(f"ckpt_{model_type}")
             self._ckpts[model_type] = make_checkpoint(root / "ckpt", model_type, seed=SEEDS[model_type])

@@ -57,7 +57,7 @@ def load_hf(model_dir):
     import torch
     from transformers import AutoConfig
 
-    from mla_export.presets import SAVED_AS, causal_lm_class
+    from mla_export.checkpoint.presets import SAVED_AS, causal_lm_class
 
     torch.manual_seed(0)
     raw = json.loads((Path(model_dir) / "config.json").read_text())

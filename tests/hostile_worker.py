@@ -47,7 +47,7 @@ def _linked_copy(src: Path, dst: Path, replaced: str) -> None:
 
 
 def _config_case(case: dict, checkpoint: Path, work: Path):
-    from mla_export.contract import load_contract
+    from mla_export.formats.contract import load_contract
     from mla_export.export import export_model
 
     model = work / "model"

@@ -1,4 +1,4 @@
-"""The kernel paths this CPU runs, and switching between them in process (mla_export.kernel_config).
+"""The kernel paths this CPU runs, and switching between them in process (mla_export.ops.kernel_config).
 
 What the CPU has comes from the library's own probe (the one the kernels choose by); which paths
 are expected follows from it here, independently of the library's resolution, so a library that
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-from mla_export import kernel_config
+from mla_export.ops import kernel_config
 
 FEATURES = kernel_config.cpu_features()
 HAS = {

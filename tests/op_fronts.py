@@ -1,4 +1,4 @@
-"""The numpy op front (mla_export.kernels) bound to one runtime, for tests parametrized over the
+"""The numpy op front (mla_export.ops.kernels) bound to one runtime, for tests parametrized over the
 runtimes available here (onnxruntime needs the custom-op library)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import types
 
-from mla_export import kernels
+from mla_export.ops import kernels
 
 
 def front(runtime: str) -> types.SimpleNamespace:

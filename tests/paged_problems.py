@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mla_export.kv_formats import QUANTISED, encode_rows
-from mla_export.ov_tensors import BF16
+from mla_export.formats.kv_formats import QUANTISED, encode_rows
+from mla_export.ops.ov_tensors import BF16
 
 DTYPES = {"f32": np.float32, "bf16": BF16, "f16": np.float16}
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mla_export import LLM, SamplingParams, kernels
+from mla_export import LLM, SamplingParams
+from mla_export.ops import kernels
 from mla_export.cli import main
 
 N = 16

@@ -17,7 +17,7 @@ import pytest
 import mla_export
 from mla_export.bench import common, peers, setup_peers
 from mla_export.cli import main
-from mla_export.presets import make_numpy_checkpoint
+from mla_export.checkpoint.presets import make_numpy_checkpoint
 
 
 @pytest.fixture(scope="module")

@@ -89,7 +89,7 @@ def test_memory_wait_for_an_export_dir_uses_the_runtimes_estimate(tmp_path):
     for a multiple of the weights file: a 16 GB int8 export once waited for 37 GB here and was
     skipped. int8 weights stay compressed when compiled: resident about the file's size."""
     from mla_export.bench.run import _ours_need_gb
-    from mla_export.runtime.memory_plan import compiled_need_bytes, native_float_types, resident_weight_bytes
+    from mla_export.ops.memory_plan import compiled_need_bytes, native_float_types, resident_weight_bytes
 
     out = tmp_path / "int8"
     assert main(["export", "--preset", "tiny", "-o", str(out), "-q", "--weight-format", "int8"]) == 0

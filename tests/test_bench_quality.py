@@ -112,7 +112,7 @@ class TestParseLlamaPerplexity:
 def test_bench_quality_on_the_tiny_checkpoint(tmp_path):
     """int8 moves the distributions far less than int4; the peers, absent, say how to set them up."""
     from mla_export.cli import main
-    from mla_export.presets import make_checkpoint
+    from mla_export.checkpoint.presets import make_checkpoint
 
     ckpt = make_checkpoint(tmp_path / "ckpt", "deepseek_v3", seed=5)
     text = tmp_path / "text.txt"

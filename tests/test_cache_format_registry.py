@@ -1,5 +1,5 @@
 """The cache-format registry (issue 38 step 3): one list of latent-cache row formats per
-language (mla_export/kv_formats.py FORMATS, custom_ops/kernels/cache_formats.hpp CacheFormats)
+language (mla_export/formats/kv_formats.py FORMATS, custom_ops/kernels/cache_formats.hpp CacheFormats)
 from which the contract, the CLI choices and the kernels' dispatch derive, so a quantised cache
 format is named nowhere else in the package and the kernels (docs/KERNELS.md: adding one)."""
 
@@ -11,21 +11,21 @@ from pathlib import Path
 
 import pytest
 
-from mla_export import kv_formats
+from mla_export.formats import kv_formats
 
 REPO = Path(__file__).resolve().parents[1]
-REGISTRY_FILES = {"mla_export/kv_formats.py", "custom_ops/kernels/cache_formats.hpp"}
+REGISTRY_FILES = {"mla_export/formats/kv_formats.py", "custom_ops/kernels/cache_formats.hpp"}
 
 # Where "fp8" names the *weight* format (`--weight-format fp8`, e4m3 weight codes, FP8 checkpoints),
 # not the cache's: the exporter's weight code, the integer/fp8 GEMM kernels, the weight memory
 # estimates and the benchmarks' export labels. On these files' fp8 lines the cache must not come
 # up (CACHE_WORDS), so a cache branch added there still fails.
 WEIGHT_FORMAT_FILES = (
-    "mla_export/export/*.py", "mla_export/checkpoint_fp8.py", "mla_export/config.py", "mla_export/bench/*.py",
-    "mla_export/commands/export.py", "mla_export/runtime/memory_plan.py", "mla_export/runtime/batch_invariance.py",
+    "mla_export/export/*.py", "mla_export/checkpoint/reader.py", "mla_export/checkpoint/fp8.py", "mla_export/checkpoint/config.py", "mla_export/bench/*.py",
+    "mla_export/cli/commands/export.py", "mla_export/ops/memory_plan.py", "mla_export/runtime/batch_invariance.py",
     "custom_ops/kernels/moe_*", "custom_ops/kernels/qmatmul*", "custom_ops/kernels/qlinear*",
     "custom_ops/kernels/qgemm*", "custom_ops/kernels/fp8_bf16.hpp", "custom_ops/CMakeLists.txt",
-    "mla_export/weight_format.py", "custom_ops/kernels/weight_format.hpp",  # the weight-format tables
+    "mla_export/formats/weight_format.py", "custom_ops/kernels/weight_format.hpp",  # the weight-format tables
     "custom_ops/kernels/cpu_features.hpp", "custom_ops/kernels/kernel_config.hpp",  # which fp8-weight kernels run
 )
 CACHE_WORDS = re.compile(r"kv|cache|KvDtype|QUANTISED|scale_groups|SCALE_GROUPS|row_bytes", re.IGNORECASE)
@@ -70,7 +70,7 @@ class TestCacheFormatNamedOnlyInTheRegistry:
         for rel in REGISTRY_FILES:
             assert _mentions((REPO / rel).read_text()), rel
         seen = {rel for rel, text in _sources() if _mentions(text)}
-        for pat in ("mla_export/export/*.py", "custom_ops/kernels/qmatmul*"):
+        for pat in ("mla_export/export/*.py", "mla_export/checkpoint/reader.py", "custom_ops/kernels/qmatmul*"):
             assert any(fnmatch.fnmatch(rel, pat) for rel in seen), pat
 
 
@@ -94,7 +94,7 @@ class TestEverythingDerivesFromTheRegistry:
     def test_cli_choices(self):
         import argparse
 
-        from mla_export.commands import export as export_cmd
+        from mla_export.cli.commands import export as export_cmd
         parser = argparse.ArgumentParser()
         export_cmd.add_parser(parser.add_subparsers())
         sub = parser._subparsers._group_actions[0].choices["export"]
@@ -102,7 +102,7 @@ class TestEverythingDerivesFromTheRegistry:
         assert tuple(action.choices) == kv_formats.KV_DTYPES
 
     def test_contract_layouts(self):
-        from mla_export.contract import CACHE_DTYPES, PORTABLE_CACHE_DTYPES, cache_layout
+        from mla_export.formats.contract import CACHE_DTYPES, PORTABLE_CACHE_DTYPES, cache_layout
         assert CACHE_DTYPES == kv_formats.KV_DTYPES
         assert set(PORTABLE_CACHE_DTYPES) == {n for n, f in kv_formats.FORMATS.items() if not f.quantised}
         for name, f in kv_formats.FORMATS.items():

@@ -86,7 +86,7 @@ class TestChatTemplateKwargs:
         assert r.json()["error"]["param"] == "chat_template_kwargs", r.text
 
     def test_the_blame_goes_where_the_render_fails(self):
-        from mla_export.server.chat import ChatTemplate, TemplateError
+        from mla_export.runtime.chat_template import ChatTemplate, TemplateError
 
         always = ChatTemplate("{{ raise_exception('no user turn') }}")
         with pytest.raises(TemplateError) as e:

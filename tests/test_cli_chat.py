@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from mla_export.cli_text import terminal_safe
+from mla_export.cli.text import terminal_safe
 
 MAX = 6
 FLAGS = ["-n", str(MAX), "--precision", "f32", "-t", "1"]
@@ -123,7 +123,7 @@ class TestConversationOutgrowsTheContext:
 
 class TestStreaming:
     def test_each_step_is_written_and_flushed_as_it_comes(self, exports):
-        from mla_export.commands.chat import Conversation
+        from mla_export.cli.commands.chat import Conversation
         from mla_export.runtime import LLMEngine, SamplingParams
         from mla_export.runtime.chat_prompt import ChatPrompter
 

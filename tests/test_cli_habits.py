@@ -73,7 +73,7 @@ def test_hub_id_says_download_first(capsys, tmp_path, monkeypatch, command, argv
 
 
 def _parse(command, argv):
-    from mla_export.cli import _command
+    from mla_export.cli.main import _command
 
     parser = argparse.ArgumentParser(prog="mla-export")
     sub = parser.add_subparsers(dest="command")
@@ -108,7 +108,7 @@ def test_llama_cpp_generate_aliases_map_to_the_native_options():
 
 
 def test_optimum_export_aliases(tmp_path, capsys):
-    from mla_export.presets import make_numpy_checkpoint
+    from mla_export.checkpoint.presets import make_numpy_checkpoint
 
     ckpt = make_numpy_checkpoint(tmp_path / "ckpt", seed=5)
     out = tmp_path / "out"

@@ -114,7 +114,7 @@ class TestVersionShortFlag:
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
-    from mla_export.presets import make_numpy_checkpoint
+    from mla_export.checkpoint.presets import make_numpy_checkpoint
 
     return make_numpy_checkpoint(tmp_path_factory.mktemp("pos") / "ckpt", seed=5)
 

@@ -9,8 +9,8 @@ import copy
 import numpy as np
 import pytest
 
-from mla_export.config import MLAModelConfig
-from mla_export.presets import tiny_config
+from mla_export.checkpoint.config import MLAModelConfig
+from mla_export.checkpoint.presets import tiny_config
 
 pytest.importorskip("transformers")
 

@@ -7,9 +7,10 @@ import json
 
 import pytest
 
-from mla_export.contract import CONTRACT_FILE, ContractError, graph_io, load_contract, schema
+from mla_export.formats.contract import CONTRACT_FILE, graph_io, load_contract, schema
+from mla_export.formats.contract_error import ContractError
 from mla_export.export import export_model
-from mla_export.presets import make_checkpoint
+from mla_export.checkpoint.presets import make_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -145,10 +146,10 @@ def test_schema_and_graph_io_agree():
 
 
 def test_quantised_row_sizes_agree_with_kv_formats():
-    # The contract derives its row sizes from the registry (mla_export/kv_formats.py); they must
+    # The contract derives its row sizes from the registry (mla_export/formats/kv_formats.py); they must
     # be the codec's, and the registry's scale-group rule must be enforced.
-    from mla_export import kv_formats
-    from mla_export.contract import cache_layout
+    from mla_export.formats import kv_formats
+    from mla_export.formats.contract import cache_layout
     for kv in kv_formats.QUANTISED:
         for r, dr in ((512, 64), (32, 16), (20, 6)):
             assert cache_layout(kv, r + dr, r)[1] == kv_formats.row_bytes(kv, r, dr), (kv, r, dr)
@@ -161,8 +162,8 @@ class TestSchemaNamesTheRegistry:
     registry's, so a format added to kv_formats.FORMATS and not to the schema fails here."""
 
     def test_cache_dtype_enum_is_the_registry(self):
-        from mla_export import kv_formats
-        from mla_export.contract import schema
+        from mla_export.formats import kv_formats
+        from mla_export.formats.contract import schema
         enum = schema()["properties"]["cache"]["properties"]["dtype"]["enum"]
         assert sorted(enum) == sorted(kv_formats.KV_DTYPES)
 

@@ -9,8 +9,8 @@ import shutil
 import pytest
 
 from mla_export.cli import main
-from mla_export.contract import load_contract
-from mla_export.presets import make_checkpoint
+from mla_export.formats.contract import load_contract
+from mla_export.checkpoint.presets import make_checkpoint
 
 
 @pytest.fixture(scope="module")

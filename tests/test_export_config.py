@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mla_export.config import ConfigError, MLAModelConfig
-from mla_export.presets import tiny_config
+from mla_export.checkpoint.config import ConfigError, MLAModelConfig
+from mla_export.checkpoint.presets import tiny_config
 
 ROPES = {
     "default": dict(rope_type="default", rope_theta=10000.0),

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from hf_models import PagedSession, drive_and_compare, load_hf
-from mla_export.contract import load_contract
+from mla_export.formats.contract import load_contract
 from mla_export.runtime import LLMEngine, SamplingParams
 from mla_export.runtime.backend import MLABackend
 from runtime_models import hf_greedy

@@ -16,7 +16,7 @@ import pytest
 
 from hf_models import PagedSession, drive_and_compare, load_hf
 from mla_export.export import export_model
-from mla_export.presets import make_checkpoint
+from mla_export.checkpoint.presets import make_checkpoint
 from test_export_models import BLOCK, NUM_BLOCKS, SCHEDULE, _prompts, openvino_runner, portable_runner
 
 TOL = 1e-5

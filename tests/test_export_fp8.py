@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 from hf_models import PagedSession, drive_and_compare, load_hf
-from mla_export.checkpoint_fp8 import quantize_fp8_blocks, write_fp8_checkpoint
-from mla_export.checkpoint_writer import save_safetensors
+from mla_export.checkpoint.fp8 import quantize_fp8_blocks, write_fp8_checkpoint
+from mla_export.checkpoint.writer import save_safetensors
 from mla_export.export import export_model
-from mla_export.export.weights import CheckpointReader, WeightError, dequantize_fp8_blocks
-from mla_export.presets import make_checkpoint
+from mla_export.checkpoint.reader import CheckpointReader, WeightError, dequantize_fp8_blocks
+from mla_export.checkpoint.presets import make_checkpoint
 from test_export_models import BLOCK, NUM_BLOCKS, SCHEDULE, _prompts, openvino_runner
 
 BLOCKS = (32, 32)
@@ -88,7 +88,7 @@ def test_fp8_errors(fp8_ckpt, tmp_path):
     reader = CheckpointReader(fp8, fp8_block=(16, 16))  # scales laid out for 32 x 32 blocks
     with pytest.raises(WeightError, match="_scale_inv' has shape"):
         reader.get(name)
-    from mla_export.export.weights import SafetensorsFile
+    from mla_export.checkpoint.reader import SafetensorsFile
 
     f = SafetensorsFile(fp8 / "model.safetensors")
     tensors = {n: f.array(n) for n in f.entries if n != name + "_scale_inv"}
@@ -162,7 +162,7 @@ def test_fp8_weight_format_from_a_float_checkpoint(tmp_path, rng):
 
 def test_fp8_rows_refuses_nan_codes(fp8_ckpt, tmp_path):
     """The codes --weight-format fp8 keeps are checked as the dequantised read is: a NaN code is refused."""
-    from mla_export.export.weights import SafetensorsFile
+    from mla_export.checkpoint.reader import SafetensorsFile
 
     fp8, _ = fp8_ckpt
     name = "model.layers.0.self_attn.q_a_proj.weight"

@@ -10,9 +10,10 @@ import shutil
 
 import pytest
 
-from mla_export.contract import ContractError, load_contract
+from mla_export.formats.contract_error import ContractError
+from mla_export.formats.contract import load_contract
 from mla_export.runtime import LLMEngine
-from mla_export.server.chat import load_chat_template
+from mla_export.runtime.chat_template import load_chat_template
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ import pytest
 
 from hf_models import PagedSession, drive_and_compare, load_hf
 from mla_export.export import export_model
-from mla_export.presets import make_checkpoint
+from mla_export.checkpoint.presets import make_checkpoint
 
 BLOCK = 4
 NUM_BLOCKS = 24
@@ -65,7 +65,7 @@ def _prompts(seed: int, vocab: int) -> dict:
 
 def openvino_runner(path, num_layers: int, width: int, dtype=np.float32):
     from mla_export import ov_core
-    from mla_export.cache_binding import cache_binding
+    from mla_export.ops.cache_binding import cache_binding
 
     core = ov_core()
     # f32 everywhere: no bf16 compute, and no dynamic int8 quantization of the activations that the

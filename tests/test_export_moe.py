@@ -19,7 +19,7 @@ import pytest
 
 from hf_models import PagedSession, drive_and_compare, load_hf
 from mla_export.export import ExportError, export_model
-from mla_export.presets import make_checkpoint
+from mla_export.checkpoint.presets import make_checkpoint
 from test_export_models import BLOCK, CONFIGS, NUM_BLOCKS, SCHEDULE, TOL, openvino_runner, portable_runner
 
 MOE_CONFIGS = ["v3-qlora-yarn", "v2-lite-yarn", "v2-qlora"]  # V3 group routing, V2 greedy, V2 group-limited
@@ -134,7 +134,7 @@ def test_compressed_experts_stay_compressed(tmp_path, weight_format, code):
                 src = op.input(1).get_source_output().get_node()
                 weights_of[(kind, src.get_rt_info()["outputPrecisions"].astype(str))] += 1
         if n_moe is None:
-            from mla_export.config import MLAModelConfig
+            from mla_export.checkpoint.config import MLAModelConfig
 
             cfg = MLAModelConfig.from_dir(ckpt)
             n_moe = sum(cfg.is_moe_layer(i) for i in range(cfg.num_layers))
@@ -149,7 +149,7 @@ def test_expert_row_counts_stay_exact_at_bf16_precision(tmp_path, rng):
     bf16 on CPUs with AVX512-BF16/AMX) a float count above 256 rounds to an even number, and the
     Split then misses the row count. Two experts, both chosen by every token: each gets all 501 rows."""
     from mla_export import ov_core
-    from mla_export.cache_binding import cache_binding
+    from mla_export.ops.cache_binding import cache_binding
 
     ckpt = make_checkpoint(tmp_path / "ckpt", "deepseek_v3", seed=4, n_routed_experts=2, num_experts_per_tok=2,
                            n_group=1, topk_group=1)

@@ -12,9 +12,9 @@ import shutil
 import numpy as np
 import pytest
 
-from mla_export.config import ConfigError, MLAModelConfig
+from mla_export.checkpoint.config import ConfigError, MLAModelConfig
 from mla_export.export import export_model
-from mla_export.presets import make_checkpoint
+from mla_export.checkpoint.presets import make_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +124,7 @@ class TestTheSummarySaysTheVisionTowerIsLeftOut:
                          "image inputs are not supported"]
 
     def test_a_text_only_checkpoint_says_nothing_of_the_kind(self, exports):
-        from mla_export.contract import load_contract
+        from mla_export.formats.contract import load_contract
 
         contract = load_contract(exports.tiny())
         assert contract.raw["export"]["left_out"] is None

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from hf_models import PagedSession, drive_and_compare, hf_last_logits, load_hf, rel_err
-from mla_export.contract import load_contract
+from mla_export.formats.contract import load_contract
 from mla_export.export import export_model
 from mla_export.export.quantize import dequantize, pack_u4, pick_group, quantize
-from mla_export.presets import make_checkpoint
+from mla_export.checkpoint.presets import make_checkpoint
 
 BLOCK = 4
 NUM_BLOCKS = 24

@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
-    from mla_export.presets import make_checkpoint
+    from mla_export.checkpoint.presets import make_checkpoint
 
     return make_checkpoint(tmp_path_factory.mktemp("robust") / "ckpt", "deepseek_v3", seed=3)
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from mla_export.contract import load_contract
+from mla_export.formats.contract import load_contract
 
 REPO = Path(__file__).resolve().parent.parent
 RUNS = int(os.environ.get("MLA_SIGNAL_RUNS", "6"))  # more: MLA_SIGNAL_RUNS=N
@@ -29,7 +29,7 @@ RUNS = int(os.environ.get("MLA_SIGNAL_RUNS", "6"))  # more: MLA_SIGNAL_RUNS=N
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
-    from mla_export.presets import make_numpy_checkpoint  # no torch: a quick set-up
+    from mla_export.checkpoint.presets import make_numpy_checkpoint  # no torch: a quick set-up
 
     return make_numpy_checkpoint(tmp_path_factory.mktemp("signals") / "ckpt", "deepseek_v3", seed=3)
 
@@ -185,7 +185,7 @@ class TestHeldBlockDefersSignalsFromAnyThread:
     def test_signal_inside_the_block_fires_at_its_end(self):
         import signal as sig
 
-        from mla_export import export_signals as es
+        from mla_export.export import signals as es
 
         with es.export_signals() as state:
             state.armed = True
@@ -199,7 +199,7 @@ class TestHeldBlockDefersSignalsFromAnyThread:
     def test_no_signal_after_completion(self):
         import signal as sig
 
-        from mla_export import export_signals as es
+        from mla_export.export import signals as es
 
         with es.export_signals() as state:
             state.armed = True

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from mla_export.cli import main
-from mla_export.contract import ContractError, load_contract
+from mla_export.formats.contract_error import ContractError
+from mla_export.formats.contract import load_contract
 
 REPO = Path(__file__).resolve().parent.parent
 _SAMPLES, _SAMPLE = 64, 64 << 10  # export_files.digest's windows
@@ -25,7 +26,7 @@ _SAMPLES, _SAMPLE = 64, 64 << 10  # export_files.digest's windows
 
 @pytest.fixture(scope="module")
 def export(tmp_path_factory):
-    from mla_export.presets import make_checkpoint
+    from mla_export.checkpoint.presets import make_checkpoint
 
     root = tmp_path_factory.mktemp("verify")
     ckpt = make_checkpoint(root / "ckpt", "deepseek_v3", seed=5, vocab_size=16384)  # ~9 MB of weights
@@ -104,8 +105,8 @@ class TestIntegrityIsRequiredAndFull:
     def test_serve_replicas_pass_the_mode_to_each_replica(self, copy):
         import argparse
 
-        from mla_export.commands import serve
-        from mla_export.commands.serve_ray import settings_from_args
+        from mla_export.cli.commands import serve
+        from mla_export.cli.commands.serve_ray import settings_from_args
 
         parser = argparse.ArgumentParser()
         serve.add_parser(parser.add_subparsers(dest="command"))

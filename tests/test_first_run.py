@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from cli_parse import parse_command
-from mla_export.cli_text import RANDOM_WEIGHTS_NOTE, terminal_safe
+from mla_export.checkpoint.writer import RANDOM_WEIGHTS_NOTE
+from mla_export.cli.text import terminal_safe
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -74,14 +75,14 @@ class TestRandomWeightsAreSaid:
     def test_real_dims_checkpoints_carry_the_mark(self, tmp_path):
         """tools/make_checkpoint.py's shards (mla_export/bench/checkpoint.py) say so in their header."""
         from mla_export.bench.checkpoint import TensorSpec, _header
-        from mla_export.export.weights import CheckpointReader
+        from mla_export.checkpoint.reader import CheckpointReader
 
         spec = TensorSpec("model.norm.weight", (8,), "norm")
         (tmp_path / "model.safetensors").write_bytes(_header([spec], "F32", 4) + bytes(32))
         assert CheckpointReader(tmp_path).random_weights() is True
 
     def test_a_malformed_mark_in_the_contract_is_refused_by_name(self, tiny, tmp_path):
-        from mla_export.contract import ContractError
+        from mla_export.formats.contract_error import ContractError
         from mla_export.runtime.model_dir import load_model_dir
 
         out, _ = tiny

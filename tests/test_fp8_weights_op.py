@@ -1,6 +1,6 @@
 """fp8 (e4m3) weight codes in MlaQLinear and MlaMoeExperts (`bits` = 43, custom_ops/kernels/qgemm.hpp).
 
-f32 exactness against the float64 reference (mla_export.reference) on the weights the codes
+f32 exactness against the float64 reference (mla_export.ops.reference) on the weights the codes
 decode to (fp8_dequantize): few rows of x (dot products on the codes) and many (dequantised
 panels), mixed fp8 / int8 projections in the MoE op, both runtimes, and every vector table this
 CPU runs (tests/test_ops_isa.py switches them in process). compute="bf16" (the
@@ -16,8 +16,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from mla_export import kernel_config
-from mla_export import reference as ref
+from mla_export.ops import kernel_config
+from mla_export.ops import reference as ref
 from mla_export.export.quantize import FP8_BITS, fp8_dequantize, fp8_operands, interleave_rows4
 from test_moe_experts_op import RUNTIMES, TOL, _model as moe_model
 from test_qlinear_op import _model as qlinear_model

@@ -8,7 +8,7 @@ import io
 import pytest
 
 from mla_export.cli import main
-from mla_export.cli_text import terminal_safe
+from mla_export.cli.text import terminal_safe
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +38,7 @@ class _Log(io.StringIO):
 def test_generate_prints_text_before_the_last_step(model_dir, llm, monkeypatch):
     # Partial output must reach stdout while the engine still has steps to run: every write and
     # every engine step go into one log, and a write must come before the final step.
-    from mla_export.commands import generate
+    from mla_export.cli.commands import generate
     from mla_export.runtime.engine import LLMEngine
 
     events = []
@@ -65,7 +65,7 @@ def test_generate_prints_text_before_the_last_step(model_dir, llm, monkeypatch):
 def _args(model_dir, argv):
     import argparse
 
-    from mla_export.commands import generate
+    from mla_export.cli.commands import generate
 
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command")

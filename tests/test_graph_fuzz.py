@@ -156,7 +156,7 @@ def _executors(out, rng):
 
 
 def test_random_bad_steps_are_rejected_whole(exports, rng):
-    from mla_export import kernels
+    from mla_export.ops import kernels
 
     if not kernels.available("onnxruntime"):
         pytest.skip("the onnxruntime custom-op library is not built")

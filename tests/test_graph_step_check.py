@@ -18,7 +18,7 @@ pytest.importorskip("onnxruntime")
 
 @pytest.fixture(scope="module")
 def setup(exports):
-    from mla_export import kernels
+    from mla_export.ops import kernels
     from mla_export.runtime.executor_onnxruntime import OnnxRuntimeMLAExecutor
     from mla_export.runtime.executor_openvino import OpenVINOMLAExecutor
 
@@ -86,7 +86,7 @@ def test_bad_step_is_named_and_changes_nothing(setup, kind, case):
 
 
 def test_read_only_caches_are_refused(tmp_path):
-    from mla_export import kernels
+    from mla_export.ops import kernels
 
     if not kernels.available("onnxruntime"):
         pytest.skip("the onnxruntime custom-op library is not built")

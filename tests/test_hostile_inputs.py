@@ -23,9 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from mla_export.config import ConfigError, MLAModelConfig
-from mla_export.contract import ContractError, load_contract
-from mla_export.presets import make_numpy_checkpoint, tiny_config
+from mla_export.checkpoint.config import ConfigError, MLAModelConfig
+from mla_export.formats.contract_error import ContractError
+from mla_export.formats.contract import load_contract
+from mla_export.checkpoint.presets import make_numpy_checkpoint, tiny_config
 
 WORKER = Path(__file__).with_name("hostile_worker.py")
 MEMORY_LIMIT = 3 << 30  # address space of the worker (numpy + onnx import: ~1.3 GiB)
@@ -251,8 +252,8 @@ class TestConfigBoundary:
     def test_config_limits_agree_with_the_contract_schema(self):
         """An export of a config at the limits must load: the contract schema's maxima are the
         config boundary's."""
-        from mla_export import config_values as cv
-        from mla_export.contract import schema
+        from mla_export.checkpoint import config_values as cv
+        from mla_export.formats.contract import schema
 
         model = schema()["properties"]["model"]["properties"]
         for key, limit in [("num_layers", cv.MAX_LAYERS), ("vocab_size", cv.MAX_VOCAB),

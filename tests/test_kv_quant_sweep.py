@@ -1,5 +1,5 @@
 """The layouts of tools/kv_quant_sweep.py (the experiment behind docs/KV_CACHE.md's fp8 verdict):
-its shipped layouts reproduce mla_export.kv_formats' stored values exactly, so the sweep's
+its shipped layouts reproduce mla_export.formats.kv_formats' stored values exactly, so the sweep's
 figures are the formats' own; and the precision floor that decides the verdict: every layout of
 8-bit e4m3 codes (one scale or group scales, power-of-two scales, a Hadamard rotation) stays
 near 3 mantissa bits' error (relative RMS >= 1.8e-2 on Gaussian rows), 4-6x int8's with 4 group
@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mla_export import kv_formats as kf
+from mla_export.formats import kv_formats as kf
 
 _TOOLS = Path(__file__).parents[1] / "tools"
 sys.path.insert(0, str(_TOOLS))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from mla_export.runtime import memory_plan
-from mla_export.runtime.memory_plan import InsufficientMemoryError, check_fits, resident_weight_bytes
+from mla_export.ops import memory_plan
+from mla_export.ops.memory_plan import InsufficientMemoryError, check_fits, resident_weight_bytes
 
 EXPORT_INT8 = dict(weight_format="int8", weight_dtype="bf16", weight_params={"int8": 1_000_000, "bf16": 1000})
 

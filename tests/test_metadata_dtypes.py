@@ -31,7 +31,7 @@ KINDS = ["openvino-2-threads", "openvino-1-thread", "onnxruntime"]
 
 
 def _need_ort_library():
-    from mla_export import kernels
+    from mla_export.ops import kernels
 
     if not kernels.available("onnxruntime"):
         pytest.skip("the onnxruntime custom-op library is not built")
@@ -161,7 +161,7 @@ def run_openvino(model, feeds: dict, threads: int) -> list[np.ndarray]:
     import openvino as ov
 
     from mla_export import ov_core
-    from mla_export.ov_op_errors import checked_infer
+    from mla_export.ops.ov_op_errors import checked_infer
 
     core = ov_core()
     compiled = core.compile_model(core.read_model(model.SerializeToString()), "CPU",

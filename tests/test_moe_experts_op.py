@@ -1,6 +1,6 @@
 """MlaMoeExperts, the fused MoE op (custom_ops/kernels/moe_experts.hpp), in both runtimes, f32.
 
-Against the float64 reference (mla_export.reference.moe_experts) on the weights the codes decode
+Against the float64 reference (mla_export.ops.reference.moe_experts) on the weights the codes decode
 to: random shapes, int8 / int4 / mixed projections, shuffled expert ids, tokens routed so that
 some experts get many tokens (the dequantised-panel path, >= 8) and others few (dot products on
 the codes), bf16 activations (every vector table this CPU has: tests/test_ops_isa.py). Then the
@@ -14,7 +14,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from kernel_paths import cpu_has, int8_activations
-from mla_export import reference as ref
+from mla_export.ops import reference as ref
 from mla_export.export.quantize import (deinterleave_rows4, dequantize, interleave_rows4, moe_operands, pack_u4_halves,
                                         quantize, unpack_u4_halves)
 

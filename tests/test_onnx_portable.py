@@ -10,8 +10,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from mla_export import onnx_ops
-from mla_export import reference as ref
+from mla_export.ops import onnx_ops
+from mla_export.ops import reference as ref
 from paged_problems import make_problem, randn, rel_err
 
 H, DN, DR, R, DV, BS = 3, 16, 8, 24, 12, 4

@@ -15,7 +15,8 @@ import onnx
 import pytest
 from onnx import helper
 
-from mla_export import extension_path, onnx_ops, ops, ort_ops_path, ov_core
+from mla_export import extension_path, ops, ort_ops_path, ov_core
+from mla_export.ops import onnx_ops
 
 ROOT = Path(__file__).resolve().parents[1]
 ADAPTERS = [ROOT / "custom_ops/openvino/mla_ops.hpp", ROOT / "custom_ops/openvino/mla_ops.cpp",
@@ -93,7 +94,7 @@ class TestAdaptersRegisterTheTable:
     @pytest.mark.parametrize("name", ops.names())
     def test_onnxruntime(self, name):
         ort = pytest.importorskip("onnxruntime")
-        from mla_export import kernels_onnxruntime as ok
+        from mla_export.ops import kernels_onnxruntime as ok
         if not ok.available():
             pytest.skip("libmla_export_ort.so not built")
         ort.InferenceSession(_one_op_model(name).SerializeToString(), sess_options=ok.session_options(),
@@ -101,7 +102,7 @@ class TestAdaptersRegisterTheTable:
 
     def test_names_outside_the_table_are_refused(self, tmp_path):
         ort = pytest.importorskip("onnxruntime")
-        from mla_export import kernels_onnxruntime as ok
+        from mla_export.ops import kernels_onnxruntime as ok
         f, i32 = onnx.TensorProto.FLOAT, onnx.TensorProto.INT32
         old = {"MlaPagedDecode": helper.make_graph(  # as the libraries used to take it
             [helper.make_node("MlaPagedDecode", ["q", "kv_cache", "block_tables", "seq_lens"], ["out"],

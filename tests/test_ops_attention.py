@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from mla_export import kernel_config, kernels
-from mla_export import reference as ref
+from mla_export.ops import kernel_config, kernels
+from mla_export.ops import reference as ref
 from paged_problems import make_problem, randn, rel_err
 
 TOL = {"f32": 2e-5, "f16": 2e-3, "bf16": 1e-2}

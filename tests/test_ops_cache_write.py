@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from mla_export import kernels
-from mla_export import reference as ref
+from mla_export.ops import kernels
+from mla_export.ops import reference as ref
 from paged_problems import randn
 
 

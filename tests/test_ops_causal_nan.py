@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from op_fronts import available_fronts
-from mla_export import reference as ref
+from mla_export.ops import reference as ref
 from paged_problems import make_problem, randn, rel_err
 
 SMALL = dict(h=3, dn=24, dr=16, r=32, dv=20)

@@ -4,8 +4,8 @@
 import numpy as np
 import pytest
 
-from mla_export import kernels
-from mla_export import reference as ref
+from mla_export.ops import kernels
+from mla_export.ops import reference as ref
 from paged_problems import make_problem, randn, rel_err
 
 # Relative error bounds (max |err| / max |expected|), by the output's dtype: f32 accumulates in

@@ -10,9 +10,9 @@ import pytest
 from onnx import TensorProto, helper
 
 from mla_export import ov_core
-from mla_export import reference as ref
-from mla_export.cache_binding import cache_binding
-from mla_export.ov_tensors import BF16, shared_tensor
+from mla_export.ops import reference as ref
+from mla_export.ops.cache_binding import cache_binding
+from mla_export.ops.ov_tensors import BF16, shared_tensor
 from paged_problems import make_problem, randn, rel_err
 
 H, DN, DR, R, DV, BS = 4, 16, 8, 32, 12, 8

@@ -1,4 +1,4 @@
-"""Every kernel path this CPU runs, switched in one process (mla_export.kernel_config, the
+"""Every kernel path this CPU runs, switched in one process (mla_export.ops.kernel_config, the
 switchboard of custom_ops/kernels/kernel_config.hpp), against the float64 reference.
 
 Per vector table (generic, avx2, avx512: the f32 and the integer-GEMM table move together):
@@ -25,8 +25,8 @@ import numpy as np
 import pytest
 
 from kernel_paths import AMX, BF16_DOTS, HAS, PATHS, TABLES, cpu_has, int8_activations, running
-from mla_export import kernel_config, kernels
-from mla_export import reference as ref
+from mla_export.ops import kernel_config, kernels
+from mla_export.ops import reference as ref
 from mla_export.export.quantize import FP8_BITS, fp8_dequantize, fp8_operands
 
 ROOT = Path(__file__).parents[1]
@@ -154,7 +154,7 @@ class TestSwitchboard:
         assert any("amx=1" in p for p in PATHS) == AMX
 
     def test_default_is_the_widest_the_cpu_has(self):
-        res = subprocess.run([sys.executable, "-c", "from mla_export import kernel_config as k; print(k.config().spec)"],
+        res = subprocess.run([sys.executable, "-c", "from mla_export.ops import kernel_config as k; print(k.config().spec)"],
                              env={k: v for k, v in os.environ.items() if k != "MLA_EXPORT_KERNELS"}, cwd=str(ROOT),
                              capture_output=True, text=True)
         assert res.returncode == 0, res.stderr[-3000:]
@@ -168,7 +168,7 @@ class TestSwitchboard:
         code = ("import numpy as np, sys; sys.path.insert(0, 'tests');"
                 "from test_ops_decode import run_case as dec;"
                 "dec(np.random.default_rng(3), [20], 2, 16, 8, 8);"
-                "from mla_export import kernel_config as k; print(k.config().spec)")
+                "from mla_export.ops import kernel_config as k; print(k.config().spec)")
         env = dict(os.environ, MLA_EXPORT_KERNELS="isa=generic, qlinear=rows4")
         res = subprocess.run([sys.executable, "-c", code], env=env, cwd=str(ROOT), capture_output=True, text=True)
         assert res.returncode == 0, res.stderr[-3000:]

@@ -1,4 +1,4 @@
-"""The f16, int8, fp8 and e5m2 latent caches (mla_export/kv_formats.py, custom_ops/kernels/cache_formats.hpp)
+"""The f16, int8, fp8 and e5m2 latent caches (mla_export/formats/kv_formats.py, custom_ops/kernels/cache_formats.hpp)
 through both runtimes' ops, against the float64 reference that stores the very same bytes.
 
 Precision: every query, weight and output here is f32 (exactness); the only rounding under test
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from op_fronts import available_fronts, front
-from mla_export import kv_formats as kf
-from mla_export import reference as ref
+from mla_export.formats import kv_formats as kf
+from mla_export.ops import reference as ref
 from paged_problems import make_problem, randn, rel_err
 
 NEW = ["f16", "int8", "fp8", "e5m2"]

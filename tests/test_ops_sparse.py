@@ -1,4 +1,4 @@
-"""DeepSeek Sparse Attention's two ops against the float64 reference (mla_export/reference.py), in
+"""DeepSeek Sparse Attention's two ops against the float64 reference (mla_export/ops/reference.py), in
 both runtimes: MlaIndexerTopK (the lightning indexer's scores and top-k over a paged key cache) and
 MlaPagedAttention with topk_indices (each token attends only to the positions it lists), in the
 absorbed and the expanded form. Random problems from paged_problems: shuffled block tables, NaN in
@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mla_export import kernels
-from mla_export import reference as R
+from mla_export.ops import kernels
+from mla_export.ops import reference as R
 from op_fronts import available_fronts
 from paged_problems import make_problem, randn, rel_err
 
@@ -187,7 +187,7 @@ def test_indexer_rejects_bad_inputs(rng, runtime, case, message):
         args["query_start_loc"] = np.array([0, 4], np.int32)
     elif case == "topk":
         args["topk"] = 0
-    runner = __import__(f"mla_export.kernels_{runtime}", fromlist=["indexer_topk"])  # the op itself checks topk
+    runner = __import__(f"mla_export.ops.kernels_{runtime}", fromlist=["indexer_topk"])  # the op itself checks topk
     with pytest.raises(Exception, match=message):
         runner.indexer_topk(**args)
 

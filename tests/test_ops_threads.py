@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mla_export import reference as ref
+from mla_export.ops import reference as ref
 from op_fronts import available_fronts
 from paged_problems import make_problem, randn, rel_err
 

@@ -4,7 +4,7 @@ nothing is written before validation passes."""
 import numpy as np
 import pytest
 
-from mla_export import kernels
+from mla_export.ops import kernels
 from paged_problems import make_problem, randn
 
 R, DR, DN, DV, H = 32, 16, 8, 8, 2

@@ -13,7 +13,8 @@ import pytest
 pytest.importorskip("onnxruntime")
 pytest.importorskip("torch")
 
-from mla_export import kv_formats, ort_ops_path  # noqa: E402
+from mla_export.formats import kv_formats
+from mla_export import ort_ops_path  # noqa: E402
 from mla_export.runtime.cache_layout import cache_dtype  # noqa: E402
 from mla_export.runtime.metadata import MLAMetadataBuilder  # noqa: E402
 from mla_export.runtime.model_dir import load_model_dir  # noqa: E402

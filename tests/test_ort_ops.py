@@ -11,10 +11,11 @@ import pytest
 ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
 
-from mla_export import kernels, ops  # noqa: E402
-from mla_export import kernels_onnxruntime as ok  # noqa: E402
-from mla_export.cache_binding import cache_binding  # noqa: E402
-from mla_export import reference as ref  # noqa: E402
+from mla_export.ops import kernels
+from mla_export import ops  # noqa: E402
+from mla_export.ops import kernels_onnxruntime as ok  # noqa: E402
+from mla_export.ops.cache_binding import cache_binding  # noqa: E402
+from mla_export.ops import reference as ref  # noqa: E402
 from paged_problems import BF16, make_problem, randn, rel_err  # noqa: E402
 
 if not ok.available():

@@ -17,7 +17,7 @@ import sys
 import pytest
 
 
-from mla_export.commands import ovms
+from mla_export.cli.commands import ovms
 
 
 @pytest.fixture(scope="module")

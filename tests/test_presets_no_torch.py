@@ -27,7 +27,7 @@ def test_numpy_checkpoint_loads_in_transformers_and_exports_exactly(tmp_path, mo
 
     from mla_export import LLM
     from mla_export.cli import main
-    from mla_export.presets import make_numpy_checkpoint
+    from mla_export.checkpoint.presets import make_numpy_checkpoint
 
     ckpt = make_numpy_checkpoint(tmp_path / "ckpt", model_type, seed=7, **overrides)
     _, info = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32, output_loading_info=True)
@@ -63,7 +63,7 @@ from mla_export.cli import main
 assert main(["export", "--preset", "tiny", "-o", {out!r}, "-q"]) == 0
 assert main(["generate", {out!r}, "--prompt", "The quick brown fox", "--max-tokens", "8"]) == 0
 # A checkpoint directory as downloaded (bf16 safetensors, config.json, tokenizer files).
-from mla_export.presets import make_numpy_checkpoint
+from mla_export.checkpoint.presets import make_numpy_checkpoint
 ckpt = make_numpy_checkpoint({out!r} + "-ckpt", "deepseek_v2", seed=4, dtype="bfloat16")
 assert main(["export", str(ckpt), "-o", {out!r} + "-v2", "-q"]) == 0
 assert main(["generate", {out!r} + "-v2", "--prompt", "Once upon a time", "--max-tokens", "8"]) == 0

@@ -1,6 +1,6 @@
 """MlaQLinear, x @ W^T on int8/int4 codes (custom_ops/kernels/qlinear.hpp), in both runtimes.
 
-Exactness (f32 compute) against the float64 reference (mla_export.reference.linear) on the
+Exactness (f32 compute) against the float64 reference (mla_export.ops.reference.linear) on the
 weights the codes decode to: int8 and int4 with several group sizes, few rows of x (dot products
 on the codes) and many (dequantised panels), rank-3 x, bf16/f16 activations. The reduced-precision
 mode (compute="bf16", what the runtime sets under a bf16 hint) against the reference on int8
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from mla_export import reference as ref
+from mla_export.ops import reference as ref
 from mla_export.export.quantize import dequantize, moe_operands, quantize
 from mla_export.runtime.qlinear_tiles import rows4_to_tile16
 from test_moe_experts_op import RUNTIMES, TOL, int8_activations_here

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from mla_export import kernel_config
-from mla_export import reference as ref
+from mla_export.ops import kernel_config
+from mla_export.ops import reference as ref
 from mla_export.export.quantize import dequantize, moe_operands, quantize
 from mla_export.runtime.qlinear_tiles import rows4_to_tile16, tile16_to_rows4
 from test_moe_experts_op import RUNTIMES, TOL, int8_activations_here
@@ -106,7 +106,7 @@ def test_bad_layout_names_the_attribute(rng, runtime):
 def int8_export(tmp_path_factory):
     from hf_models import load_hf
     from mla_export.export import export_model
-    from mla_export.presets import make_checkpoint
+    from mla_export.checkpoint.presets import make_checkpoint
     from test_export_quantized import BLOCK, CONFIGS
 
     model_type, overrides = CONFIGS["v2-lite"]
@@ -122,7 +122,7 @@ def _runner(out, cfg, precision, tiles):
     compute set, the codes rewritten or not); returns run(feeds) -> logits and how many ops were
     marked tile16."""
     from mla_export import ov_core
-    from mla_export.cache_binding import cache_binding
+    from mla_export.ops.cache_binding import cache_binding
     from mla_export.runtime.executor_openvino import match_moe_compute
     from mla_export.runtime.qlinear_tiles import pack_qlinear_tiles
     from mla_export.runtime.weights_memory import read_ir

@@ -55,7 +55,7 @@ def test_every_mla_export_command_parses(command):
 
 def test_inline_commands_in_prose_parse():
     """`mla-export ...` spans in the README's text (not only its code blocks)."""
-    from mla_export.cli import COMMANDS
+    from mla_export.cli.main import COMMANDS
 
     spans = [s for s in re.findall(r"`(mla-export [^`]+)`", README)
              if len(s.split()) > 2 and s.split()[1] in COMMANDS]

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mla_export.config import ConfigError, MLAModelConfig
+from mla_export.checkpoint.config import ConfigError, MLAModelConfig
 
 pytest.importorskip("transformers")
 pytest.importorskip("torch")

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from mla_export import reference as ref
+from mla_export.ops import reference as ref
 from paged_problems import make_problem, randn
 
 

@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 from mla_export.cli import main
-from mla_export.cli_text import terminal_safe
+from mla_export.cli.text import terminal_safe
 
 
 @pytest.fixture(scope="module")

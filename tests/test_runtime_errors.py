@@ -8,7 +8,7 @@ import shutil
 import openvino as ov
 import pytest
 
-from mla_export.contract import ContractError
+from mla_export.formats.contract_error import ContractError
 from mla_export.runtime import LLM, LLMEngine, SamplingParams
 from mla_export.runtime import executor_openvino
 

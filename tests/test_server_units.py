@@ -7,10 +7,10 @@ import argparse
 
 import pytest
 
-from mla_export.commands.serve import parse_size
+from mla_export.cli.commands.serve import parse_size
 from mla_export.server import protocol as P
 from mla_export.server.app import _Choice, _Detok
-from mla_export.server.chat import ChatTemplate, TemplateError, load_chat_template
+from mla_export.runtime.chat_template import ChatTemplate, TemplateError, load_chat_template
 from mla_export.server.metrics import ServerMetrics, parse_prometheus_text
 
 

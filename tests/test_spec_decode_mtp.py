@@ -19,11 +19,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mla_export.checkpoint_writer import RANDOM_WEIGHTS_METADATA, save_safetensors
-from mla_export.config import MLAModelConfig
-from mla_export.export.weights import CheckpointReader, SafetensorsFile
-from mla_export.presets import make_numpy_checkpoint
-from mla_export.reference_mtp import main_forward, mtp_forward
+from mla_export.checkpoint.writer import RANDOM_WEIGHTS_METADATA, save_safetensors
+from mla_export.checkpoint.config import MLAModelConfig
+from mla_export.checkpoint.reader import CheckpointReader, SafetensorsFile
+from mla_export.checkpoint.presets import make_numpy_checkpoint
+from mla_export.ops.reference_mtp import main_forward, mtp_forward
 from mla_export.runtime.engine import LLMEngine
 from mla_export.runtime.sampling import SamplingParams
 from mla_export.runtime.spec_decode import SpeculativeConfig
@@ -268,14 +268,14 @@ class TestConfigAndRefusals:
             LLMEngine(out, precision="f32", speculative_config=mtp(1))
 
     def test_exports_without_mtp_unchanged(self, exports):
-        from mla_export.contract import load_contract
+        from mla_export.formats.contract import load_contract
 
         contract = load_contract(exports.model("deepseek_v3")[1])
         assert contract.mtp is None
         assert [o.name for o in contract.outputs()] == ["logits"]
 
     def test_contract_records_the_draft(self, mtp_model):
-        from mla_export.contract import load_contract
+        from mla_export.formats.contract import load_contract
 
         contract = load_contract(mtp_model[1])
         assert contract.mtp["layer_index"] == 3 and contract.mtp["hidden_size"] == 64
@@ -288,7 +288,8 @@ class TestConfigAndRefusals:
         import shutil
 
         from mla_export.cli import main
-        from mla_export.contract import ContractError, load_contract
+        from mla_export.formats.contract_error import ContractError
+        from mla_export.formats.contract import load_contract
 
         out = tmp_path / "copy"
         shutil.copytree(mtp_model[1], out)
@@ -305,7 +306,7 @@ class TestConfigAndRefusals:
     def test_declared_but_missing_layer_noted(self, tmp_path):
         """config.json declares an MTP layer whose weights the checkpoint lacks (as the bench
         checkpoints of V3 once were): the model exports, without a draft, and the export says why."""
-        from mla_export.contract import load_contract
+        from mla_export.formats.contract import load_contract
         from mla_export.export.exporter import export_model
         from mla_export.export.progress import ExportProgress
 
@@ -325,7 +326,8 @@ class TestConfigAndRefusals:
     def test_tampered_draft_io_refused(self, mtp_model, tmp_path):
         import shutil
 
-        from mla_export.contract import ContractError, load_contract
+        from mla_export.formats.contract_error import ContractError
+        from mla_export.formats.contract import load_contract
 
         out = tmp_path / "copy"
         shutil.copytree(mtp_model[1], out)

@@ -501,8 +501,8 @@ class TestLLMAndServer:
     def test_serve_replicas_pass_the_config_on(self, tiny):
         import argparse
 
-        from mla_export.commands import serve
-        from mla_export.commands.serve_ray import settings_from_args
+        from mla_export.cli.commands import serve
+        from mla_export.cli.commands.serve_ray import settings_from_args
 
         parser = argparse.ArgumentParser()
         serve.add_parser(parser.add_subparsers(dest="command"))

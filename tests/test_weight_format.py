@@ -1,4 +1,4 @@
-"""The weight formats in one table per language: mla_export/weight_format.py (the exporter's
+"""The weight formats in one table per language: mla_export/formats/weight_format.py (the exporter's
 quantizer and the runtime's tile rewrite read it) and custom_ops/kernels/weight_format.hpp (the
 kernels key on it) hold the same entries, and the quantizer's operands have the shapes the table
 says (codes per byte, the 4-row layout, zero points or none)."""
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from mla_export.export import quantize as qz
-from mla_export.weight_format import FORMATS, ROWS4_BLOCK_ROWS, ROWS4_CHUNK_BYTES, by_bits, by_name
+from mla_export.formats.weight_format import FORMATS, ROWS4_BLOCK_ROWS, ROWS4_CHUNK_BYTES, by_bits, by_name
 
 HPP = Path(__file__).resolve().parents[1] / "custom_ops" / "kernels" / "weight_format.hpp"
 

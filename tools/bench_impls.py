@@ -5,7 +5,7 @@ timed calls and returns their durations in seconds, `output()` runs once and ret
 result as float32 numpy (outside any timing). Compiled models are built once per signature.
 
 - ours:    the mla_export op MlaPagedAttention as one-op OpenVINO models (decode: its decode form,
-           mla_export.kernels.decode_form), called through a pre-bound infer request (no
+           mla_export.ops.kernels.decode_form), called through a pre-bound infer request (no
            per-call tensor creation).
 - torch:   plain torch gather + matmul + softmax (f32 math, also for a bf16 cache).
 - ov-std:  the same math from standard OpenVINO ops (Gather + MatMul + Softmax), compiled once.
@@ -26,7 +26,7 @@ from typing import Callable
 
 import numpy as np
 
-from mla_export.ov_tensors import BF16
+from mla_export.ops.ov_tensors import BF16
 
 R, DR, DN, DV = 512, 64, 128, 128  # DeepSeek's kv_lora_rank, rope, nope and value head dims
 W = R + DR
@@ -109,7 +109,7 @@ def ov_config(threads: int) -> dict:
 
 def _bound_request(compiled, arrays: list[np.ndarray]) -> Impl:
     """An Impl over an infer request with every input bound once, without copies."""
-    from mla_export.ov_tensors import shared_tensor, to_numpy
+    from mla_export.ops.ov_tensors import shared_tensor, to_numpy
 
     req = compiled.create_infer_request()
     keep = [np.ascontiguousarray(a) for a in arrays]
@@ -137,8 +137,8 @@ def _ours_model(op: str, inputs: list[tuple[str, np.ndarray]], attrs: dict):
     import openvino as ov
 
     from mla_export import ov_core
-    from mla_export.kernels_openvino import _single_op_ir
-    from mla_export.ov_tensors import ov_type
+    from mla_export.ops.kernels_openvino import _single_op_ir
+    from mla_export.ops.ov_tensors import ov_type
 
     xml = _single_op_ir(op, [(n, ov_type(a.dtype), a.ndim) for n, a in inputs], attrs,
                         ov_type(inputs[0][1].dtype), 3)
@@ -148,15 +148,15 @@ def _ours_model(op: str, inputs: list[tuple[str, np.ndarray]], attrs: dict):
 def _as_graph_binds(inp: dict, names: list[str]) -> list[tuple[str, np.ndarray]]:
     """The inputs as the exported graphs bind them: a bf16 cache as its raw bytes (the CPU
     plugin would convert a bf16 cache input into an f32 copy on every call on CPUs without
-    native bf16; see mla_export/cache_binding.py)."""
-    from mla_export.cache_binding import cache_binding
+    native bf16; see mla_export/ops/cache_binding.py)."""
+    from mla_export.ops.cache_binding import cache_binding
     return [(n, cache_binding(inp[n]) if n == "kv_cache" else inp[n]) for n in names]
 
 
 def with_kv_dtype(inp: dict, kv_dtype: str) -> dict:
     """The same inputs with the cache's values stored in another row format (f16, int8, fp8:
-    mla_export/kv_formats.py), to time the formats side by side on equal data."""
-    from mla_export.kv_formats import encode_rows
+    mla_export/formats/kv_formats.py), to time the formats side by side on equal data."""
+    from mla_export.formats.kv_formats import encode_rows
     cache = inp["kv_cache"]
     rows = encode_rows(cache.reshape(-1, cache.shape[-1]).astype(np.float32), kv_dtype, R)
     return dict(inp, kv_cache=rows.reshape(*cache.shape[:2], -1))
@@ -165,7 +165,7 @@ def with_kv_dtype(inp: dict, kv_dtype: str) -> dict:
 def decode_form_inputs(inp: dict) -> dict:
     """A decode case's inputs (q [B, H, W]) as MlaPagedAttention's decode form, in the op's order."""
     from mla_export import ops
-    from mla_export.kernels import decode_form
+    from mla_export.ops.kernels import decode_form
     given = {**decode_form(inp["q"], R), **{n: inp[n] for n in DECODE_INPUTS[1:]}}
     return {n: np.ascontiguousarray(a) for n, a in ops.ordered_inputs("MlaPagedAttention", given)}
 
@@ -195,7 +195,7 @@ def _ops():
 
 def _param(ops, name, dtype, rank, last=None):
     import openvino as ov
-    from mla_export.ov_tensors import ov_type
+    from mla_export.ops.ov_tensors import ov_type
     shape = [-1] * rank if last is None else [-1] * (rank - 1) + [last]
     return ops.parameter(ov.PartialShape(shape), ov_type(dtype), name=name)
 
@@ -347,7 +347,7 @@ def torch_prefill(inp: dict, scale: float, chunk_bytes: float = 2.5e8) -> Impl:
 def ort_impl(op: str, inp: dict, names: list[str], attrs: dict, threads: int) -> Impl:
     import onnxruntime as ort
 
-    from mla_export import kernels_onnxruntime as ok
+    from mla_export.ops import kernels_onnxruntime as ok
     if not ok.available():
         raise Skip("libmla_export_ort.so not built")
     arrays = [(n, np.ascontiguousarray(inp[n])) for n in names]

@@ -13,7 +13,7 @@ SGLang `decode_attention_cpu` / `extend_attention_cpu`) in their own venv and pr
 (tools/peer_runner.py; skipped with a note when ../shared/peers/setup_vllm_peer.sh was not run).
 Implementations are timed in interleaved rounds (the machine is shared and noisy) after a
 warm-up; we report medians. Every result is checked against the float64 reference
-(mla_export/reference.py) on a few sequences / query rows, so a fast wrong kernel shows up.
+(mla_export/ops/reference.py) on a few sequences / query rows, so a fast wrong kernel shows up.
 The machine's peaks (large f32 / bf16 matmul, large memory read) are measured in the same run.
 Not a test: writes bench_results/kernels.json and kernels.md, prints a one-line JSON last.
 """
@@ -209,7 +209,7 @@ def measure_call_overhead(threads: int) -> dict:
     import numpy as np
 
     import bench_impls as bi
-    from mla_export import kernels
+    from mla_export.ops import kernels
     rng = np.random.default_rng(1)
     inp = bi.decode_inputs(rng, 1, 1, 1, 16, "f32")
     impl = bi.ours_decode(inp, 0.1, threads)
@@ -255,9 +255,9 @@ def build_impls(case: Case, inp: dict, scale: float, args, peer) -> dict:
 
 
 def _isa_setter():
-    """Switches the kernels' ISA table between calls (mla_export.kernel_config.configure: the rest
+    """Switches the kernels' ISA table between calls (mla_export.ops.kernel_config.configure: the rest
     of the configuration the best that table runs)."""
-    from mla_export import kernel_config
+    from mla_export.ops import kernel_config
 
     return lambda table: kernel_config.configure(f"isa={table}")
 
@@ -311,7 +311,7 @@ def reference_check(case: Case, inp: dict, scale: float, kv_dtype: str | None = 
     the first and last 4 new tokens of a prefill (each as its own smaller problem)."""
     import numpy as np
 
-    from mla_export import reference as ref
+    from mla_export.ops import reference as ref
     if case.kind == "decode":
         idx = sorted({0, case.batch - 1})
         exp = ref.paged_decode(inp["q"][idx], inp["kv_cache"], inp["block_tables"][idx],
@@ -522,7 +522,7 @@ def markdown(report: dict) -> str:
         "max(FLOP / matmul probe, bytes / read probe) / median time.",
         f"Per-call overhead of an almost empty decode (MlaPagedAttention's decode form): bound infer request "
         f"{ov['request_infer_ms']:.3f} ms (what 'ours' is timed with), numpy front "
-        f"`mla_export.kernels.paged_decode` {ov['numpy_front_ms']:.3f} ms.",
+        f"`mla_export.ops.kernels.paged_decode` {ov['numpy_front_ms']:.3f} ms.",
         f"Peers: {report['peers']}.", "",
         "Median ms (lower is better); `vs X` = X's time / ours (above 1: ours is faster). "
         "FLOP: decode absorbed form 2*H*L*(576+512) per sequence; prefill the cheaper of the absorbed "

@@ -30,7 +30,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mla_export.config import MLAModelConfig  # noqa: E402
+from mla_export.checkpoint.config import MLAModelConfig  # noqa: E402
 from mla_export.export.graph import GraphBuilder, WeightFormat, WeightStore  # noqa: E402
 from mla_export.export.moe import router  # noqa: E402
 

@@ -29,7 +29,7 @@ def main() -> None:
 
     from tokenizers import Tokenizer
 
-    from mla_export.contract import load_contract
+    from mla_export.formats.contract import load_contract
     from mla_export.runtime.detokenizer import IncrementalDetokenizer
     from mla_export.runtime.engine import LLMEngine
     from mla_export.runtime.request import Request

@@ -25,7 +25,8 @@ import time
 import ml_dtypes
 import numpy as np
 
-from mla_export import kernel_config, kernels, kv_formats
+from mla_export.ops import kernel_config, kernels
+from mla_export.formats import kv_formats
 
 BF16 = ml_dtypes.bfloat16
 H, R, DR, DN, DV = 128, 512, 64, 128, 128
@@ -40,7 +41,7 @@ def _cache(rng, positions: int, width: int, block_size: int, dtype: str):
     if dtype == "bf16":
         cache = rows.astype(BF16).reshape(blocks, block_size, width)
     else:
-        from mla_export.kv_formats import encode_rows
+        from mla_export.formats.kv_formats import encode_rows
 
         cache = encode_rows(rows, dtype, width if width == D else R).reshape(blocks, block_size, -1)
     return cache, table

@@ -18,7 +18,7 @@ if "$WORK/venv/bin/python" -c "import torch" 2>/dev/null || "$WORK/venv/bin/pyth
 fi
 "$WORK/venv/bin/mla-export" export --preset tiny -o "$WORK/tiny" -q
 "$WORK/venv/bin/mla-export" generate "$WORK/tiny" --prompt "The quick brown fox" --max-tokens 8
-"$WORK/venv/bin/python" -c "import sys; from mla_export.presets import make_numpy_checkpoint as m; m(sys.argv[1], 'deepseek_v2', seed=4, dtype='bfloat16')" "$WORK/ckpt"
+"$WORK/venv/bin/python" -c "import sys; from mla_export.checkpoint.presets import make_numpy_checkpoint as m; m(sys.argv[1], 'deepseek_v2', seed=4, dtype='bfloat16')" "$WORK/ckpt"
 "$WORK/venv/bin/mla-export" export "$WORK/ckpt" -o "$WORK/ckpt-out" -q
 "$WORK/venv/bin/mla-export" generate "$WORK/ckpt-out" --prompt "Once upon a time" --max-tokens 8
 echo "check_fresh_install: ok (export --preset tiny and a bf16 checkpoint directory, generate, without torch)"

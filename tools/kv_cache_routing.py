@@ -7,7 +7,7 @@ tools/kv_dtype_accuracy.py (same config and seed, same prompts) runs each sequen
 plus 24 greedy tokens of the f32 model in one forward, three ways:
   f32      as is;
   rounded  every cached latent row rounded as the cache stores it: kv_c after kv_a_layernorm and
-           k_pe after RoPE, to f16 / bf16 (or int8 / fp8 with mla_export.kv_formats' exact
+           k_pe after RoPE, to f16 / bf16 (or int8 / fp8 with mla_export.formats.kv_formats' exact
            quantisation), which is what the engine's cache does to them;
   pinned   rounded, but every MoE router forced to the expert set the f32 run chose at that token
            (its weights still from its own scores).
@@ -42,11 +42,11 @@ from kv_dtype_accuracy import CONFIGS, SEEDS  # noqa: E402  (the same models and
 
 def _round_rows(x, kv_dtype: str, part: str):
     """x (any shape, last axis = the kv_c or k_pe part of rows) as the cache stores it, in f32.
-    int8/fp8 quantise kv_c by mla_export.kv_formats in the shipped layout's groups (int8 4, fp8 1), or
+    int8/fp8 quantise kv_c by mla_export.formats.kv_formats in the shipped layout's groups (int8 4, fp8 1), or
     in G equal groups for "int8@G" / "fp8@G"; k_pe stays bf16."""
     import torch
 
-    from mla_export import kv_formats as kf
+    from mla_export.formats import kv_formats as kf
     base, _, groups = kv_dtype.partition("@")
     if base == "f16":
         return x.to(torch.float16).to(torch.float32)
@@ -132,7 +132,7 @@ def study(name: str, work: Path, kv_dtypes, prompt_len: int = 96, decode_steps: 
     import torch
     from transformers import AutoModelForCausalLM
 
-    from mla_export.presets import make_checkpoint
+    from mla_export.checkpoint.presets import make_checkpoint
     model_type, overrides = CONFIGS[name]
     ckpt = make_checkpoint(work / name / "ckpt", model_type, seed=SEEDS[name], **overrides)
     vocab = json.loads((ckpt / "config.json").read_text())["vocab_size"]

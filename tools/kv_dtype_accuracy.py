@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mla_export.kv_formats import KV_DTYPES  # every registered cache format
+from mla_export.formats.kv_formats import KV_DTYPES  # every registered cache format
 MARGIN = 0.05  # decisive steps: f32's top-2 logit margin above this
 
 NO_YARN = dict(rope_type="default", rope_theta=10000.0)
@@ -57,8 +57,9 @@ class Runner:
 
     def __init__(self, xml: Path, kv_dtype: str, num_layers: int, r: int, dr: int, num_blocks: int,
                  block_size: int = 16, seed: int = 0):
-        from mla_export import kv_formats, ov_core
-        from mla_export.ov_tensors import cache_binding, shared_tensor
+        from mla_export.formats import kv_formats
+        from mla_export import ov_core
+        from mla_export.ops.ov_tensors import cache_binding, shared_tensor
 
         core = ov_core()
         self.compiled = core.compile_model(core.read_model(str(xml)), "CPU", {"INFERENCE_PRECISION_HINT": "f32",
@@ -102,8 +103,8 @@ class Runner:
 def measure(name: str, work: Path, kv_dtypes=KV_DTYPES, prompt_len: int = 96, decode_steps: int = 24,
             num_seqs: int = 4, log=print) -> dict:
     """{kv_dtype: {worst_rel_err, median_rel_err, decisive, agree, steps, bytes_per_token}} for one config."""
-    from mla_export.kv_formats import row_bytes
-    from mla_export.presets import make_checkpoint
+    from mla_export.formats.kv_formats import row_bytes
+    from mla_export.checkpoint.presets import make_checkpoint
 
     model_type, overrides = CONFIGS[name]
     ckpt = make_checkpoint(work / name / "ckpt", model_type, seed=SEEDS[name], **overrides)
@@ -166,7 +167,7 @@ def main(argv=None) -> int:
                                     args.num_seqs)
     print("\n| model | cache | bytes/token/layer (576 wide) | logits max rel err vs f32: median / p90 / worst | greedy = f32 (decisive steps) | largest margin flipped |")
     print("|---|---|---:|---|---:|---:|")
-    from mla_export.kv_formats import row_bytes
+    from mla_export.formats.kv_formats import row_bytes
     for name, res in results.items():
         for kv, m in res.items():
             print(f"| {name} | {kv} | {row_bytes(kv, 512, 64)} | {m['median_rel_err']:.1e} / {m['p90_rel_err']:.1e} / "

@@ -144,7 +144,7 @@ def sweep(name: str, work: Path, layouts, num_seqs: int = 16, prompt_len: int = 
     import torch
     from transformers import AutoModelForCausalLM
 
-    from mla_export.presets import make_checkpoint
+    from mla_export.checkpoint.presets import make_checkpoint
 
     model_type, overrides = CONFIGS[name]
     model_seed = SEEDS[name] if model_seed is None else model_seed

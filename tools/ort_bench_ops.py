@@ -33,8 +33,8 @@ _MAX_SCORES_BYTES = 2e9
 def _portable_session(inp: dict, scale: float, threads: int):
     import onnxruntime as ort
 
-    from mla_export import onnx_ops
-    from mla_export import kernels_onnxruntime as ok
+    from mla_export.ops import onnx_ops
+    from mla_export.ops import kernels_onnxruntime as ok
 
     names = bi.PREFILL_INPUTS
     model = ok.single_op_model([], [(n, inp[n].dtype, inp[n].ndim) for n in names],
@@ -49,7 +49,7 @@ def _portable_session(inp: dict, scale: float, threads: int):
 
 
 def _impl(inp: dict, scale: float, threads: int) -> bi.Impl:
-    from mla_export import kernels_onnxruntime as ok
+    from mla_export.ops import kernels_onnxruntime as ok
 
     t = inp["q_nope"].shape[0]
     h = inp["q_nope"].shape[1]
@@ -86,7 +86,7 @@ def ort_portable_decode(inp: dict, scale: float, threads: int) -> bi.Impl:
 def main() -> int:
     import statistics
 
-    from mla_export import reference as ref
+    from mla_export.ops import reference as ref
 
     rng = np.random.default_rng(0)
     threads = 2

@@ -5,7 +5,7 @@
 // templates over these traits. Adding a format is an enum value, a traits struct and its entry
 // in CacheFormats here (a quantised one with a new code type also names that code type's
 // scalar encode/decode below; a SIMD widening for it in isa_impl.hpp is optional speed);
-// mla_export/kv_formats.py is the same registry in Python. docs/KERNELS.md walks through it.
+// mla_export/formats/kv_formats.py is the same registry in Python. docs/KERNELS.md walks through it.
 //
 // Row layouts (W = r + dr values; cache_format.hpp says why):
 //   float rows      W x elem

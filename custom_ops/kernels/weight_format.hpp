@@ -1,6 +1,6 @@
 // The weight formats the integer-GEMM layer reads (qgemm.hpp), one entry each, keyed by the ops'
 // `bits` attribute. The exporter's quantizer reads the same table in Python
-// (mla_export/weight_format.py; tests/test_weight_format.py keeps the two equal), so a new format
+// (mla_export/formats/weight_format.py; tests/test_weight_format.py keeps the two equal), so a new format
 // is one entry here and there, its quantizer and its kernels.
 //
 // Every format lies in the 4-row layout (qgemm.hpp): 16-byte chunks of 4 rows interleaved, a chunk

@@ -386,7 +386,7 @@ __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps
 }
 
 // The kernel switchboard of this library's copy of the kernels (as the OpenVINO extension's
-// MlaExportKernels; mla_export/kernel_config.py configures both).
+// MlaExportKernels; mla_export/ops/kernel_config.py configures both).
 __attribute__((visibility("default"))) int MlaExportOrtKernels(const char* spec, char* out, size_t out_len) {
     return mla::kernels_call(spec, out, out_len);
 }

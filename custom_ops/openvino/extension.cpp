@@ -57,7 +57,7 @@ std::vector<ov::Extension::Ptr> extensions(std::integer_sequence<int, I...>) {
 
 }  // namespace
 
-// The kernel switchboard for Python (mla_export/kernel_config.py; kernel_config.hpp): spec (null or
+// The kernel switchboard for Python (mla_export/ops/kernel_config.py; kernel_config.hpp): spec (null or
 // empty: no change) replaces the configuration, then out gets the one in use; 1 = done, 0 = out
 // holds the error.
 extern "C" __attribute__((visibility("default"))) int MlaExportKernels(const char* spec, char* out, size_t out_len) {

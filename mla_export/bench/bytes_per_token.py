@@ -25,7 +25,7 @@ import json
 import struct
 from pathlib import Path
 
-from ..config import ConfigError, MLAModelConfig
+from ..checkpoint.config import ConfigError, MLAModelConfig
 
 FLOAT_BYTES = {"f32": 4, "bf16": 2, "f16": 2}
 FAMILIES = ("deepseek_v2", "deepseek_v3")  # the layer layout counted below (no indexer, no identity experts)

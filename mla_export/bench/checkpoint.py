@@ -11,7 +11,7 @@ Memory stays bounded by one chunk of one tensor: every shard's header is written
 tensor's shape and dtype are known from the config), then each tensor is generated in row chunks
 and appended. The values only depend on (seed, tensor name), not on the sharding.
 
-Random values follow mla_export/presets.py: linear and embedding weights N(0, std) with a larger
+Random values follow mla_export/checkpoint/presets.py: linear and embedding weights N(0, std) with a larger
 spread than transformers' init so that greedy tokens and expert choices are not near-ties, norm
 weights 1 + 0.2 N(0, 1) and the router's correction bias 0.1 N(0, 1), so that a graph which drops
 one of them cannot pass a test.
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..checkpoint_writer import RANDOM_WEIGHTS_METADATA
+from ..checkpoint.writer import RANDOM_WEIGHTS_METADATA
 
 __all__ = ["SHAPES", "TensorSpec", "checkpoint_config", "tensor_specs", "write_checkpoint", "size_bytes",
            "CheckpointWriteError"]

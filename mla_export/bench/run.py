@@ -521,7 +521,7 @@ def _ours_need_gb(export_dir: Path, precision: str) -> float:
     """GiB an export's compiled model needs besides its cache: the runtime's own estimate from its
     contract (memory_plan.compiled_need_bytes, what the engine checks before compiling); the
     weights file's size where the contract cannot say (an export from another version)."""
-    from ..runtime.memory_plan import compiled_need_bytes
+    from ..ops.memory_plan import compiled_need_bytes
 
     bins = sum(f.stat().st_size for f in Path(export_dir).glob("*.bin"))
     try:

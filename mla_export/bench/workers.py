@@ -123,7 +123,7 @@ def worker_profile(spec: dict) -> dict:
     grouped into attention op / attention projections / MoE+MLP / lm_head / other graph nodes,
     and the Python side of a step (scheduler, metadata, sampling) = step wall time - infer."""
 
-    from mla_export import ov_core
+    from mla_export.ops.libraries import ov_core
     from mla_export.runtime import LLMEngine, SamplingParams
 
     core = ov_core()

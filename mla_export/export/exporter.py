@@ -17,11 +17,12 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from .. import __version__, kv_formats
-from ..config import MLAModelConfig
-from ..config_values import MAX_ROPE_TABLE_BYTES, rope_table_bytes
-from ..contract import CONTRACT_FILE, make_contract
-from ..export_files import describe_files
+from ..version import __version__
+from ..formats import kv_formats
+from ..checkpoint.config import MLAModelConfig
+from ..checkpoint.config_values import MAX_ROPE_TABLE_BYTES, rope_table_bytes
+from ..formats.contract import CONTRACT_FILE, make_contract
+from ..formats.export_files import describe_files
 from .graph import WEIGHT_DTYPES, WeightFormat
 from .quantize import CODE_FORMATS, INT_FORMATS, WEIGHT_FORMATS
 from .model import LAYOUTS, ONNX_DATA, ONNX_FILES, build_onnx, plan_weights
@@ -29,16 +30,16 @@ from .mtp import MTP_FILES, build_mtp_onnx, mtp_layer
 from .moe import MOE_FORMS, fused_form_problem
 from .progress import IR_SHARE, ExportProgress
 from .output_lock import OutputBusy, OutputLock, clean_stale, remove_owner, write_owner
-from ..export_signals import signals_held
+from .signals import signals_held
 from .safety import commit
 from .tokenizer_files import copy_tokenizer_files
 from .weight_bounds import check_weights_hold
-from .weights import CheckpointReader
+from ..checkpoint.reader import CheckpointReader
 
 __all__ = ["ExportError", "ExportResult", "export_model", "FORMATS"]
 
 FORMATS = ("openvino", "onnx", "both")
-# Cache formats (mla_export/kv_formats.py's registry) and the bytes per value of a per-head cache
+# Cache formats (mla_export/formats/kv_formats.py's registry) and the bytes per value of a per-head cache
 # in each, for the summary's comparison (the latent rows' exact sizes come from kv_formats.row_bytes).
 KV_DTYPES = {name: f.storage.itemsize for name, f in kv_formats.FORMATS.items()}
 
@@ -323,7 +324,7 @@ def _export_locked(model_dir: Path, out_dir: Path, *, start: float, fmt, portabl
             mtp=None if mtp_files is None else dict(layer_index=mtp_index, files=mtp_files))
         (tmp / CONTRACT_FILE).write_text(json.dumps(contract, indent=2) + "\n")
         if files["openvino_xml"]:
-            from ..contract import Contract
+            from ..formats.contract import Contract
 
             Contract(contract, tmp).validate_openvino_model(ir_model)  # the IR's real I/O, checked once here
         sizes = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}

@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..config import MLAModelConfig
-from ..onnx_ops import (cache_update_node, cache_write_node, indexer_topk_node, paged_attention_node,
+from ..checkpoint.config import MLAModelConfig
+from ..ops.onnx_ops import (cache_update_node, cache_write_node, indexer_topk_node, paged_attention_node,
                         portable_attention_node)
-from ..weight_format import CODE_BITS
+from ..formats.weight_format import CODE_BITS
 from .graph import GraphBuilder
 from .qlinear import qlinear, qlinear_problem
 from .quantize import FP8_BITS
-from .weights import CheckpointReader
+from ..checkpoint.reader import CheckpointReader
 
 __all__ = ["rms_norm", "linear", "attention", "dense_mlp", "deinterleave_perm", "rope_tables", "CUSTOM_OP_VARIANTS"]
 

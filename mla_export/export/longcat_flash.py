@@ -4,11 +4,11 @@ layers 2i and 2i + 1; the shortcut MoE runs on the first MLP's input and joins a
 
 from __future__ import annotations
 
-from ..config import MLAModelConfig
+from ..checkpoint.config import MLAModelConfig
 from .graph import GraphBuilder
 from .layers import attention, dense_mlp, norm
 from .moe import moe
-from .weights import CheckpointReader
+from ..checkpoint.reader import CheckpointReader
 
 __all__ = ["longcat_layer", "SUBLAYERS"]
 

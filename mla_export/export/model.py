@@ -16,15 +16,15 @@ from typing import Callable
 import onnx
 from onnx import TensorProto, helper
 
-from .. import onnx_ops
-from ..config import MLAModelConfig
-from ..contract import graph_io
+from ..ops import onnx_ops
+from ..checkpoint.config import MLAModelConfig
+from ..formats.contract import graph_io
 from .graph import GraphBuilder, WeightFormat, WeightStore
 from .layers import CUSTOM_OP_VARIANTS, attention, dense_mlp, norm, rope_tables
 from .qlinear import qlinear, qlinear_problem
 from .longcat_flash import SUBLAYERS as LONGCAT_SUBLAYERS, longcat_layer
 from .moe import moe
-from .weights import CheckpointReader
+from ..checkpoint.reader import CheckpointReader
 
 __all__ = ["build_onnx", "plan_weights", "ONNX_FILES", "ONNX_DATA", "HIDDEN_OUTPUT"]
 

@@ -39,10 +39,10 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto, helper
 
-from ..config import MLAModelConfig
+from ..checkpoint.config import MLAModelConfig
 from .graph import GraphBuilder, WeightFormat, _int4_error
 from .quantize import CODE_FORMATS, FP8_BITS, fp8_group, fp8_operands, moe_operands, pick_group, quantize
-from .weights import CheckpointReader
+from ..checkpoint.reader import CheckpointReader
 
 __all__ = ["MOE_FORMS", "moe", "router", "fused_form_problem"]
 

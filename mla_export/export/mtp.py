@@ -2,7 +2,7 @@
 
 DeepSeek-V3 checkpoints carry one MTP layer after the last decoder layer (config.json's
 num_nextn_predict_layers: 1; its weights model.layers.<num_hidden_layers>.*), which transformers
-does not load. Its math is in mla_export/reference_mtp.py (the float64 oracle): row t of a step
+does not load. Its math is in mla_export/ops/reference_mtp.py (the float64 oracle): row t of a step
 is the MTP layer at position p = positions[t], fed the token after p (input_ids[t]) and the main
 model's last hidden state at p (before the final norm, the main graph's `hidden_states` output):
 
@@ -24,14 +24,14 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto, helper
 
-from .. import onnx_ops
-from ..config import MLAModelConfig
-from ..contract import mtp_graph_io
+from ..ops import onnx_ops
+from ..checkpoint.config import MLAModelConfig
+from ..formats.contract import mtp_graph_io
 from .graph import GraphBuilder, WeightFormat, WeightStore
 from .layers import attention, dense_mlp, linear, norm
 from .model import _embed, _inputs, _used, _value_info
 from .moe import moe
-from .weights import CheckpointReader
+from ..checkpoint.reader import CheckpointReader
 
 __all__ = ["MTP_FILES", "mtp_layer", "build_mtp_onnx"]
 

@@ -97,7 +97,7 @@ def convert_to_ir(onnx_path: Path, out_dir: Path, data_path: Path, keep_data_fil
     when keep_data_file, e.g. for --format both)."""
     import openvino as ov
 
-    from .. import ov_core
+    from ..ops.libraries import ov_core
 
     out_dir, data_path = Path(out_dir), Path(data_path)
     model = ov_core().read_model(str(onnx_path))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..weight_format import CODE_BITS
+from ..formats.weight_format import CODE_BITS
 from .graph import GraphBuilder
 from .quantize import FP8_BITS, fp8_group, fp8_operands, moe_operands, pick_group, quantize
 

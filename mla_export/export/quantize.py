@@ -19,14 +19,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..weight_format import FORMATS, ROWS4_BLOCK_ROWS, ROWS4_CHUNK_BYTES, by_bits, by_name
+from ..formats.weight_format import FORMATS, ROWS4_BLOCK_ROWS, ROWS4_CHUNK_BYTES, by_bits, by_name
 
 __all__ = ["Quantized", "quantize", "dequantize", "pick_group", "pack_u4", "pack_u4_halves", "unpack_u4_halves",
            "moe_operands", "interleave_rows4", "deinterleave_rows4", "fp8_operands", "fp8_group", "fp8_dequantize", "FP8_BITS",
            "WEIGHT_FORMATS", "FLOAT_FORMATS", "INT_FORMATS", "CODE_FORMATS"]
 
 FLOAT_FORMATS = ("f32", "f16", "bf16")
-# The formats whose matmul weights our ops read as codes (mla_export/weight_format.py), of which the
+# The formats whose matmul weights our ops read as codes (mla_export/formats/weight_format.py), of which the
 # integer ones (a zero point) OpenVINO's own compressed matmuls read too. fp8: e4m3 codes with an
 # f32 scale per (row, group of 128 inputs), read by our ops only (MlaQLinear, MlaMoeExperts); from
 # DeepSeek's FP8 checkpoints the codes and block scales are kept as they are.

@@ -1,5 +1,5 @@
 """The exporter's seams with the file system: an old export replaced without a moment where
-neither exists, with the signals held across the renames (export_signals.py says how signals
+neither exists, with the signals held across the renames (export/signals.py says how signals
 are handled; output_lock.py has the output lock and stale partials). Free disk is checked by
 exporter._check_disk.
 
@@ -11,7 +11,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from ..export_signals import Terminated, mark_complete, signals_held
+from .signals import Terminated, mark_complete, signals_held
 from .output_lock import remove_owner, write_owner
 
 __all__ = ["replace_dir", "commit", "Terminated"]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import shlex
 
-from ..cli_text import RANDOM_WEIGHTS_NOTE
-from ..kv_formats import row_bytes
+from ..checkpoint.writer import RANDOM_WEIGHTS_NOTE
+from ..formats.kv_formats import row_bytes
 from .exporter import KV_DTYPES, ExportResult
 
 __all__ = ["summary_lines", "next_lines"]
@@ -88,7 +88,7 @@ def _resident_lines(export: dict, result: ExportResult) -> list[str]:
     """What the weights will hold once compiled on this machine's CPU, and a warning where the plugin
     would widen 2-byte float weights to f32 (no native bf16/f16 here)."""
     try:
-        from ..runtime.memory_plan import native_float_types, resident_weight_bytes
+        from ..ops.memory_plan import native_float_types, resident_weight_bytes
         native = native_float_types()
     except Exception:  # no CPU device to ask (a build machine): say nothing rather than guess
         return []

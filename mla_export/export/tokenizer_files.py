@@ -28,7 +28,7 @@ def _check_tokenizer(path: Path) -> None:
     naming the file, rather than copied and failing at the first request."""
     from tokenizers import Tokenizer
 
-    from ..config import ConfigError
+    from ..checkpoint.config import ConfigError
 
     try:
         Tokenizer.from_file(str(path))
@@ -47,7 +47,7 @@ def copy_tokenizer_files(src: Path, dst: Path) -> tuple[dict | None, str | None]
         try:
             config = json.loads((src / "tokenizer_config.json").read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            from ..config import ConfigError
+            from ..checkpoint.config import ConfigError
 
             raise ConfigError(f"{src / 'tokenizer_config.json'}: not valid JSON ({e})") from None
         template = config.get("chat_template")

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import re
 
-from ..config import ConfigError, MLAModelConfig
-from .weights import CheckpointReader
+from ..checkpoint.config import ConfigError, MLAModelConfig
+from ..checkpoint.reader import CheckpointReader
 
 __all__ = ["check_weights_hold"]
 

@@ -23,7 +23,7 @@ __all__ = ["TABLE_PATH", "table", "names", "op", "input_names", "ordered_inputs"
 TABLE_PATH = Path(__file__).resolve().parent / "table.json"
 
 # Ops the libraries once had and no longer run, with what replaces them (an export holding one
-# is refused by name: mla_export/contract.py).
+# is refused by name: mla_export/formats/contract.py).
 RETIRED = {"MlaPagedDecode": "MlaPagedAttention's decode form (one new token per sequence)"}
 
 

@@ -25,7 +25,7 @@ from typing import Sequence
 import numpy as np
 
 from . import batch_invariance
-from ..contract import Contract
+from ..formats.contract import Contract
 from .cache_layout import CacheLayout, get_kv_cache_shape
 from .metadata import MLAMetadata, MLAMetadataBuilder
 

@@ -33,8 +33,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..contract import Contract
-from .. import kernel_config
+from ..formats.contract import Contract
+from ..ops import kernel_config
 
 __all__ = ["ABSORBED", "problem", "pin_attention_form_openvino", "pinned_onnx_bytes"]
 

@@ -1,7 +1,7 @@
 """The latent cache's memory layout: what one layer's array looks like and how many blocks fit
 (with the indexer-key caches of a DeepSeek Sparse Attention model beside it).
 
-One C-contiguous array per layer in the contract's cache format (mla_export/kv_formats.py):
+One C-contiguous array per layer in the contract's cache format (mla_export/formats/kv_formats.py):
 [num_blocks, block_size, W] of a float format's dtype, or u8 [num_blocks, block_size, row bytes]
 for a quantised one. MLA caches one latent row per token shared by every head, so there is no head axis.
 The executor binds these very arrays to the graph, so they are never replaced, only written.
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import kv_formats
+from ..formats import kv_formats
 
 __all__ = ["CacheLayout", "cache_dtype", "get_kv_cache_shape"]
 

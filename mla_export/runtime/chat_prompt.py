@@ -1,5 +1,5 @@
 """A chat conversation -> prompt token ids, with the export's chat template (Hugging Face
-conventions, rendered by `mla_export.server.chat.ChatTemplate`), for `LLM.chat()` and
+conventions, rendered by `mla_export.runtime.chat_template.ChatTemplate`), for `LLM.chat()` and
 `mla-export generate --chat`. Needs jinja2 (a base dependency)."""
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class ChatPrompter:
 
     def __init__(self, engine, template: str | None = None):
         require("jinja2", "chat templates")
-        from ..server.chat import ChatTemplate, load_chat_template
+        from .chat_template import ChatTemplate, load_chat_template
 
         if engine.tokenizer is None:
             raise ValueError("this model directory has no tokenizer, so it cannot take chat messages")

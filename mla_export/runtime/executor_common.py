@@ -13,8 +13,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..contract import Contract
-from ..kv_formats import BF16
+from ..formats.contract import Contract
+from ..formats.kv_formats import BF16
 from .cache_layout import CacheLayout
 from .graph_feeds import graph_feeds
 from .metadata import METADATA_INPUTS, MetadataBuffers, MLAMetadata, MLAMetadataBuilder

@@ -29,10 +29,12 @@ from typing import Sequence
 
 import numpy as np
 
-from .. import ort_ops_path, ort_tensors
-from ..kernel_config import library_config
-from ..cache_binding import cache_binding
-from ..contract import Contract, ContractError
+from ..ops.libraries import ort_ops_path
+from ..ops import ort_tensors
+from ..ops.kernel_config import library_config
+from ..ops.cache_binding import cache_binding
+from ..formats.contract import Contract
+from ..formats.contract_error import ContractError
 from .batch_invariance import pinned_onnx_bytes
 from .executor_common import CacheNotInPlaceError, MLAExecutor, check_cache_bindings
 from .metadata import MLAMetadata

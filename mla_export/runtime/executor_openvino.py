@@ -10,7 +10,7 @@ writes each step into: a steady decode step copies nothing and rebinds nothing.
 That only holds when the plugin hands the op the caller's buffer. It silently makes a copy
 when the bound array's type differs from what the op consumes (a Convert is inserted: e.g. a
 bf16 input on a CPU without native bf16). So bf16 caches are bound as their raw bytes (see
-`mla_export/cache_binding.py`), and at start-up a sentinel step checks that a written row really
+`mla_export/ops/cache_binding.py`), and at start-up a sentinel step checks that a written row really
 appears in every layer's numpy array, and stops with a clear error if not.
 """
 
@@ -21,14 +21,15 @@ from typing import Sequence
 import numpy as np
 import openvino as ov
 
-from .. import ops, ov_core
-from ..ov_op_errors import checked_infer, step_check
-from ..cache_binding import cache_binding
-from ..ov_tensors import shared_tensor
-from ..contract import Contract
+from .. import ops
+from ..ops.libraries import ov_core
+from ..ops.ov_op_errors import checked_infer, step_check
+from ..ops.cache_binding import cache_binding
+from ..ops.ov_tensors import shared_tensor
+from ..formats.contract import Contract
 from .batch_invariance import pin_attention_form_openvino
 from .executor_common import CacheNotInPlaceError, MLAExecutor, check_cache_bindings
-from .memory_plan import check_fits
+from ..ops.memory_plan import check_fits
 from .metadata import MLAMetadata
 from .model_dir import graph_path
 from .qlinear_tiles import pack_qlinear_tiles

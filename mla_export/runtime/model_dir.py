@@ -1,12 +1,13 @@
 """An exported model directory, as the runtime needs it: the validated contract (see
-`mla_export.contract`) and the facts the engine reads from it."""
+`mla_export.formats.contract`) and the facts the engine reads from it."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..contract import Contract, ContractError, load_contract
+from ..formats.contract import Contract, load_contract
+from ..formats.contract_error import ContractError
 
 __all__ = ["ModelFacts", "load_model_dir", "graph_path"]
 
@@ -44,7 +45,7 @@ def graph_path(contract: Contract) -> Path:
 def load_model_dir(out_dir: str | Path, verify: str | None = None) -> tuple[Contract, ModelFacts]:
     """(contract, facts) of an `mla-export export` output directory; ContractError names the problem.
     verify: how the files are checked against their recorded digests (sampled | full | none;
-    default $MLA_EXPORT_VERIFY or sampled; mla_export/export_files.py)."""
+    default $MLA_EXPORT_VERIFY or sampled; mla_export/formats/export_files.py)."""
     out_dir = Path(out_dir)
     if not out_dir.is_dir():
         raise ContractError(f"{out_dir}: not a directory (expected the output of `mla-export export`)")

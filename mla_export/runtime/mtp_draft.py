@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import ort_ops_path
-from ..cache_binding import cache_binding
-from ..contract import Contract, ContractError
+from ..ops.libraries import ort_ops_path
+from ..ops.cache_binding import cache_binding
+from ..formats.contract import Contract
+from ..formats.contract_error import ContractError
 from .executor_common import check_cache_written_in_place, check_options
 from .graph_feeds import graph_feeds
 from .metadata import METADATA_INPUTS, MLAMetadata
@@ -86,8 +87,8 @@ class _OpenVINODraft:
                  num_threads):
         import openvino as ov
 
-        from .. import ov_core
-        from ..ov_tensors import shared_tensor
+        from ..ops.libraries import ov_core
+        from ..ops.ov_tensors import shared_tensor
         from .executor_openvino import match_moe_compute
 
         self._ov = ov
@@ -115,7 +116,7 @@ class _OpenVINODraft:
                                   max_positions=contract.model["max_position_embeddings"])
 
     def run(self, feeds: dict, hidden: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        from ..ov_op_errors import checked_infer, step_check
+        from ..ops.ov_op_errors import checked_infer, step_check
 
         if self._precheck is not None:
             step_check(feeds, **self._precheck)
@@ -134,7 +135,7 @@ class _OpenVINODraft:
 class _OrtDraft:
     def __init__(self, contract: Contract, cache_name: str, cache: np.ndarray, bound: np.ndarray, precision: str,
                  num_threads):
-        from .. import ort_tensors
+        from ..ops import ort_tensors
         from ..deps import require
 
         ort = require("onnxruntime", "the onnxruntime runtime")

@@ -19,7 +19,7 @@ private anonymous memory, written before compile and never after) and sets the o
 attribute to "tile16". Nothing is copied: resident memory stays the same. The op computes the
 same products in either layout (any layout on any CPU: a kernel of the 4-row layout rewrites a
 tile16 tile back first), so the choice is speed only. The kernel configuration's qlinear key
-(mla_export/kernel_config.py, `MLA_EXPORT_KERNELS=qlinear=rows4`) keeps the exported layout,
+(mla_export/ops/kernel_config.py, `MLA_EXPORT_KERNELS=qlinear=rows4`) keeps the exported layout,
 `qlinear=tile16` forces the rewrite (tests; slower where the CPU has no VNNI kernel for it).
 """
 
@@ -30,8 +30,8 @@ import mmap
 import numpy as np
 import openvino as ov
 
-from .. import kernel_config
-from ..weight_format import FORMATS, TILE16_ROWS
+from ..ops import kernel_config
+from ..formats.weight_format import FORMATS, TILE16_ROWS
 
 __all__ = ["rows4_to_tile16", "tile16_to_rows4", "want_tile16", "pack_qlinear_tiles"]
 

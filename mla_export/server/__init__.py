@@ -1,6 +1,6 @@
 """`mla-export serve`: an OpenAI-compatible HTTP server around one `LLMEngine`.
 
-`create_app(engine, model_name=...)` builds the Starlette app; `mla_export.commands.serve` runs
+`create_app(engine, model_name=...)` builds the Starlette app; `mla_export.cli.commands.serve` runs
 it on uvicorn. Imports starlette (and uvicorn in the command), never torch.
 """
 

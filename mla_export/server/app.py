@@ -28,7 +28,7 @@ from starlette.routing import Route
 
 from . import chat_tools
 from . import protocol as P
-from .chat import TemplateError
+from ..runtime.chat_template import TemplateError
 from .engine_client import ModelView
 from .engine_loop import EngineLoop
 from .generation import _Choice, _Detok, respond  # noqa: F401  (_Choice, _Detok: unit tests import them here)

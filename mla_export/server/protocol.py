@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .tool_request import ToolRequest, message_tool_fields, parse_tool_fields
+from .api_error import APIError, bad_request, error_body  # noqa: F401 (P.APIError is the handlers' spelling)
 
 __all__ = [
     "APIError",
@@ -42,32 +43,6 @@ __all__ = [
 
 MAX_N = 16
 MAX_STOP = 16
-
-
-class APIError(Exception):
-    """An error answered with an OpenAI-style body."""
-
-    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None, headers: dict | None = None):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type
-        self.param = param
-        self.code = code
-        self.headers = headers or {}
-
-    def body(self) -> dict:
-        return error_body(self.message, type=self.type, param=self.param, code=self.code)
-
-
-def error_body(message: str, *, type: str = "invalid_request_error", param: str | None = None,
-               code: str | None = None) -> dict:
-    return {"error": {"message": message, "type": type, "param": param, "code": code}}
-
-
-def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
-    return APIError(400, message, param=param, code=code)
 
 
 def new_id(prefix: str) -> str:
@@ -408,7 +383,7 @@ def _template_kwargs(body: dict) -> tuple[bool, dict]:
     renderer sets from other fields (messages, tools) or its own helpers is refused naming it;
     add_generation_prompt is merged with the top-level field (vLLM merges it, the top-level
     winning: here the two must agree when both are given, so neither is silently ignored)."""
-    from .chat import RENDERER_VARIABLES
+    from ..runtime.chat_template import RENDERER_VARIABLES
 
     given = "add_generation_prompt" in body and body["add_generation_prompt"] is not None
     agp = _get_bool(body, "add_generation_prompt", True)

@@ -20,7 +20,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from . import protocol as P
-from .chat import TemplateError
+from ..runtime.chat_template import TemplateError
 from .chat_tools import template_args
 
 __all__ = ["tokenize_routes"]
@@ -91,7 +91,7 @@ def tokenize_routes(st, *, check_auth, check_model, read_body) -> list[Route]:
         return await guarded(request, "/detokenize", build)
 
     async def version(request: Request) -> Response:
-        from .. import __version__
+        from ..version import __version__
 
         return JSONResponse({"version": __version__})
 

@@ -41,7 +41,7 @@ def memory_report(engine, precision: str) -> dict:
     kv = CacheLayout.of(engine.contract).block_bytes * engine.kv_cache.num_blocks
     weights = None
     try:
-        from mla_export.runtime.memory_plan import native_float_types, resident_weight_bytes
+        from mla_export.ops.memory_plan import native_float_types, resident_weight_bytes
         from mla_export.runtime.model_dir import graph_path
 
         path = graph_path(engine.contract)

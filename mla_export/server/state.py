@@ -12,7 +12,7 @@ import logging
 import time
 
 from . import protocol as P
-from .chat import ChatTemplate, load_chat_template
+from ..runtime.chat_template import ChatTemplate, load_chat_template
 from .engine_client import EngineClient, ModelView
 from .metrics import ServerMetrics
 from .chat_tools import marker_decoder

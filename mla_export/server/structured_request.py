@@ -19,7 +19,7 @@ from typing import Any
 
 from mla_export.runtime.structured_output import BACKENDS, StructuredOutputError, StructuredOutputsParams, grammar_of
 
-from .protocol import bad_request
+from .api_error import bad_request
 
 __all__ = ["parse_structured_outputs", "STRUCTURED_FIELDS"]
 

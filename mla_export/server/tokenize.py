@@ -41,7 +41,8 @@ def _ping() -> bool:
 
 
 def _parse_in_worker(raw) -> tuple:
-    from .protocol import APIError, parse_json_body
+    from .api_error import APIError
+    from .protocol import parse_json_body
 
     try:
         return "ok", parse_json_body(raw)

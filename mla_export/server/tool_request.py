@@ -25,7 +25,7 @@ TOOL_CHOICES = ("none", "auto", "required")
 
 
 def _bad(message: str, param: str):
-    from .protocol import bad_request
+    from .api_error import bad_request
 
     return bad_request(message, param)
 

@@ -93,9 +93,25 @@ def test_vllm_serve_aliases_map_to_the_native_options():
         _parse("serve", ["out/x", "--dtype", "half"])
 
 
-def test_serve_kv_cache_dtype_must_be_the_exports(capsys, tmp_path):
-    assert main(["serve", str(tmp_path), "--kv-cache-dtype", "fp8"]) == 2
-    assert "fixed at export" in capsys.readouterr().err
+def test_serve_kv_cache_dtype_must_be_a_cache_format(capsys, tmp_path):
+    assert main(["serve", str(tmp_path), "--kv-cache-dtype", "int3"]) == 2
+    err = capsys.readouterr().err
+    assert "--kv-cache-dtype int3: not a cache format" in err and "fixed at export" in err
+
+
+@pytest.mark.parametrize("value,name", [("auto", None), ("fp8", "fp8"), ("fp8_e4m3", "fp8"), ("fp8_e5m2", "e5m2"),
+                                        ("bfloat16", "bf16"), ("half", "f16"), ("int8", "int8")])
+def test_serve_kv_cache_dtype_takes_our_and_vllms_names(value, name):
+    from mla_export.cli.commands.serve import _kv_cache_dtype
+
+    assert _kv_cache_dtype(value) == name
+
+
+def test_serve_kv_cache_dtype_must_be_the_exports(capsys, exports):
+    """The tiny export's cache is f16: asking for fp8 is refused naming both (the cache is fixed at export)."""
+    assert main(["serve", str(exports.tiny()), "--kv-cache-dtype", "fp8_e4m3", "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "was exported with a f16 cache" in err and "--kv-dtype fp8" in err
 
 
 def test_llama_cpp_generate_aliases_map_to_the_native_options():

@@ -167,7 +167,8 @@ def _add_vllm_aliases(p) -> None:
     p.add_argument("--model", dest="model_opt", metavar="OUT_DIR", help="same as OUT_DIR (vLLM's older spelling)")
     p.add_argument("--dtype", dest="precision", type=dtype_arg, default=argparse.SUPPRESS, help="vLLM's name for --precision (auto = bf16)")
     p.add_argument("--kv-cache-dtype", default="auto",
-                   help="accepted when it is auto or the export's cache dtype (it is fixed at export: --kv-dtype)")
+                   help="accepted when it is auto or the export's cache format, in our names or vLLM's "
+                        "(fp8_e4m3, fp8_e5m2, bfloat16, ...); the cache is fixed at export: --kv-dtype")
     p.add_argument("--enable-prefix-caching", dest="no_prefix_caching", action="store_false", default=argparse.SUPPRESS,
                    help="the default (vLLM's spelling)")
     p.add_argument("--no-enable-prefix-caching", dest="no_prefix_caching", action="store_true", default=argparse.SUPPRESS,
@@ -179,7 +180,22 @@ def _add_vllm_aliases(p) -> None:
                         "or a directory holding a generation_config.json")
 
 
-_KV_DTYPES = {"auto": None, "bf16": "bf16", "bfloat16": "bf16", "f32": "f32", "float32": "f32", "float": "f32"}
+# vLLM's --kv-cache-dtype spellings of our cache formats (the registry's own names are accepted too).
+_KV_ALIASES = {"bfloat16": "bf16", "float32": "f32", "float": "f32", "float16": "f16", "half": "f16",
+               "fp8_e4m3": "fp8", "fp8_e5m2": "e5m2"}
+
+
+def _kv_cache_dtype(value: str) -> str | None:
+    """--kv-cache-dtype as a cache format name of the registry (None for auto), else ValueError."""
+    from mla_export.formats.kv_formats import KV_DTYPES
+
+    if value == "auto":
+        return None
+    name = _KV_ALIASES.get(value, value)
+    if name not in KV_DTYPES:
+        raise ValueError(f"--kv-cache-dtype {value}: not a cache format (auto, {', '.join(KV_DTYPES)} or vLLM's "
+                         f"{', '.join(_KV_ALIASES)}); the cache is fixed at export: `mla-export export --kv-dtype`")
+    return name
 
 
 def _check_aliases(args) -> str | None:
@@ -195,9 +211,10 @@ def _check_aliases(args) -> str | None:
         return hub_id_message(args.out_dir, "serve")
     if args.enable_auto_tool_choice and args.tool_call_parser is None:
         return "--enable-auto-tool-choice needs --tool-call-parser NAME (the model's tool-call format)"
-    if args.kv_cache_dtype not in _KV_DTYPES:
-        return (f"--kv-cache-dtype {args.kv_cache_dtype}: the cache is bf16 or f32, fixed at export: "
-                "re-export with `mla-export export --kv-dtype {bf16,f32}`")
+    try:
+        _kv_cache_dtype(args.kv_cache_dtype)
+    except ValueError as e:
+        return str(e)
     return None
 
 
@@ -262,7 +279,7 @@ def run(args) -> int:
     except (FileNotFoundError, ValueError) as e:
         print(f"mla-export serve: {e}", file=sys.stderr)
         return 2
-    want_kv = _KV_DTYPES[args.kv_cache_dtype]
+    want_kv = _kv_cache_dtype(args.kv_cache_dtype)
     if want_kv is not None and want_kv != engine.facts.cache_dtype:
         print(f"mla-export serve: --kv-cache-dtype {args.kv_cache_dtype}: {out_dir} was exported with a "
               f"{engine.facts.cache_dtype} cache; re-export with `mla-export export --kv-dtype {want_kv}`",

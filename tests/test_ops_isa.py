@@ -123,6 +123,31 @@ class TestEveryTable:
                 assert _rel(got, want) < TOL, (compute, rows)
 
 
+
+FP8_CODES = ["shift"] + (["lut"] if BF16_DOTS and cpu_has("avx512vbmi") else [])
+
+
+@pytest.mark.skipif(not BF16_DOTS, reason="the fp8 bf16 dots need AVX512-BF16")
+@pytest.mark.parametrize("fp8_codes", FP8_CODES)
+def test_fp8_bf16_dots_each_way_of_widening_codes(fp8_codes):
+    """compute="bf16" on fp8 codes below 16 rows, with the codes widened by shifts or by VBMI byte
+    lookups (fp8_codes): both give the bf16-rows reference (every code, the subnormal ones as 0,
+    groups of 32 and 128, 1..9 rows, one pass and two of 4 tokens) for MlaQLinear and MlaMoeExperts."""
+    from test_fp8_weights_op import _bf16_reference
+    from test_moe_experts_op import _run_openvino
+    from test_qlinear_op import _model
+
+    rng = np.random.default_rng(29)
+    with running(f"isa=avx512,amx=0,fp8_codes={fp8_codes}"):
+        for group, rows in [(128, 1), (32, 2), (128, 3), (128, 4), (32, 5), (128, 9)]:
+            w32 = (rng.standard_normal((64, 256)) * 0.1).astype(np.float32)
+            codes, scales, zp = fp8_operands(w32, group)
+            codes[:, :4] = np.arange(256, dtype=np.uint8).reshape(64, 4)  # every code somewhere
+            codes[(codes & 0x7F) == 0x7F] = 0  # no NaN codes
+            x = rng.standard_normal((rows, 256)).astype(np.float32)
+            got = _run_openvino(_model(256, 64, [codes, scales, zp], FP8_BITS, compute="bf16"), {"x": x})
+            assert _rel(got, _bf16_reference(x, [codes, scales, zp])) < TOL, (fp8_codes, group, rows)
+
 @pytest.mark.parametrize("spec", PATHS)
 def test_bf16_decode_rows_take_the_configured_engine(spec, rng):
     """compute="bf16" single-token rows: under decode_rows=f32 bit for bit the f32 result; under the
@@ -160,7 +185,9 @@ class TestSwitchboard:
         assert res.returncode == 0, res.stderr[-3000:]
         best = "avx512" if HAS["avx512"] else "avx2" if HAS["avx2"] else "generic"
         engine = "amx" if AMX else "bf16" if BF16_DOTS else "f32"
-        assert res.stdout.strip() == f"isa={best},amx={int(AMX)},decode_rows={engine},qlinear=auto", res.stdout
+        fp8 = "lut" if BF16_DOTS and cpu_has("avx512vbmi") else "shift"
+        assert res.stdout.strip() == f"isa={best},amx={int(AMX)},decode_rows={engine},qlinear=auto,fp8_codes={fp8}", \
+            res.stdout
 
     def test_the_variable_sets_the_configuration(self):
         """MLA_EXPORT_KERNELS, read at the first kernel call: the ops run what it names, and a bad
@@ -172,7 +199,7 @@ class TestSwitchboard:
         env = dict(os.environ, MLA_EXPORT_KERNELS="isa=generic, qlinear=rows4")
         res = subprocess.run([sys.executable, "-c", code], env=env, cwd=str(ROOT), capture_output=True, text=True)
         assert res.returncode == 0, res.stderr[-3000:]
-        assert res.stdout.strip().endswith("isa=generic,amx=0,decode_rows=f32,qlinear=rows4"), res.stdout
+        assert res.stdout.strip().endswith("isa=generic,amx=0,decode_rows=f32,qlinear=rows4,fp8_codes=shift"), res.stdout
         env["MLA_EXPORT_KERNELS"] = "isa=avx9000"
         res = subprocess.run([sys.executable, "-c", code], env=env, cwd=str(ROOT), capture_output=True, text=True)
         assert res.returncode != 0
@@ -226,7 +253,7 @@ def test_cpu_features_come_from_the_library():
     those the kernels use)."""
     features = kernel_config.cpu_features()
     assert features <= {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni",
-                        "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8"}
+                        "avx512_bf16", "avx512vbmi", "amx_tile", "amx_bf16", "amx_int8"}
     try:
         flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
     except (OSError, StopIteration):

@@ -44,6 +44,7 @@ CpuFeatures probe() {
     f.avx512vl = zmm && (l7.b >> 31 & 1);
     f.avx512_vnni = zmm && (l7.c >> 11 & 1);
     f.avx512_bf16 = zmm && (l71.a >> 5 & 1);
+    f.avx512_vbmi = zmm && (l7.c >> 1 & 1);
     f.amx_tile = tiles && (l7.d >> 24 & 1);
     f.amx_bf16 = f.amx_tile && (l7.d >> 22 & 1);
     f.amx_int8 = f.amx_tile && (l7.d >> 25 & 1);
@@ -57,7 +58,7 @@ std::string CpuFeatures::names() const {
     const std::pair<const char*, bool> all[] = {
         {"avx2", avx2}, {"fma", fma}, {"f16c", f16c}, {"avx512f", avx512f}, {"avx512bw", avx512bw},
         {"avx512vl", avx512vl}, {"avx512dq", avx512dq}, {"avx512_vnni", avx512_vnni},
-        {"avx512_bf16", avx512_bf16}, {"amx_tile", amx_tile}, {"amx_bf16", amx_bf16}, {"amx_int8", amx_int8}};
+        {"avx512_bf16", avx512_bf16}, {"avx512vbmi", avx512_vbmi}, {"amx_tile", amx_tile}, {"amx_bf16", amx_bf16}, {"amx_int8", amx_int8}};
     std::string s;
     for (const auto& [name, has] : all)
         if (has) s += (s.empty() ? "" : " ") + std::string(name);

@@ -14,6 +14,7 @@ struct CpuFeatures {
     bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false;  // the avx512 table
     bool avx512_vnni = false;  // int8 activations on the avx512 table (vpdpbusd)
     bool avx512_bf16 = false;  // bf16 dot products (vdpbf16ps): decode rows, fp8 codes on bf16 rows
+    bool avx512_vbmi = false;  // byte permutes (vpermi2b): fp8 codes widened by table lookups
     bool amx_tile = false, amx_bf16 = false, amx_int8 = false;  // the AMX units (the OS grant: amx_granted())
 
     bool has_avx2_table() const { return avx2 && fma && f16c; }

@@ -81,7 +81,7 @@ bool bf16_dots_built() {
 [[noreturn]] void refuse(const char* source, const std::string& what) { throw Error(std::string(source) + ": " + what); }
 
 KernelConfig resolve(const std::string& spec, const char* source) {
-    std::string isa = "auto", amx = "auto", decode = "auto", qlinear = "auto";
+    std::string isa = "auto", amx = "auto", decode = "auto", qlinear = "auto", fp8 = "auto";
     std::stringstream items(spec);
     std::string item;
     while (std::getline(items, item, ',')) {
@@ -92,8 +92,8 @@ KernelConfig resolve(const std::string& spec, const char* source) {
         if (eq == std::string::npos) refuse(source, "'" + item + "' is not key=value");
         const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
         std::string* slot = key == "isa" ? &isa : key == "amx" ? &amx : key == "decode_rows" ? &decode
-                            : key == "qlinear" ? &qlinear : nullptr;
-        if (!slot) refuse(source, "unknown key '" + key + "' (isa, amx, decode_rows, qlinear)");
+                            : key == "qlinear" ? &qlinear : key == "fp8_codes" ? &fp8 : nullptr;
+        if (!slot) refuse(source, "unknown key '" + key + "' (isa, amx, decode_rows, qlinear, fp8_codes)");
         *slot = value;
     }
     const CpuFeatures& cpu = cpu_features();
@@ -141,6 +141,18 @@ KernelConfig resolve(const std::string& spec, const char* source) {
     else if (qlinear == "rows4") c.qlinear = QLinearLayout::rows4;
     else if (qlinear == "tile16") c.qlinear = QLinearLayout::tile16;
     else refuse(source, "qlinear=" + qlinear + ": not one of auto, rows4, tile16");
+
+    const bool lut_here = dots_here && cpu.avx512_vbmi;
+    if (fp8 == "auto") c.fp8_lut = lut_here;
+    else if (fp8 == "shift") c.fp8_lut = false;
+    else if (fp8 == "lut") {
+        if (!lut_here)
+            refuse(source, "fp8_codes=lut: VBMI lookups in the bf16 dots cannot run here (needs AVX512-BF16 and "
+                           "AVX512-VBMI in the build and CPU, and isa avx512; CPU: " + cpu.names() + ")");
+        c.fp8_lut = true;
+    } else {
+        refuse(source, "fp8_codes=" + fp8 + ": not one of auto, shift, lut");
+    }
     return c;
 }
 
@@ -207,7 +219,7 @@ std::string describe(const KernelConfig& c) {
     static const char* const kLayout[] = {"auto", "rows4", "tile16"};
     return std::string("isa=") + c.f32->name + ",amx=" + (c.amx_bf16 || c.amx_int8 ? "1" : "0") +
            ",decode_rows=" + kDecode[static_cast<int>(c.decode_rows)] + ",qlinear=" +
-           kLayout[static_cast<int>(c.qlinear)];
+           kLayout[static_cast<int>(c.qlinear)] + ",fp8_codes=" + (c.fp8_lut ? "lut" : "shift");
 }
 
 }  // namespace mla

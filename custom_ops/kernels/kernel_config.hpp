@@ -16,6 +16,9 @@
 //   qlinear=auto|rows4|tile16           MlaQLinear's int8 layout the runtime rewrites codes into
 //                                       (read by Python's qlinear_tiles.py; auto: tile16 on VNNI
 //                                       CPUs under a bf16 hint)
+//   fp8_codes=auto|shift|lut            how the fp8 bf16 dots widen e4m3 codes to bf16: bit shifts
+//                                       (any AVX512-BF16 CPU) or AVX512-VBMI byte-table lookups
+//                                       (fewer instructions a weight; auto: lut where the CPU has VBMI)
 //
 // e.g. MLA_EXPORT_KERNELS="isa=avx2" or "amx=0,decode_rows=f32". Asking for what this build or CPU
 // cannot run is an error naming the key, never a silent fallback (a test or benchmark that asked
@@ -39,6 +42,7 @@ struct KernelConfig {
     bool amx_bf16, amx_int8;   // AMX tiles allowed: CPU unit, the OS grant, the avx512 table, amx != 0
     DecodeRowsEngine decode_rows;
     QLinearLayout qlinear;
+    bool fp8_lut;              // fp8 codes widened by VBMI byte lookups in the bf16 dots (else shifts)
 };
 
 // The configuration every kernel call uses (resolved from MLA_EXPORT_KERNELS at the first call;

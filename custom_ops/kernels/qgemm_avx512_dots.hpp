@@ -86,11 +86,71 @@ void qdot_fp8(int64_t K, int64_t group, const float* const* x, const float* cons
 #define MLA_QGEMM_QDOT_FP8 {qdot_fp8<1>, qdot_fp8<2>, qdot_fp8<3>, qdot_fp8<4>}
 
 #if defined(__AVX512BF16__)
+// fp8_codes=lut (kernel_config.hpp): e4m3 codes widened to bf16 by two AVX512-VBMI byte lookups a
+// 64-byte line (the high and the low byte of each bf16, from 128-entry tables indexed by the code's
+// 7 bits below the sign; the sign ORed into the high byte), then interleaved into words per
+// 128-bit lane: a line holds 16 codes of each of the block's 4 rows, one row a lane, so the two
+// unpacks give each lane its row's codes k..k+7 and k+8..k+15, dotted with the activations k..k+7
+// and k+8..k+15 broadcast to all four lanes. 7 instructions widen 64 codes where the shifts take
+// ~18, and each lane accumulates its own row, so 4 rows x M tokens need M accumulators. The tables
+// hold exactly what e4m3_to_bf16x32 computes (exponent 0, the subnormal codes and zero: signed zero).
+struct E4m3Bf16Bytes {
+    alignas(64) uint8_t hi[128], lo[128];
+    E4m3Bf16Bytes() {
+        for (int c = 0; c < 128; ++c) {
+            const int u = c << 4;
+            const uint16_t v = (c & 0x78) ? static_cast<uint16_t>((u & 0x7F0) + (120 << 7)) : 0;
+            hi[c] = static_cast<uint8_t>(v >> 8);
+            lo[c] = static_cast<uint8_t>(v & 0xFF);
+        }
+    }
+};
+
+template <int M>
+__attribute__((target("avx512vbmi"))) void qdot_fp8_bf16_lut(int64_t K, int64_t group, const uint16_t* const* x,
+                                                             const QBlock& blk, float* out, int64_t ldo) {
+    static const E4m3Bf16Bytes tables;
+    const __m512i hi0 = _mm512_load_si512(tables.hi), hi1 = _mm512_load_si512(tables.hi + 64);
+    const __m512i lo0 = _mm512_load_si512(tables.lo), lo1 = _mm512_load_si512(tables.lo + 64);
+    const __m512i sign = _mm512_set1_epi8(static_cast<char>(0x80));
+    const __m512i lane_of = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    __m512 tot[M];
+    for (int t = 0; t < M; ++t) tot[t] = _mm512_setzero_ps();
+    const int64_t groups = K / group;
+    for (int64_t g = 0; g < groups; ++g) {
+        __m512 acc[M];
+        for (int t = 0; t < M; ++t) acc[t] = _mm512_setzero_ps();
+        for (int64_t k = g * group; k < (g + 1) * group; k += 16) {
+            const __m512i c = _mm512_loadu_si512(blk.q + (k / 16) * 64);
+            const __m512i h = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(hi0, c, hi1), c, sign, 0xF8);
+            const __m512i l = _mm512_permutex2var_epi8(lo0, c, lo1);
+            const __m512i wa = _mm512_unpacklo_epi8(l, h), wb = _mm512_unpackhi_epi8(l, h);
+            for (int t = 0; t < M; ++t) {
+                const __m512i xa = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[t] + k)));
+                const __m512i xb = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[t] + k + 8)));
+                acc[t] = _mm512_dpbf16_ps(acc[t], (__m512bh)wa, (__m512bh)xa);
+                acc[t] = _mm512_dpbf16_ps(acc[t], (__m512bh)wb, (__m512bh)xb);
+            }
+        }
+        const __m128 s4 = _mm_setr_ps(blk.s[0][g], blk.s[1][g], blk.s[2][g], blk.s[3][g]);
+        const __m512 s = _mm512_permutexvar_ps(lane_of, _mm512_castps128_ps512(s4));  // lane r: row r's scale
+        for (int t = 0; t < M; ++t) tot[t] = _mm512_fmadd_ps(acc[t], s, tot[t]);
+    }
+    const __m512i firsts = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+    for (int t = 0; t < M; ++t) {
+        __m512 v = _mm512_add_ps(tot[t], _mm512_permute_ps(tot[t], 0xB1));  // within each lane: pairs
+        v = _mm512_add_ps(v, _mm512_permute_ps(v, 0x4E));                  // then halves: the lane's sum
+        _mm_storeu_ps(out + t * ldo, _mm512_castps512_ps128(_mm512_permutexvar_ps(firsts, v)));  // rows 0..3
+    }
+}
+
 // QgemmIsa::qdot_fp8_bf16: 32 inputs a step, a row's two 16-code chunks (k and k + 16: one 64-byte line
 // apart) made one vector of 32 bf16 weights (e4m3_to_bf16x32). Half the instructions a weight of
-// the f16 route (qdot_fp8), which is what bounds it at 1-2 tokens.
+// the f16 route (qdot_fp8), which is what bounds it at 1-2 tokens. Under fp8_codes=lut the VBMI
+// lookups above instead.
 template <int M>
 void qdot_fp8_bf16(int64_t K, int64_t group, const uint16_t* const* x, const QBlock& blk, float* out, int64_t ldo) {
+    if (kernels().fp8_lut) return qdot_fp8_bf16_lut<M>(K, group, x, blk, out, ldo);
     static const bool intel = __builtin_cpu_is("intel");
     const bool prefetch = intel && M <= 2;
     __m512 tot[4][M];

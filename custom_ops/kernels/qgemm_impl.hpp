@@ -14,6 +14,7 @@
 #include "qgemm.hpp"
 #if defined(__AVX512BF16__)
 #include "fp8_bf16.hpp"
+#include "kernel_config.hpp"  // fp8_codes: the bf16 dots' way of widening e4m3 codes
 #endif
 
 namespace mla {

@@ -26,16 +26,18 @@ class KernelConfig:
     amx: bool
     decode_rows: str  # "f32" | "bf16" | "amx"
     qlinear: str  # "auto" | "rows4" | "tile16"
+    fp8_codes: str  # "shift" | "lut": how the fp8 bf16 dots widen e4m3 codes
 
     @property
     def spec(self) -> str:
         """This configuration in MLA_EXPORT_KERNELS' grammar."""
-        return f"isa={self.isa},amx={int(self.amx)},decode_rows={self.decode_rows},qlinear={self.qlinear}"
+        return (f"isa={self.isa},amx={int(self.amx)},decode_rows={self.decode_rows},qlinear={self.qlinear},"
+                f"fp8_codes={self.fp8_codes}")
 
 
 def _parse(text: str) -> KernelConfig:
     items = dict(item.split("=", 1) for item in text.split(","))
-    return KernelConfig(items["isa"], items["amx"] == "1", items["decode_rows"], items["qlinear"])
+    return KernelConfig(items["isa"], items["amx"] == "1", items["decode_rows"], items["qlinear"], items["fp8_codes"])
 
 
 def _call(fn, spec: str | None) -> KernelConfig:

@@ -183,4 +183,5 @@ void qdot_fp8_bf16(int64_t K, int64_t group, const uint16_t* const* x, const QBl
         for (int r = 0; r < 4; ++r) out[t * ldo + r] = _mm512_reduce_add_ps(tot[r][t]);
 }
 #define MLA_QGEMM_FP8_BF16 {qdot_fp8_bf16<1>, qdot_fp8_bf16<2>, qdot_fp8_bf16<3>, qdot_fp8_bf16<4>}
+#define MLA_QGEMM_FP8_BF16_LUT8 qdot_fp8_bf16_lut<8>
 #endif

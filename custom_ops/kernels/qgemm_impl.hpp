@@ -268,6 +268,9 @@ void fdot(int64_t k0, int64_t kb, const float* const* a, const float* w, float* 
 #ifndef MLA_QGEMM_FP8_BF16
 #define MLA_QGEMM_FP8_BF16 {}
 #endif
+#ifndef MLA_QGEMM_FP8_BF16_LUT8
+#define MLA_QGEMM_FP8_BF16_LUT8 nullptr
+#endif
 
 
 }  // namespace
@@ -282,6 +285,7 @@ const QgemmIsa MLA_QGEMM_TABLE = {
     MLA_QGEMM_Q8_QUANTIZE,
     MLA_QGEMM_Q8_T16,
     MLA_QGEMM_FP8_BF16,
+    MLA_QGEMM_FP8_BF16_LUT8,
 };
 
 }  // namespace MLA_QGEMM_NS

@@ -30,7 +30,8 @@ def tiny_exports(tmp_path_factory):
     made = {}
     for tag, extra in (("bf16", ["--weight-format", "bf16"]), ("int8", ["--weight-format", "int8"]),
                        ("int4", ["--weight-format", "int4"]),
-                       ("int4-all-g32", ["--weight-format", "int4", "--all-layers", "--group-size", "32"])):
+                       ("int4-all-g32", ["--weight-format", "int4", "--all-layers", "--group-size", "32"]),
+                       ("fp8", ["--weight-format", "fp8"])):
         out = root / tag
         assert main(["export", "--preset", "tiny", "-o", str(out), "-q", *extra]) == 0
         made[tag] = out
@@ -90,7 +91,7 @@ class TestOurBytesPerToken:
     """export_bytes_per_token works from config.json and the contract only; the IR's constants say
     what the export really stores."""
 
-    @pytest.mark.parametrize("tag", ["bf16", "int8", "int4", "int4-all-g32"])
+    @pytest.mark.parametrize("tag", ["bf16", "int8", "int4", "int4-all-g32", "fp8"])
     def test_matches_the_constants_the_ir_stores(self, tiny_exports, tag):
         got = export_bytes_per_token(tiny_exports[tag])
         assert got["bytes"] == pytest.approx(ir_hand_count(tiny_exports[tag]), abs=1)

@@ -26,6 +26,7 @@ import struct
 from pathlib import Path
 
 from ..checkpoint.config import ConfigError, MLAModelConfig
+from ..formats.weight_format import by_name
 
 FLOAT_BYTES = {"f32": 4, "bf16": 2, "f16": 2}
 FAMILIES = ("deepseek_v2", "deepseek_v3")  # the layer layout counted below (no indexer, no identity experts)
@@ -42,15 +43,22 @@ def _pick_group(n_in: int, requested: int) -> int:
     return pick_group(n_in, requested)
 
 
+FP8_BITS = by_name("fp8").bits  # the ops' `bits` value for e4m3 codes
+
+
+def _fp8_group(n_in: int) -> int | None:
+    from ..export.quantize import fp8_group
+
+    return fp8_group(n_in)
+
+
 class _Layout:
     """Bytes of one stored weight [rows, cols] in the export's format."""
 
     def __init__(self, export: dict):
         self.fmt = export.get("weight_format")
         self.float_dtype = export.get("weight_dtype")
-        if self.fmt in ("fp8",):
-            raise Unknown("fp8 exports: their code layout is not counted yet")
-        if self.fmt not in ("f32", "bf16", "f16", "int8", "int4"):
+        if self.fmt not in ("f32", "bf16", "f16", "int8", "int4", "fp8"):
             raise Unknown(f"weight format {self.fmt!r} is not one this count knows")
         if self.float_dtype not in FLOAT_BYTES:
             raise Unknown(f"float weight dtype {self.float_dtype!r} is not one this count knows")
@@ -63,8 +71,11 @@ class _Layout:
         self.used_groups: set[int] = set()
 
     def bits(self, kind: str) -> int | None:
+        """As WeightFormat.bits: 8, 4, FP8_BITS (fp8 codes: matmul weights only) or None (float)."""
         if self.fmt == "int8":
             return 8
+        if self.fmt == "fp8":
+            return FP8_BITS if kind == "matmul" else 8
         if self.fmt == "int4":
             return 8 if kind in ("embedding", "head") and not self.all_layers else 4
         return None
@@ -82,7 +93,7 @@ class _Layout:
     def plain(self, rows: int, cols: int, kind: str = "matmul") -> float:
         """GraphBuilder.weight: float as stored, or codes + zero points + f16 scales."""
         bits = self.bits(kind)
-        if bits is None:
+        if bits is None or bits == FP8_BITS:  # fp8 codes are read by our ops only: float elsewhere
             return self.float_bytes(rows * cols)
         g = self._group(bits, cols)
         if bits == 8:  # u8 codes, u8 zp and f16 scale per row
@@ -92,12 +103,17 @@ class _Layout:
 
     def qlinear_ok(self, rows: int, cols: int, bits: int | None) -> bool:
         """qlinear.qlinear_problem: MlaQLinear holds it (else the plain form)."""
-        if bits not in (4, 8) or rows % 32 or cols % 32:
+        if bits not in (4, 8, FP8_BITS) or rows % 32 or cols % 32:
             return False
+        if bits == FP8_BITS:
+            return _fp8_group(cols) is not None
         return bits == 8 or _pick_group(cols, self.group_size) % 32 == 0
 
     def codes_f32_scales(self, rows: int, cols: int, bits: int) -> float:
-        """MlaQLinear / fused-MoE operands: codes, f32 scale and u8 zero point per group."""
+        """MlaQLinear / fused-MoE operands: codes, f32 scale and u8 zero point per group (fp8: one
+        byte a code, groups of the checkpoint's block width or quantize.fp8_group's 128)."""
+        if bits == FP8_BITS:
+            return rows * (cols + 5 * (cols // _fp8_group(cols)))
         g = self._group(bits, cols)
         return rows * (cols * bits / 8 + 5 * (cols // g))
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
-__all__ = ["CacheFormat", "FORMATS", "KV_DTYPES", "QUANTISED", "FLOAT_FORMATS", "cache_format", "scale_groups",
+__all__ = ["CacheFormat", "FORMATS", "KV_DTYPES", "VLLM_NAMES", "QUANTISED", "FLOAT_FORMATS", "cache_format", "scale_groups",
            "row_bytes", "bytes_per_value", "storage_dtype", "allocate", "graph_width", "kv_dtype_of",
            "quantise_rows", "dequantise_rows", "encode_rows", "decode_rows", "describe"]
 
@@ -93,6 +93,10 @@ FORMATS = _formats(
 KV_DTYPES = tuple(FORMATS)
 QUANTISED = tuple(n for n, f in FORMATS.items() if f.quantised)
 FLOAT_FORMATS = tuple(n for n, f in FORMATS.items() if not f.quantised)
+# vLLM's --kv-cache-dtype spellings of these formats (`mla-export serve` takes both).
+VLLM_NAMES = {"bfloat16": "bf16", "float32": "f32", "float": "f32", "float16": "f16", "half": "f16",
+              "fp8_e4m3": "fp8", "fp8_e5m2": "e5m2"}
+assert set(VLLM_NAMES.values()) <= set(FORMATS)
 
 
 def cache_format(kv_dtype: str) -> CacheFormat:

@@ -180,21 +180,16 @@ def _add_vllm_aliases(p) -> None:
                         "or a directory holding a generation_config.json")
 
 
-# vLLM's --kv-cache-dtype spellings of our cache formats (the registry's own names are accepted too).
-_KV_ALIASES = {"bfloat16": "bf16", "float32": "f32", "float": "f32", "float16": "f16", "half": "f16",
-               "fp8_e4m3": "fp8", "fp8_e5m2": "e5m2"}
-
-
 def _kv_cache_dtype(value: str) -> str | None:
     """--kv-cache-dtype as a cache format name of the registry (None for auto), else ValueError."""
-    from mla_export.formats.kv_formats import KV_DTYPES
+    from mla_export.formats.kv_formats import KV_DTYPES, VLLM_NAMES
 
     if value == "auto":
         return None
-    name = _KV_ALIASES.get(value, value)
+    name = VLLM_NAMES.get(value, value)
     if name not in KV_DTYPES:
         raise ValueError(f"--kv-cache-dtype {value}: not a cache format (auto, {', '.join(KV_DTYPES)} or vLLM's "
-                         f"{', '.join(_KV_ALIASES)}); the cache is fixed at export: `mla-export export --kv-dtype`")
+                         f"{', '.join(VLLM_NAMES)}); the cache is fixed at export: `mla-export export --kv-dtype`")
     return name
 
 

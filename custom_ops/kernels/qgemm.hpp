@@ -91,11 +91,11 @@ struct QgemmIsa {
     // scale. [M - 1]; null where not compiled (qmode_fp8 checks the CPU).
     void (*qdot_fp8_bf16[4])(int64_t K, int64_t group, const uint16_t* const* x, const QBlock& blk, float* out,
                              int64_t ldo);
-    // The same for 8 rows in one pass, under fp8_codes=lut only (its one accumulator a token leaves
-    // room for 8; the shifts' four a token would spill): each code widened once for 8 tokens. Null
-    // where not compiled.
-    void (*qdot_fp8_bf16_lut8)(int64_t K, int64_t group, const uint16_t* const* x, const QBlock& blk, float* out,
-                               int64_t ldo);
+    // The same with the codes widened by AVX512-VBMI byte lookups (fp8_codes=lut, kernel_config.hpp),
+    // up to 8 rows a pass (its one accumulator a token leaves room for 8; the shifts' four a token
+    // would spill). [M - 1]; null where not compiled (kernel_config checks the CPU).
+    void (*qdot_fp8_bf16_lut[8])(int64_t K, int64_t group, const uint16_t* const* x, const QBlock& blk, float* out,
+                                 int64_t ldo);
 };
 
 }  // namespace mla

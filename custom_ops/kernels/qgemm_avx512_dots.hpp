@@ -147,10 +147,9 @@ __attribute__((target("avx512vbmi"))) void qdot_fp8_bf16_lut(int64_t K, int64_t 
 // QgemmIsa::qdot_fp8_bf16: 32 inputs a step, a row's two 16-code chunks (k and k + 16: one 64-byte line
 // apart) made one vector of 32 bf16 weights (e4m3_to_bf16x32). Half the instructions a weight of
 // the f16 route (qdot_fp8), which is what bounds it at 1-2 tokens. Under fp8_codes=lut the VBMI
-// lookups above instead.
+// lookups above instead (their own table entries: qtile picks them).
 template <int M>
 void qdot_fp8_bf16(int64_t K, int64_t group, const uint16_t* const* x, const QBlock& blk, float* out, int64_t ldo) {
-    if (kernels().fp8_lut) return qdot_fp8_bf16_lut<M>(K, group, x, blk, out, ldo);
     static const bool intel = __builtin_cpu_is("intel");
     const bool prefetch = intel && M <= 2;
     __m512 tot[4][M];
@@ -183,5 +182,6 @@ void qdot_fp8_bf16(int64_t K, int64_t group, const uint16_t* const* x, const QBl
         for (int r = 0; r < 4; ++r) out[t * ldo + r] = _mm512_reduce_add_ps(tot[r][t]);
 }
 #define MLA_QGEMM_FP8_BF16 {qdot_fp8_bf16<1>, qdot_fp8_bf16<2>, qdot_fp8_bf16<3>, qdot_fp8_bf16<4>}
-#define MLA_QGEMM_FP8_BF16_LUT8 qdot_fp8_bf16_lut<8>
+#define MLA_QGEMM_FP8_BF16_LUT {qdot_fp8_bf16_lut<1>, qdot_fp8_bf16_lut<2>, qdot_fp8_bf16_lut<3>, qdot_fp8_bf16_lut<4>, \
+                                qdot_fp8_bf16_lut<5>, qdot_fp8_bf16_lut<6>, qdot_fp8_bf16_lut<7>, qdot_fp8_bf16_lut<8>}
 #endif

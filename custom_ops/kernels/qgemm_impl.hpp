@@ -14,7 +14,6 @@
 #include "qgemm.hpp"
 #if defined(__AVX512BF16__)
 #include "fp8_bf16.hpp"
-#include "kernel_config.hpp"  // fp8_codes: the bf16 dots' way of widening e4m3 codes
 #endif
 
 namespace mla {
@@ -268,8 +267,8 @@ void fdot(int64_t k0, int64_t kb, const float* const* a, const float* w, float* 
 #ifndef MLA_QGEMM_FP8_BF16
 #define MLA_QGEMM_FP8_BF16 {}
 #endif
-#ifndef MLA_QGEMM_FP8_BF16_LUT8
-#define MLA_QGEMM_FP8_BF16_LUT8 nullptr
+#ifndef MLA_QGEMM_FP8_BF16_LUT
+#define MLA_QGEMM_FP8_BF16_LUT {}
 #endif
 
 
@@ -285,7 +284,7 @@ const QgemmIsa MLA_QGEMM_TABLE = {
     MLA_QGEMM_Q8_QUANTIZE,
     MLA_QGEMM_Q8_T16,
     MLA_QGEMM_FP8_BF16,
-    MLA_QGEMM_FP8_BF16_LUT8,
+    MLA_QGEMM_FP8_BF16_LUT,
 };
 
 }  // namespace MLA_QGEMM_NS

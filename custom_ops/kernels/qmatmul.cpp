@@ -198,19 +198,15 @@ void qtile(const QgemmIsa& isa, int bi, const QActs& acts, const int64_t* rows, 
         if (acts.has_bf16()) {  // fp8 codes on bf16 rows
             s.b.resize(m);
             for (int64_t t = 0; t < m; ++t) s.b[t] = acts.bf16(rows[t]);
-            // 8 tokens a pass where the codes are widened by lookups (each code widened once for 8)
-            const bool lut8 = kernels().fp8_lut && isa.qdot_fp8_bf16_lut8 != nullptr;
+            // the codes widened by lookups (fp8_codes=lut), 8 tokens a pass, each code widened once
+            // for them; else by shifts, 4 a pass
+            const bool lut = kernels().fp8_lut && isa.qdot_fp8_bf16_lut[0] != nullptr;
+            const int64_t step = lut ? 8 : 4;
             for (int64_t r0 = 0; r0 < kTileRows; r0 += 4)
-                for (int64_t t0 = 0; t0 < m;) {
-                    float* out = c + t0 * kTileRows + r0;
-                    if (lut8 && m - t0 >= 8) {
-                        isa.qdot_fp8_bf16_lut8(K, group, s.b.data() + t0, blocks[r0 / 4], out, kTileRows);
-                        t0 += 8;
-                        continue;
-                    }
-                    const int64_t mt = std::min<int64_t>(4, m - t0);
-                    isa.qdot_fp8_bf16[mt - 1](K, group, s.b.data() + t0, blocks[r0 / 4], out, kTileRows);
-                    t0 += mt;
+                for (int64_t t0 = 0; t0 < m; t0 += step) {
+                    const int64_t mt = std::min<int64_t>(step, m - t0);
+                    (lut ? isa.qdot_fp8_bf16_lut : isa.qdot_fp8_bf16)[mt - 1](
+                        K, group, s.b.data() + t0, blocks[r0 / 4], c + t0 * kTileRows + r0, kTileRows);
                 }
             return;
         }

@@ -97,34 +97,31 @@ def test_rounding_ties_zero_and_non_finite_rows(ops, kv):
 @pytest.mark.parametrize("ops", RUNTIMES)
 def test_every_e4m3_code_reads_exactly(ops):
     """A one-token sequence's decode output is its row's latent values: all 254 finite codes."""
-    r, dr = 256, 8
     codes = np.arange(256, dtype=np.uint8)
     codes[[0x7f, 0xff]] = 0  # the NaN codes are never written
-    scale = np.float32(0.75)
-    row = np.concatenate([codes, np.frombuffer(scale.tobytes(), np.uint8),
-                          np.zeros(dr, ml_dtypes.bfloat16).view(np.uint8)])
-    cache = np.ascontiguousarray(row[None, None, :])
-    q = np.zeros((1, 1, r + dr), np.float32)
-    out = ops.paged_decode(q, cache, np.zeros((1, 1), np.int32), np.ones(1, np.int32), 1.0, kv_lora_rank=r,
-                           kv_dtype="fp8")
-    expected = codes.view(ml_dtypes.float8_e4m3fn).astype(np.float64) * 0.75
-    np.testing.assert_array_equal(out[0, 0].astype(np.float64), expected)
+    _decode_reads_codes_exactly(ops, "fp8", codes, ml_dtypes.float8_e4m3fn)
 
 
 @pytest.mark.parametrize("ops", RUNTIMES)
 def test_every_e5m2_code_reads_exactly(ops):
     """The same for e5m2: all 248 finite codes (0x7c..0x7f and 0xfc..0xff are inf / NaN, never written)."""
-    r, dr = 256, 8
     codes = np.arange(256, dtype=np.uint8)
     codes[(codes & 0x7f) >= 0x7c] = 0
+    _decode_reads_codes_exactly(ops, "e5m2", codes, ml_dtypes.float8_e5m2)
+
+
+def _decode_reads_codes_exactly(ops, kv_dtype: str, codes: np.ndarray, code_dtype) -> None:
+    """One cache row of the 256 codes with row scale 0.75 and a zero k_pe, read by a one-token
+    decode whose output is exactly the row's latent values."""
+    r, dr = 256, 8
     scale = np.float32(0.75)
     row = np.concatenate([codes, np.frombuffer(scale.tobytes(), np.uint8),
                           np.zeros(dr, ml_dtypes.bfloat16).view(np.uint8)])
     cache = np.ascontiguousarray(row[None, None, :])
     q = np.zeros((1, 1, r + dr), np.float32)
     out = ops.paged_decode(q, cache, np.zeros((1, 1), np.int32), np.ones(1, np.int32), 1.0, kv_lora_rank=r,
-                           kv_dtype="e5m2")
-    expected = codes.view(ml_dtypes.float8_e5m2).astype(np.float64) * 0.75
+                           kv_dtype=kv_dtype)
+    expected = codes.view(code_dtype).astype(np.float64) * 0.75
     np.testing.assert_array_equal(out[0, 0].astype(np.float64), expected)
 
 

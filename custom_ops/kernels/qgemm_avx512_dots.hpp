@@ -94,6 +94,11 @@ void qdot_fp8(int64_t K, int64_t group, const float* const* x, const float* cons
 // and k+8..k+15 broadcast to all four lanes. 7 instructions widen 64 codes where the shifts take
 // ~18, and each lane accumulates its own row, so 4 rows x M tokens need M accumulators. The tables
 // hold exactly what e4m3_to_bf16x32 computes (exponent 0, the subnormal codes and zero: signed zero).
+// From 3 tokens the codes are prefetched 32 KB ahead, as the int8 dots do (qgemm_vnni_q8.hpp): the
+// widening and 2M dots a line are slow enough that the hardware prefetcher alone lets the line's
+// load stall (perf on the Zen 4: the instruction after the load held 14% of the op's samples);
+// measured on one 21888 x 2048 MlaQLinear, 8 rows, 2 threads (fp8 against int8, alternated):
+// 1.87x int8's time without, 1.39-1.48x with (2 to 64 KB ahead alike).
 struct E4m3Bf16Bytes {
     alignas(64) uint8_t hi[128], lo[128];
     E4m3Bf16Bytes() {
@@ -110,6 +115,7 @@ template <int M>
 __attribute__((target("avx512vbmi"))) void qdot_fp8_bf16_lut(int64_t K, int64_t group, const uint16_t* const* x,
                                                              const QBlock& blk, float* out, int64_t ldo) {
     static const E4m3Bf16Bytes tables;
+    constexpr int64_t kPrefetch = 32768;  // bytes ahead, from 3 tokens
     const __m512i hi0 = _mm512_load_si512(tables.hi), hi1 = _mm512_load_si512(tables.hi + 64);
     const __m512i lo0 = _mm512_load_si512(tables.lo), lo1 = _mm512_load_si512(tables.lo + 64);
     const __m512i sign = _mm512_set1_epi8(static_cast<char>(0x80));
@@ -121,6 +127,7 @@ __attribute__((target("avx512vbmi"))) void qdot_fp8_bf16_lut(int64_t K, int64_t 
         __m512 acc[M];
         for (int t = 0; t < M; ++t) acc[t] = _mm512_setzero_ps();
         for (int64_t k = g * group; k < (g + 1) * group; k += 16) {
+            if (M >= 3) _mm_prefetch(reinterpret_cast<const char*>(blk.q + (k / 16) * 64 + kPrefetch), _MM_HINT_T0);
             const __m512i c = _mm512_loadu_si512(blk.q + (k / 16) * 64);
             const __m512i h = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(hi0, c, hi1), c, sign, 0xF8);
             const __m512i l = _mm512_permutex2var_epi8(lo0, c, lo1);

@@ -41,9 +41,11 @@ def _bf16_dots() -> bool:
 
 def _bf16_path(rows: int) -> bool:
     """Whether compute="bf16" runs `rows` rows of x on bf16 activations here: bf16 dots below 16
-    rows, AMX-BF16 tiles from 8 (where the CPU and OS have them), else f32 panels."""
+    rows, at every row count when the codes are widened by VBMI lookups (fp8_codes=lut), AMX-BF16
+    tiles from 8 (where the CPU and OS have them), else f32 panels."""
     amx = _bf16_dots() and kernel_config.config().amx
-    return (rows < BF16_DOT_ROWS and _bf16_dots()) or (rows >= 8 and amx)
+    lut = _bf16_dots() and kernel_config.config().fp8_codes == "lut"
+    return ((rows < BF16_DOT_ROWS or lut) and _bf16_dots()) or (rows >= 8 and amx)
 
 
 def _bf16_reference(x, weights):

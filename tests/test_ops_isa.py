@@ -106,19 +106,18 @@ class TestEveryTable:
 
     def test_qlinear_fp8(self, isa, rng):
         """fp8 codes, f32 and compute="bf16", few rows and many: f32-exact in every table (the bf16
-        rows' reference where they run on bf16 activations: AVX512_BF16 dots below 16 rows)."""
-        from test_fp8_weights_op import BF16_DOT_ROWS, _bf16_reference
+        rows' reference where they run on bf16 activations: test_fp8_weights_op._bf16_path)."""
+        from test_fp8_weights_op import _bf16_path, _bf16_reference
         from test_moe_experts_op import _run_openvino
         from test_qlinear_op import _model
 
-        with running(f"isa={isa}") as config:
+        with running(f"isa={isa}"):
             for compute, rows in [(None, 1), (None, 4), ("bf16", 2), (None, 12), ("bf16", 40)]:
                 w32 = (rng.standard_normal((64, 256)) * 0.1).astype(np.float32)
                 codes, scales, zp = fp8_operands(w32, 128)
                 x = rng.standard_normal((rows, 256)).astype(np.float32)
                 got = _run_openvino(_model(256, 64, [codes, scales, zp], FP8_BITS, compute=compute), {"x": x})
-                bf16 = compute == "bf16" and ((rows < BF16_DOT_ROWS and isa == "avx512" and cpu_has("avx512_bf16"))
-                                             or (rows >= 8 and config.amx))
+                bf16 = compute == "bf16" and _bf16_path(rows)
                 want = _bf16_reference(x, [codes, scales, zp]) if bf16 else ref.linear(x, fp8_dequantize(codes, scales))
                 assert _rel(got, want) < TOL, (compute, rows)
 
@@ -132,14 +131,16 @@ FP8_CODES = ["shift"] + (["lut"] if BF16_DOTS and cpu_has("avx512vbmi") else [])
 def test_fp8_bf16_dots_each_way_of_widening_codes(fp8_codes):
     """compute="bf16" on fp8 codes below 16 rows, with the codes widened by shifts or by VBMI byte
     lookups (fp8_codes): both give the bf16-rows reference (every code, the subnormal ones as 0,
-    groups of 32 and 128, 1..9 rows, one pass and two of 4 tokens) for MlaQLinear and MlaMoeExperts."""
+    groups of 32 and 128, 1..9 rows, one pass and two of 4 tokens) for MlaQLinear; the lookups also
+    at 40 rows (each block's codes widened once into bf16 lines that five passes read)."""
     from test_fp8_weights_op import _bf16_reference
     from test_moe_experts_op import _run_openvino
     from test_qlinear_op import _model
 
     rng = np.random.default_rng(29)
     with running(f"isa=avx512,amx=0,fp8_codes={fp8_codes}"):
-        for group, rows in [(128, 1), (32, 2), (128, 3), (128, 4), (32, 5), (128, 9)]:
+        for group, rows in [(128, 1), (32, 2), (128, 3), (128, 4), (32, 5), (128, 9)] + (
+                [(32, 40), (128, 17)] if fp8_codes == "lut" else []):
             w32 = (rng.standard_normal((64, 256)) * 0.1).astype(np.float32)
             codes, scales, zp = fp8_operands(w32, group)
             codes[:, :4] = np.arange(256, dtype=np.uint8).reshape(64, 4)  # every code somewhere

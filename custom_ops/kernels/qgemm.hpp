@@ -96,6 +96,13 @@ struct QgemmIsa {
     // would spill). [M - 1]; null where not compiled (kernel_config checks the CPU).
     void (*qdot_fp8_bf16_lut[8])(int64_t K, int64_t group, const uint16_t* const* x, const QBlock& blk, float* out,
                                  int64_t ldo);
+    // Many rows of x against fp8 codes under fp8_codes=lut: a 4-row block's codes widened once into
+    // bf16 lines (K / 16 lines of 64 bf16, 64-byte aligned: the lookups' two vectors per line of
+    // codes), which qdot_bf16_lines' passes of up to 8 rows [M - 1] then read instead of widening
+    // the codes again each pass. Null where not compiled (as qdot_fp8_bf16_lut).
+    void (*widen_fp8_lines)(int64_t K, const uint8_t* q, uint16_t* lines);
+    void (*qdot_bf16_lines[8])(int64_t K, int64_t group, const uint16_t* const* x, const uint16_t* lines,
+                               const QBlock& blk, float* out, int64_t ldo);
 };
 
 }  // namespace mla

@@ -111,14 +111,45 @@ struct E4m3Bf16Bytes {
     }
 };
 
-template <int M>
-__attribute__((target("avx512vbmi"))) void qdot_fp8_bf16_lut(int64_t K, int64_t group, const uint16_t* const* x,
-                                                             const QBlock& blk, float* out, int64_t ldo) {
-    static const E4m3Bf16Bytes tables;
+// The two bf16 vectors of one 64-byte line of codes (wa: each row's inputs k..k+7 in its lane, wb:
+// k+8..k+15), widened by the lookups above.
+struct E4m3Lut {
+    __m512i hi0, hi1, lo0, lo1, sign;
+    __attribute__((target("avx512vbmi"))) E4m3Lut() {
+        static const E4m3Bf16Bytes tables;
+        hi0 = _mm512_load_si512(tables.hi), hi1 = _mm512_load_si512(tables.hi + 64);
+        lo0 = _mm512_load_si512(tables.lo), lo1 = _mm512_load_si512(tables.lo + 64);
+        sign = _mm512_set1_epi8(static_cast<char>(0x80));
+    }
+    __attribute__((target("avx512vbmi"))) void widen(const uint8_t* line, __m512i& wa, __m512i& wb) const {
+        const __m512i c = _mm512_loadu_si512(line);
+        const __m512i h = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(hi0, c, hi1), c, sign, 0xF8);
+        const __m512i l = _mm512_permutex2var_epi8(lo0, c, lo1);
+        wa = _mm512_unpacklo_epi8(l, h), wb = _mm512_unpackhi_epi8(l, h);
+    }
+};
+
+// A 4-row block's codes widened once into bf16 lines (for each line of codes, its wa then wb: 128
+// bytes), which every pass of qdot_bf16_lines then reads in place of widening the codes again: for
+// many rows of x (prefill), where the lookups would otherwise be repeated every 8 rows.
+__attribute__((target("avx512vbmi"))) void widen_fp8_lines(int64_t K, const uint8_t* q, uint16_t* lines) {
+    const E4m3Lut lut;
+    for (int64_t c = 0; c < K / 16; ++c) {
+        __m512i wa, wb;
+        lut.widen(q + c * 64, wa, wb);
+        _mm512_store_si512(lines + c * 64, wa);
+        _mm512_store_si512(lines + c * 64 + 32, wb);
+    }
+}
+
+// M tokens (up to 8) against one 4-row block: its codes widened line by line (LINES false), or its
+// widened lines read (LINES true: `lines` from widen_fp8_lines).
+template <int M, bool LINES>
+__attribute__((target("avx512vbmi"))) void fp8_bf16_dots(int64_t K, int64_t group, const uint16_t* const* x,
+                                                         const uint16_t* lines, const QBlock& blk, float* out,
+                                                         int64_t ldo) {
     constexpr int64_t kPrefetch = 32768;  // bytes ahead, from 3 tokens
-    const __m512i hi0 = _mm512_load_si512(tables.hi), hi1 = _mm512_load_si512(tables.hi + 64);
-    const __m512i lo0 = _mm512_load_si512(tables.lo), lo1 = _mm512_load_si512(tables.lo + 64);
-    const __m512i sign = _mm512_set1_epi8(static_cast<char>(0x80));
+    const E4m3Lut lut;
     const __m512i lane_of = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     __m512 tot[M];
     for (int t = 0; t < M; ++t) tot[t] = _mm512_setzero_ps();
@@ -127,11 +158,14 @@ __attribute__((target("avx512vbmi"))) void qdot_fp8_bf16_lut(int64_t K, int64_t 
         __m512 acc[M];
         for (int t = 0; t < M; ++t) acc[t] = _mm512_setzero_ps();
         for (int64_t k = g * group; k < (g + 1) * group; k += 16) {
-            if (M >= 3) _mm_prefetch(reinterpret_cast<const char*>(blk.q + (k / 16) * 64 + kPrefetch), _MM_HINT_T0);
-            const __m512i c = _mm512_loadu_si512(blk.q + (k / 16) * 64);
-            const __m512i h = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(hi0, c, hi1), c, sign, 0xF8);
-            const __m512i l = _mm512_permutex2var_epi8(lo0, c, lo1);
-            const __m512i wa = _mm512_unpacklo_epi8(l, h), wb = _mm512_unpackhi_epi8(l, h);
+            __m512i wa, wb;
+            if (LINES) {
+                wa = _mm512_load_si512(lines + (k / 16) * 64);
+                wb = _mm512_load_si512(lines + (k / 16) * 64 + 32);
+            } else {
+                if (M >= 3) _mm_prefetch(reinterpret_cast<const char*>(blk.q + (k / 16) * 64 + kPrefetch), _MM_HINT_T0);
+                lut.widen(blk.q + (k / 16) * 64, wa, wb);
+            }
             for (int t = 0; t < M; ++t) {
                 const __m512i xa = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[t] + k)));
                 const __m512i xb = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[t] + k + 8)));
@@ -149,6 +183,18 @@ __attribute__((target("avx512vbmi"))) void qdot_fp8_bf16_lut(int64_t K, int64_t 
         v = _mm512_add_ps(v, _mm512_permute_ps(v, 0x4E));                  // then halves: the lane's sum
         _mm_storeu_ps(out + t * ldo, _mm512_castps512_ps128(_mm512_permutexvar_ps(firsts, v)));  // rows 0..3
     }
+}
+
+template <int M>
+void qdot_fp8_bf16_lut(int64_t K, int64_t group, const uint16_t* const* x, const QBlock& blk, float* out,
+                       int64_t ldo) {
+    fp8_bf16_dots<M, false>(K, group, x, nullptr, blk, out, ldo);
+}
+
+template <int M>
+void qdot_bf16_lines(int64_t K, int64_t group, const uint16_t* const* x, const uint16_t* lines, const QBlock& blk,
+                     float* out, int64_t ldo) {
+    fp8_bf16_dots<M, true>(K, group, x, lines, blk, out, ldo);
 }
 
 // QgemmIsa::qdot_fp8_bf16: 32 inputs a step, a row's two 16-code chunks (k and k + 16: one 64-byte line
@@ -191,4 +237,7 @@ void qdot_fp8_bf16(int64_t K, int64_t group, const uint16_t* const* x, const QBl
 #define MLA_QGEMM_FP8_BF16 {qdot_fp8_bf16<1>, qdot_fp8_bf16<2>, qdot_fp8_bf16<3>, qdot_fp8_bf16<4>}
 #define MLA_QGEMM_FP8_BF16_LUT {qdot_fp8_bf16_lut<1>, qdot_fp8_bf16_lut<2>, qdot_fp8_bf16_lut<3>, qdot_fp8_bf16_lut<4>, \
                                 qdot_fp8_bf16_lut<5>, qdot_fp8_bf16_lut<6>, qdot_fp8_bf16_lut<7>, qdot_fp8_bf16_lut<8>}
+#define MLA_QGEMM_FP8_LINES widen_fp8_lines
+#define MLA_QGEMM_BF16_LINES {qdot_bf16_lines<1>, qdot_bf16_lines<2>, qdot_bf16_lines<3>, qdot_bf16_lines<4>, \
+                              qdot_bf16_lines<5>, qdot_bf16_lines<6>, qdot_bf16_lines<7>, qdot_bf16_lines<8>}
 #endif

@@ -270,6 +270,12 @@ void fdot(int64_t k0, int64_t kb, const float* const* a, const float* w, float* 
 #ifndef MLA_QGEMM_FP8_BF16_LUT
 #define MLA_QGEMM_FP8_BF16_LUT {}
 #endif
+#ifndef MLA_QGEMM_FP8_LINES
+#define MLA_QGEMM_FP8_LINES nullptr
+#endif
+#ifndef MLA_QGEMM_BF16_LINES
+#define MLA_QGEMM_BF16_LINES {}
+#endif
 
 
 }  // namespace
@@ -285,6 +291,8 @@ const QgemmIsa MLA_QGEMM_TABLE = {
     MLA_QGEMM_Q8_T16,
     MLA_QGEMM_FP8_BF16,
     MLA_QGEMM_FP8_BF16_LUT,
+    MLA_QGEMM_FP8_LINES,
+    MLA_QGEMM_BF16_LINES,
 };
 
 }  // namespace MLA_QGEMM_NS

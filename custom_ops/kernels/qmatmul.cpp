@@ -25,6 +25,7 @@ struct Scratch {
     std::vector<const float*> a, xs;
     std::vector<const uint16_t*> b;
     std::vector<QRow> q8;
+    LineVector<uint16_t> lines;  // a 4-row block's fp8 codes widened to bf16 (QgemmIsa::widen_fp8_lines)
 };
 thread_local Scratch tls;
 
@@ -137,6 +138,7 @@ QMode qmode_fp8(bool reduced, const QgemmIsa& isa) {
     const bool cpu_bf16 = cpu_features().avx512_bf16;
     QMode m;
     m.fp8_bf16 = reduced && cpu_bf16 && isa.qdot_fp8_bf16[0] != nullptr;
+    m.fp8_lines = m.fp8_bf16 && kernels().fp8_lut && isa.widen_fp8_lines != nullptr;
     return m;
 }
 
@@ -202,6 +204,20 @@ void qtile(const QgemmIsa& isa, int bi, const QActs& acts, const int64_t* rows, 
             // for them; else by shifts, 4 a pass
             const bool lut = kernels().fp8_lut && isa.qdot_fp8_bf16_lut[0] != nullptr;
             const int64_t step = lut ? 8 : 4;
+            if (lut && m > step && isa.widen_fp8_lines != nullptr) {
+                // more than one pass: each block's codes widened once into bf16 lines (in L1: 8 KB a
+                // 1024 inputs), which every pass reads
+                s.lines.resize(4 * K);
+                for (int64_t r0 = 0; r0 < kTileRows; r0 += 4) {
+                    isa.widen_fp8_lines(K, blocks[r0 / 4].q, s.lines.data());
+                    for (int64_t t0 = 0; t0 < m; t0 += step) {
+                        const int64_t mt = std::min<int64_t>(step, m - t0);
+                        isa.qdot_bf16_lines[mt - 1](K, group, s.b.data() + t0, s.lines.data(), blocks[r0 / 4],
+                                                    c + t0 * kTileRows + r0, kTileRows);
+                    }
+                }
+                return;
+            }
             for (int64_t r0 = 0; r0 < kTileRows; r0 += 4)
                 for (int64_t t0 = 0; t0 < m; t0 += step) {
                     const int64_t mt = std::min<int64_t>(step, m - t0);

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from tokenizers.decoders import DecodeStream
 
-from ..runtime.stop_strings import match_stop_strings
+from ..runtime import stop_strings
 
 __all__ = ["MarkerDecoder", "MarkerText"]
 
@@ -61,7 +61,8 @@ class MarkerText:
         piece = "".join(pieces)
         if not self.stop:
             return piece
-        emit, self._held, hit = match_stop_strings(self._held, piece, self.stop, self.include_stop, final=False)
+        emit, self._held, hit = stop_strings.match_stop_strings(self._held, piece, self.stop, self.include_stop,
+                                                                final=False)
         self.stopped = hit is not None
         return emit
 
@@ -69,5 +70,5 @@ class MarkerText:
         """The final text: the whole output decoded once, cut at the first stop string."""
         full = self.decoder(output_ids)
         if self.stop:
-            full = match_stop_strings("", full, self.stop, self.include_stop, final=True)[0]
+            full = stop_strings.match_stop_strings("", full, self.stop, self.include_stop, final=True)[0]
         return full

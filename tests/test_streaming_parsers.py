@@ -128,7 +128,8 @@ def message(out: ChoiceOutput, text: str) -> dict:
                             c["id"] if not c["id"].startswith("call_") else None) for c in m.get("tool_calls", [])]}
 
 
-REASONING = {None: None, "opens": True, "tag": False}  # no parser; R1's (the prompt opened it); Qwen's (the output does)
+# no reasoning parser; R1's (the prompt opened the thinking); Qwen's (the output opens it)
+REASONING = {None: None, "opens": True, "tag": False}
 
 
 class TestTheStreamIsTheWholeTextParse:
@@ -199,9 +200,8 @@ class TestForcedCallsStreamAsTheyParse:
     def test_required(self, parallel, rng):
         for _ in range(30):
             text = _forced_output(rng, parallel)
-            make = lambda: ChoiceOutput(tools=RequiredCalls(), parallel_tool_calls=parallel, forced="required")  # noqa: E731
             for ends in cuts(rng, text):
-                out = make()
+                out = ChoiceOutput(tools=RequiredCalls(), parallel_tool_calls=parallel, forced="required")
                 deltas = stream(out, text, ends)
                 assert deltas == ref.reference_deltas(None, RequiredCalls().parse, text, ends, parallel, forced=True)
                 final = RequiredCalls().parse(text, True).calls

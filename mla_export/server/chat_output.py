@@ -79,7 +79,8 @@ class ChoiceOutput:
             if self._pieces is not None:
                 self._pieces.append(new_text)
             if final:  # forced "required": calls only parse from a complete array, i.e. the grammar finished
-                self.tools_called = self.forced == "required" and bool(self.tools.parse("".join(self._pieces), True).calls)
+                self.tools_called = (self.forced == "required"
+                                     and bool(self.tools.parse("".join(self._pieces), True).calls))
         return d
 
     def _read(self, text: str) -> tuple[str | None, str | None, list[Call]]:

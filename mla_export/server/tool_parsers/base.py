@@ -15,9 +15,9 @@ A step's work does not grow with the output: the stream keeps only what is not s
 open call's body is read again each step (a format reads a call's body whole: `read_call`,
 `read_partial`). Markup that cannot be a call (`Malformed`) and, in a finished output, a call
 that never ended are returned as content, from that markup's start marker to the end of the
-text; calls read before it are kept (with none, the content is the whole text, as vLLM does). A stream cannot take back a call whose name it already sent:
-such a call that then breaks (e.g. cut by max_tokens) stays in the stream although the finished
-reading drops it. Everything else is the same however the text is cut into pieces, so the
+text; calls read before it are kept (with none, the content is the whole text, as vLLM does).
+A stream cannot take back a call whose name it already sent: such a call that then breaks
+(e.g. cut by max_tokens) stays in the stream although the finished reading drops it. Everything else is the same however the text is cut into pieces, so the
 deltas of a stream add up to the non-streamed answer.
 """
 

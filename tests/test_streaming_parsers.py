@@ -10,7 +10,8 @@ reading. Checked here, with no model:
   message, and that message is the whole-text parse's;
 - cost: a step reads only what is still open. The format's call readers see each complete call
   once (the whole-text parse read every complete call again at every step), and no tail check
-  looks at more than the new piece and a marker's length (it looked at all the text so far).
+  is handed more than the new piece and a marker's length (it was handed all the text so far,
+  sliced out of the whole text at every step).
 """
 
 from __future__ import annotations
@@ -256,7 +257,7 @@ class TestAStepReadsOnlyWhatIsOpen:
 
     @pytest.mark.parametrize("parser", sorted(TOOL_PARSERS))
     def test_tail_checks_look_at_the_new_piece_only(self, parser, monkeypatch):
-        """A long thinking and a long answer: the longest text any hold-back check is given stays
+        """A long thinking and a long answer: the longest text any hold-back check is handed stays
         near a piece plus a marker (it was all the thinking, then all the content so far)."""
         import mla_export.server.reasoning_parsers as rp
         import mla_export.server.tool_parsers.base as base

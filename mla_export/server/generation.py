@@ -87,7 +87,9 @@ class _Detok:
     def advance(self, ch: _Choice, d) -> str:
         """The new text to emit for delta `d` (its tokens already in ch.token_ids). When the
         choice ends, `ch.final_text` is its whole text (what a non-streamed response returns)."""
-        if d.new_text is None:  # an engine that sends no text: the decode of the tokens so far
+        # An engine that sends no text: the decode of the tokens so far (all of them per step; not
+        # on the serving path: an engine with a tokenizer always sends its text).
+        if d.new_text is None:
             return _advance_to(ch, self.decode(ch.token_ids) if self.decode is not None else "", d.finished)
         if d.finished and d.text is not None:
             return _advance_to(ch, d.text, True)

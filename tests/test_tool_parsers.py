@@ -108,7 +108,7 @@ def whole(out: ChoiceOutput, text: str) -> dict:
 def streamed(make, text: str, cuts: list[int]) -> tuple[dict, bool]:
     out = make()
     ends = sorted(set(cuts) | {len(text)})
-    deltas = [out.delta(text[:e], e == len(text)) for e in ends]
+    deltas = [out.delta(text[a:e], e == len(text)) for a, e in zip([0] + ends, ends)]
     return accumulate([d for d in deltas if d]), out.tools_called
 
 
@@ -162,7 +162,7 @@ def test_glm_values_follow_the_schema():
 def test_streamed_call_arguments_grow_in_fragments():
     out = ChoiceOutput(tools=TOOL_PARSERS["deepseek_v31"]())
     text = DS_BEGIN + ds_v31("get_weather", A1) + DS_END
-    deltas = [d for e in range(1, len(text) + 1) if (d := out.delta(text[:e], e == len(text)))]
+    deltas = [d for e in range(1, len(text) + 1) if (d := out.delta(text[e - 1:e], e == len(text)))]
     calls = [tc for d in deltas for tc in d.get("tool_calls", [])]
     assert calls[0]["function"]["name"] == "get_weather" and "id" in calls[0]
     assert len(calls) > 3, "the arguments arrive as they are generated, not at the end"

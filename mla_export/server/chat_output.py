@@ -2,16 +2,18 @@
 parser: `reasoning` (and its older name `reasoning_content`), `content` and `tool_calls`.
 
     out = ChoiceOutput(reasoning=splitter, tools=parser, parallel_tool_calls=True)
-    out.delta(text_so_far, finished)  -> the next streamed delta's fields ({} when nothing new)
-    out.message(text)                 -> the non-streamed message
-    out.tools_called                  -> finish_reason "tool_calls"
+    out.delta(new_text, finished)  -> the next streamed delta's fields ({} when nothing new)
+    out.message(text)              -> the non-streamed message
+    out.tools_called               -> finish_reason "tool_calls"
 
-Streamed deltas are differences of consecutive parses of the whole text so far (see
-tool_parsers/base.py), so the deltas of a stream add up to the non-streamed message. A tool
-call first shows with its id, type and name (and the arguments known then), later deltas carry
-argument fragments, as OpenAI streams them. With `forced` ("required" or "named": tool_choice
-forced by a constraint, forced_tools.py) content beside the calls is "" and only "required"
-calls finish with "tool_calls", as vLLM answers.
+A stream is read as it grows: each step feeds only its new text to the choice's reasoning split
+and tool-call reading (reasoning_parsers.ThinkStream, tool_parsers/base.ToolStream), which keep
+what is not settled yet, so a step's work does not grow with the output. The non-streamed
+message is the same reading fed the whole text at once, so the deltas of a stream add up to it.
+A tool call first shows with its id, type and name (and the arguments known then), later deltas
+carry argument fragments, as OpenAI streams them. With `forced` ("required" or "named":
+tool_choice forced by a constraint, forced_tools.py) content beside the calls is "" and only
+"required" calls finish with "tool_calls", as vLLM answers.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from __future__ import annotations
 import uuid
 
 from .reasoning_parsers import ThinkSplitter
-from .tool_parsers import Call, ToolParser
+from .tool_parsers import Call, ToolParser, calls_of
 
 __all__ = ["ChoiceOutput", "new_call_id"]
 
@@ -37,58 +39,67 @@ class ChoiceOutput:
         # tool_choice "required" / "named" (forced_tools.py): content "" beside the calls, and a
         # named call keeps the engine's finish_reason (vLLM's, after OpenAI's: "stop", not "tool_calls")
         self.forced = forced
-        self._sent_reasoning = 0
-        self._sent_content = 0
-        self._sent_calls: list[list] = []  # [id, length of the arguments sent]
+        self._think = reasoning.stream() if reasoning is not None else None
+        self._calls = tools.stream() if tools is not None else None
+        self._ids: list[str] = []  # the ids of the calls sent
+        # "required": whether the calls stand is decided by reading the finished output whole
+        self._pieces: list[str] | None = [] if forced == "required" else None
         self.tools_called = False
 
-    def _split(self, text: str, final: bool) -> tuple[str | None, str | None, list[Call]]:
-        thinking, answer = self.reasoning.split(text, final) if self.reasoning else (None, text)
-        calls: list[Call] = []
-        if answer is not None and self.tools is not None:
-            parsed = self.tools.parse(answer, final)
-            answer, calls = parsed.content, parsed.calls
-            if not self.parallel:
-                calls = calls[:1]
-        if final:  # forced "required": calls only parse from a complete array, i.e. the grammar finished
-            self.tools_called = bool(calls) and self.forced != "named"
-        return thinking, answer, calls
-
-    def delta(self, text: str, final: bool) -> dict:
-        if self.forced is not None:
-            # A forced stream sends what the growing parse reads; at the end the finished parse
-            # only decides finish_reason (an output cut before its JSON completed keeps the calls
-            # already sent, with finish_reason "length"; the non-streamed answer is then its text).
-            thinking, answer, calls = self._split(text, False)
-            if final:
-                self._split(text, True)
-        else:
-            thinking, answer, calls = self._split(text, final)
+    def delta(self, new_text: str, final: bool) -> dict:
+        """The fields a stream's next delta carries for `new_text`, the text the output grew by
+        (`final`: it ends with it)."""
         d: dict = {}
-        if thinking is not None and len(thinking) > self._sent_reasoning:
-            d["reasoning"] = d["reasoning_content"] = thinking[self._sent_reasoning:]
-            self._sent_reasoning = len(thinking)
-        if answer is not None and len(answer) > self._sent_content:
-            d["content"] = answer[self._sent_content:]
-            self._sent_content = len(answer)
+        thinking, answer = self._think.feed(new_text, final) if self._think is not None else ("", new_text)
+        if thinking:
+            d["reasoning"] = d["reasoning_content"] = thinking
         tool_deltas = []
-        for i, c in enumerate(calls):
-            if i == len(self._sent_calls):
-                cid = c.id or new_call_id()
-                self._sent_calls.append([cid, len(c.arguments)])
-                tool_deltas.append({"index": i, "id": cid, "type": "function",
-                                    "function": {"name": c.name, "arguments": c.arguments}})
-            elif len(c.arguments) > self._sent_calls[i][1]:
-                tool_deltas.append({"index": i, "function": {"arguments": c.arguments[self._sent_calls[i][1]:]}})
-                self._sent_calls[i][1] = len(c.arguments)
+        if answer is not None and self._calls is not None:
+            # A forced stream sends what the growing reading reads; at the end the finished
+            # reading only decides finish_reason (an output cut before its JSON completed keeps
+            # the calls already sent, with finish_reason "length"; the non-streamed answer is
+            # then its text).
+            answer, calls = self._calls.feed(answer, final and self.forced is None)
+            for c in calls:
+                if c.index > 0 and not self.parallel:
+                    continue
+                if c.index == len(self._ids):
+                    self._ids.append(c.id or new_call_id())
+                    tool_deltas.append({"index": c.index, "id": self._ids[-1], "type": "function",
+                                        "function": {"name": c.name, "arguments": c.arguments}})
+                elif c.arguments:
+                    tool_deltas.append({"index": c.index, "function": {"arguments": c.arguments}})
+        if answer:
+            d["content"] = answer
         if tool_deltas:
             d["tool_calls"] = tool_deltas
-        if self._sent_calls and self.forced is None:
-            self.tools_called = True
+        if self.forced is None:
+            self.tools_called = bool(self._ids)
+        else:
+            if self._pieces is not None:
+                self._pieces.append(new_text)
+            if final:  # forced "required": calls only parse from a complete array, i.e. the grammar finished
+                self.tools_called = (self.forced == "required"
+                                     and bool(self.tools.parse("".join(self._pieces), True).calls))
         return d
 
+    def _read(self, text: str) -> tuple[str | None, str | None, list[Call]]:
+        """(thinking, answer, calls) of a finished output."""
+        if self.forced is not None:
+            parsed = self.tools.parse(text, True)
+            return None, parsed.content, parsed.calls
+        thinking, answer = self.reasoning.split(text) if self.reasoning is not None else (None, text)
+        calls: list[Call] = []
+        if answer is not None and self.tools is not None:
+            answer, deltas = self.tools.stream().feed(answer, True)
+            calls = calls_of(deltas)
+        return thinking, answer, calls
+
     def message(self, text: str) -> dict:
-        thinking, answer, calls = self._split(text, True)
+        thinking, answer, calls = self._read(text)
+        if not self.parallel:
+            calls = calls[:1]
+        self.tools_called = bool(calls) and self.forced != "named"
         msg: dict = {"role": "assistant"}
         if self.forced is not None and calls:
             answer = answer or ""  # vLLM's empty content beside forced calls

@@ -11,8 +11,8 @@
 
 `plan(st, req)` checks the request against the server; `plan.template_args()` are the chat
 template's arguments besides the messages; `plan.output(prompt_text)` is the per-choice
-ChoiceOutput factory (None: plain text) and `plan.decode` the text of token ids when the
-parsers' markup tokens are special tokens (kept), else None.
+ChoiceOutput factory (None: plain text) and `plan.decode` the decoder of the text when the
+parsers' markup tokens are special tokens (kept: marker_text.py), else None.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import Callable
 from . import protocol as P
 from .chat_output import ChoiceOutput
 from .forced_tools import NamedCall, RequiredCalls
+from .marker_text import MarkerDecoder
 from .reasoning_parsers import ThinkSplitter, reasoning_splitter
 
 __all__ = ["ChatPlan", "plan"]
@@ -41,7 +42,7 @@ class ChatPlan:
             if not (st.enable_auto_tool_choice and st.tool_parser_cls is not None):
                 raise P.bad_request(AUTO_NEEDS_FLAGS, "tool_choice")
             self.tool_cls = st.tool_parser_cls
-        self.decode: Callable[[list[int]], str] | None = None
+        self.decode: MarkerDecoder | None = None
 
     def template_args(self) -> dict:
         """ChatTemplate.render's arguments besides `messages`."""
@@ -65,16 +66,16 @@ class ChatPlan:
                                     parallel_tool_calls=parallel)
 
 
-def marker_decoder(tokenizer, markers: tuple[str, ...]) -> Callable[[list[int]], str] | None:
+def marker_decoder(tokenizer, markers: tuple[str, ...]) -> MarkerDecoder | None:
     """A decode that keeps these marker tokens where the tokenizer calls them special (Kimi's and
     some Qwen tokenizers do; DeepSeek's tool tokens are not special) and still skips the other
-    special tokens (end of sentence, ...). None when the usual decode keeps them already."""
+    special tokens (end of sentence, ...); it also grows a choice's text step by step
+    (marker_text.py). None when the usual decode keeps them already."""
     special = {i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
     keep = {i for m in markers if (i := tokenizer.token_to_id(m)) is not None} & special
     if not keep:
         return None
-    drop = special - keep
-    return lambda ids: tokenizer.decode([i for i in ids if i not in drop], skip_special_tokens=False)
+    return MarkerDecoder(tokenizer, frozenset(special - keep))
 
 
 def template_args(req: P.ChatRequest) -> dict:

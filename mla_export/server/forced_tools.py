@@ -13,9 +13,11 @@ JSON-schema constraint (structured outputs) and read back as tool calls; no tool
 StructuredOutputsParams with structured_request.tool_choice_constraint (the request's own
 structured-output options such as disable_any_whitespace join it; a constraint of its own is a
 400 naming its field). `NamedCall` and `RequiredCalls` read the output with the
-ToolParser interface (`parse(text, final) -> Parsed`), so chat_output.ChoiceOutput streams them
-like parsed calls: a call first shows with its id and name, then argument fragments; the
-streamed fragments add up to the non-streamed arguments.
+ToolParser interface (`parse(text, final) -> Parsed` for a whole output, `stream()` for one
+growing a piece at a time), so chat_output.ChoiceOutput streams them like parsed calls: a call
+first shows with its id and name, then argument fragments; the streamed fragments add up to
+the non-streamed arguments. A stream's step reads only the new text (a named call) or the item
+still open (an array of calls), never the whole output again.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from __future__ import annotations
 import copy
 import json
 
-from .tool_parsers import Call, Parsed
+from .tool_parsers import Call, CallDelta, CallTracker, Parsed
 
 __all__ = ["forced_schema", "NamedCall", "RequiredCalls", "EMPTY_PARAMETERS"]
 
@@ -73,6 +75,23 @@ class NamedCall:
 
     def parse(self, text: str, final: bool) -> Parsed:
         return Parsed("", [Call(self.name, text, done=final)])
+
+    def stream(self) -> "_NamedStream":
+        return _NamedStream(self.name)
+
+
+class _NamedStream:
+    def __init__(self, name: str):
+        self.name = name
+        self.started = False
+
+    def feed(self, piece: str, final: bool) -> tuple[str, list[CallDelta]]:
+        """(content: none, the call's delta): its first one names it, then each piece is an
+        argument fragment."""
+        if self.started:
+            return "", [CallDelta(0, piece)] if piece else []
+        self.started = True
+        return "", [CallDelta(0, piece, self.name)]
 
 
 # ---- a JSON array of calls, read as it grows ------------------------------------------------
@@ -199,30 +218,74 @@ class RequiredCalls:
         except _Bad:
             return Parsed(text if final else "", [])
 
+    def stream(self) -> "_ArrayStream":
+        return _ArrayStream()
+
     @staticmethod
     def _scan(t: str, final: bool) -> list[Call]:
-        calls: list[Call] = []
-        i = _skip_ws(t, 0)
+        return _scan_from(t, final, False, 0)[0]
+
+
+def _scan_from(t: str, final: bool, opened: bool, before: int) -> tuple[list[Call], int, bool, bool]:
+    """The calls read from `t`, a part of the output that starts where an item may start
+    (`opened`: after the array's `[`; `before`: items read earlier). Returns (calls, where the
+    text is settled: after the `[`, the last complete item and the whitespace after it; whether
+    the `[` was read; whether the `]` was)."""
+    calls: list[Call] = []
+    i = _skip_ws(t, 0)
+    if not opened:
         if i >= len(t):
-            return calls
+            return calls, i, False, False
         if t[i] != "[":
             raise _Bad("'[' was expected")
         i += 1
-        while True:
-            i = _skip_ws(t, i)
-            if i >= len(t) or t[i] == "]":
-                return calls
-            if t[i] == "," and calls:
-                i += 1
-                continue
-            if t[i] != "{":
-                raise _Bad("'{' was expected")
-            name, args, end = _element(t, i + 1, final)
-            if name is None:
-                if end is not None:
-                    raise _Bad("an item without 'name'")
-                return calls
-            calls.append(Call(name, args or "", done=end is not None))
-            if end is None:
-                return calls
-            i = end
+    while True:
+        i = _skip_ws(t, i)
+        settled = i
+        if i >= len(t) or t[i] == "]":
+            return calls, settled, True, i < len(t)
+        if t[i] == "," and (calls or before):
+            i += 1
+            continue
+        if t[i] != "{":
+            raise _Bad("'{' was expected")
+        name, args, end = _element(t, i + 1, final)
+        if name is None:
+            if end is not None:
+                raise _Bad("an item without 'name'")
+            return calls, settled, True, False
+        calls.append(Call(name, args or "", done=end is not None))
+        if end is None:
+            return calls, settled, True, False
+        i = end
+
+
+class _ArrayStream:
+    """RequiredCalls read as the output grows: only the text from the item still open is
+    kept and read again at each step."""
+
+    def __init__(self):
+        self.tracker = CallTracker()
+        self._open = ""  # the output from where it is not settled
+        self._opened = False  # the `[` was read
+        self._done = 0  # complete items read
+        self._over = False  # the `]` came, or the text cannot be the array: nothing more is read
+
+    def feed(self, piece: str, final: bool) -> tuple[str, list[CallDelta]]:
+        """(content: none while the output grows, call deltas). `final` is not used: a
+        stream reads the growing text and the finished output is read whole (parse)."""
+        deltas: list[CallDelta] = []
+        if self._over:
+            return "", deltas
+        t = self._open + piece
+        try:
+            calls, settled, self._opened, closed = _scan_from(t, False, self._opened, self._done)
+        except _Bad:  # not the array (it stays so as the text grows): the calls sent stay
+            self._over = True
+            return "", deltas
+        for k, c in enumerate(calls):
+            self.tracker.update(self._done + k, c, deltas)
+        self._done += sum(c.done for c in calls)
+        self._open = t[settled:]  # the complete items are read for good: the open one is read again
+        self._over = closed
+        return "", deltas

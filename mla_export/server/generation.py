@@ -21,6 +21,7 @@ from starlette.responses import JSONResponse, Response
 
 from . import protocol as P
 from .engine_loop import Aborted, EngineDead, QueueFull, SeqRequest, ShuttingDown
+from .marker_text import MarkerDecoder
 
 __all__ = ["respond"]
 
@@ -33,7 +34,8 @@ log = logging.getLogger("mla_export.server")
 class _Choice:
     """One choice as the engine's deltas build it up: tokens, logprobs and text are appended to
     (a step's work does not grow with the output), the text joined only where a whole text is
-    asked for (the response body, a reasoning / tool-call parser)."""
+    asked for (the response body, the finishing step). A reasoning / tool-call parser (`out`)
+    is fed each step's new text."""
 
     index: int
     request_id: str
@@ -53,6 +55,7 @@ class _Choice:
     finished: bool = False
     finish_reason: str | None = None
     out: Any = None  # chat_output.ChoiceOutput: reasoning / tool calls split out of the text (None: plain text)
+    marker_text: Any = None  # marker_text.MarkerText: the text kept with its marker tokens (_MarkerDetok)
 
     @property
     def text(self) -> str:
@@ -84,7 +87,9 @@ class _Detok:
     def advance(self, ch: _Choice, d) -> str:
         """The new text to emit for delta `d` (its tokens already in ch.token_ids). When the
         choice ends, `ch.final_text` is its whole text (what a non-streamed response returns)."""
-        if d.new_text is None:  # an engine that sends no text: the decode of the tokens so far
+        # An engine that sends no text: the decode of the tokens so far (all of them per step; not
+        # on the serving path: an engine with a tokenizer always sends its text).
+        if d.new_text is None:
             return _advance_to(ch, self.decode(ch.token_ids) if self.decode is not None else "", d.finished)
         if d.finished and d.text is not None:
             return _advance_to(ch, d.text, True)
@@ -391,34 +396,33 @@ def chat_choice(ch: _Choice, want_ids: bool, top: int = 0, echo: str | None = No
 
 
 class _MarkerDetok(_Detok):
-    """Text decoded from the token ids by a parser's decode that keeps its marker tokens, in
-    place of the engine's text (which skips every special token). Decodes all ids per step
-    (only for tokenizers whose parser markers are special tokens: chat_tools.marker_decoder)."""
+    """Text decoded from the token ids keeping the parsers' marker tokens, in place of the
+    engine's text (which skips every special token): only for tokenizers whose parser markers
+    are special tokens (chat_tools.marker_decoder). Each choice's text grows from its new ids
+    (marker_text.MarkerText: a short window decoded per step, stop strings matched on the held
+    tail and the new piece); at the end the whole output is decoded once."""
+
+    decode: MarkerDecoder
 
     def advance(self, ch: _Choice, d) -> str:
         """As _Detok's, the text cut at the first complete stop string (the engine matched them
         on its own text, which skips the markers; this text is decoded here)."""
-        full = self.decode(ch.token_ids)
-        if not ch.stop:
-            return _advance_to(ch, full, d.finished)
-        from mla_export.runtime.stop_strings import match_stop_strings
-
-        # a tail that may still grow into a stop string stays held (emitted text is never taken back)
-        emit, _held, hit = match_stop_strings("", full, ch.stop, ch.include_stop, final=d.finished)
-        if d.finished or hit is not None:
-            ch.final_text = emit
-            return _suffix_after(emit, ch.text)
-        return emit[ch.text_len:] if emit.startswith(ch.text) else ""
+        if ch.marker_text is None:
+            ch.marker_text = self.decode.text(ch.stop, ch.include_stop)
+        if d.finished:
+            ch.final_text = ch.marker_text.finish(ch.token_ids)
+            return _suffix_after(ch.final_text, ch.text)
+        return ch.marker_text.step(d.new_token_ids)
 
 
-def make_detok(decode: Callable[[list[int]], str] | None, marker_decode: Callable[[list[int]], str] | None) -> _Detok:
+def make_detok(decode: Callable[[list[int]], str] | None, marker_decode: MarkerDecoder | None) -> _Detok:
     return _MarkerDetok(marker_decode) if marker_decode is not None and decode is not None else _Detok(decode)
 
 
 def chat_delta(ch: _Choice, delta: str, new_ids: list[int], new_lps, s: P.Sampling) -> dict | None:
     """A streamed chat choice's next chunk entry after `delta` was added to ch.text (None: nothing
     to send, e.g. text held back while it may be tool-call markup)."""
-    msg = ch.out.delta(_text(ch), ch.finished) if ch.out is not None else ({"content": delta} if delta else {})
+    msg = ch.out.delta(delta, ch.finished) if ch.out is not None else ({"content": delta} if delta else {})
     if (not msg and not ch.finished and not (s.return_token_ids and new_ids)
             and not (new_lps and s.logprobs is not None)):
         return None
@@ -431,7 +435,7 @@ def chat_delta(ch: _Choice, delta: str, new_ids: list[int], new_lps, s: P.Sampli
 
 async def respond(st, request: Request, endpoint: str, prompt_ids: list[list[int]], s: P.Sampling,
                   chat: bool, echo_texts: list[str] | None = None, chat_output: Callable[[], Any] | None = None,
-                  decode: Callable[[list[int]], str] | None = None, chat_echo: str | None = None) -> Response:
+                  decode: MarkerDecoder | None = None, chat_echo: str | None = None) -> Response:
     """`echo_texts`: completions' echo, the prompts' text; `chat_output`: makes each choice's
     ChoiceOutput (reasoning / tool-call parsing), `decode`: the text of token ids when the parsers
     need special marker tokens kept (None: the usual); `chat_echo`: chat's echo, the text put

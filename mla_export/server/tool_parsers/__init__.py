@@ -3,14 +3,15 @@ markup out of generated text (base.py says how, streamed and not)."""
 
 from __future__ import annotations
 
-from .base import Call, Malformed, Parsed, ToolParser
+from .base import Call, CallDelta, CallTracker, Malformed, Parsed, ToolParser, ToolStream, calls_of
 from .deepseek_v3 import DeepSeekV3ToolParser
 from .deepseek_v31 import DeepSeekV31ToolParser
 from .glm45 import Glm45ToolParser
 from .hermes import HermesToolParser
 from .kimi_k2 import KimiK2ToolParser
 
-__all__ = ["Call", "Malformed", "Parsed", "ToolParser", "TOOL_PARSERS", "tool_parser_class"]
+__all__ = ["Call", "CallDelta", "CallTracker", "Malformed", "Parsed", "ToolParser", "ToolStream", "calls_of",
+           "TOOL_PARSERS", "tool_parser_class"]
 
 TOOL_PARSERS: dict[str, type[ToolParser]] = {
     p.name: p for p in (DeepSeekV3ToolParser, DeepSeekV31ToolParser, KimiK2ToolParser, Glm45ToolParser,

@@ -164,3 +164,21 @@ def test_repository_ir_runs_with_the_copied_extension(model_dir, tmp_path):
     vocab = json.loads((model_dir / "mla_graph.json").read_text())["model"]["vocab_size"]
     assert got["finite"] and got["shape"] == [1, vocab]
     assert got["argmax"] == want.token_ids[0]
+
+
+def test_mtp_draft_is_not_listed_where_it_is_not_laid_out(tmp_path):
+    """An export with an MTP draft (`--preset tiny-mtp`): the repository holds the main IR only, so
+    its metadata contract lists no draft (it listed the export's draft files, which a client would
+    not find there) and the README says why and what runs it."""
+    from mla_export.cli.main import main as cli_main
+    from mla_export.formats.contract import load_contract
+
+    out = tmp_path / "mtp_export"
+    assert cli_main(["export", "--preset", "tiny-mtp", "-o", str(out), "--format", "openvino"]) == 0
+    assert load_contract(out).raw["mtp"] is not None  # the export has a draft
+    repo = tmp_path / "repo"
+    assert run_cli(out, "--repo", repo, "--name", "m") == 0
+    meta = json.loads((repo / "metadata" / "m" / "mla_graph.json").read_text())
+    assert meta["mtp"] is None
+    assert not any("mtp" in p.name for p in repo.rglob("*"))
+    assert "MTP draft graph (speculative decoding) is not in this repository" in (repo / "README.md").read_text()

@@ -164,6 +164,9 @@ def layout_ovms_repo(out_dir, repo, *, name: str | None = None, version: int = 1
     # The contract lists the files of the export dir; here only the IR (in <name>/<version>/)
     # and the tokenizer (beside it) exist.
     meta_contract["files"] = {k: (v if k in ("openvino_xml", "openvino_bin") else None) for k, v in files.items()}
+    # An MTP draft is not laid out: speculative decoding needs the KV cache kept between steps,
+    # which OVMS does not keep (README below), so the contract lists no draft a client could not find.
+    meta_contract["mtp"] = None
     tok = raw.get("tokenizer")
     if tok and tok.get("file"):
         shutil.copy2(out_dir / tok["file"], meta / Path(tok["file"]).name)
@@ -201,6 +204,15 @@ def _index_note(cache: dict) -> str:
         return ""
     return (f", then one indexer-key cache per indexer layer (`index_cache.0` .. `index_cache.{index['num_layers'] - 1}`, "
             f"`[num_blocks, {cache.get('block_size')}, {index['graph_row_width']}]` {index['graph_dtype']})")
+
+
+def _mtp_note(raw: dict) -> str:
+    """The README's word on an export's MTP draft, which the repository leaves out."""
+    if not raw.get("mtp"):
+        return ""
+    return ("\n\nThe export's MTP draft graph (speculative decoding) is not in this repository: drafting and\n"
+            "verifying need the KV cache kept from step to step, which OVMS does not keep; `mla-export serve\n"
+            "--speculative-config '{\"method\": \"mtp\"}'` runs it. The metadata contract lists no draft.")
 
 
 def _readme(repo: Path, models: list[str], raw: dict) -> str:
@@ -254,7 +266,7 @@ For generation with a persistent paged cache, continuous batching and prefix cac
 `mla-export serve` (OpenAI-compatible API).
 
 `metadata/<name>/mla_graph.json` is the graph contract (every input's shape and dtype, the
-model facts) and the tokenizer, for clients.
+model facts) and the tokenizer, for clients.{_mtp_note(raw)}
 
 This layout was checked by `mla-export` (the IR reads with the extension; the config and the
 files are as above). OVMS itself was not run when this repository was written.

@@ -303,6 +303,18 @@ class TestGreedyIdentical:
         assert stats["prefix_cache_hits"] > 0
 
 
+def test_int8_weights_and_cache(dsa, tmp_path, rng):
+    """int8 weights (the fused MoE op, the IR's own source graph) and an int8 cache: the draft's
+    indexer-key cache is bound as bytes like the main ones; greedy output with drafts equals plain."""
+    out = _export(dsa[1], tmp_path / "export", "--weight-format", "int8", "--kv-dtype", "int8")
+    prompts = prompts_of(rng, 3, hi=40)
+    for runtime in RUNTIMES:
+        plain, _ = run(out, prompts, runtime=runtime)
+        got, stats = run(out, prompts, spec=mtp(2), runtime=runtime)
+        assert tokens(got) == tokens(plain)
+        assert stats["spec_decode_num_draft_tokens"] > 0
+
+
 class TestDraftsAreTheReferences:
     """Every draft the engine proposes is the float64 reference's (as test_spec_decode_mtp's class of
     that name): draft 1 the argmax of the MTP layer over the whole committed sequence, read from its

@@ -271,6 +271,29 @@ class TestDraftGraph:
             assert rel_err(h2, ref_h2[a:b]) < 1e-5, (a, b)
 
 
+class TestDraftCaches:
+    def test_memory_budget_counts_both_draft_caches(self, dsa):
+        """kv_cache_memory holds the main caches and the draft's two per block: one more latent layer
+        (48 f32 = 192 B a row) and one more indexer layer (32 f32 = 128 B a row)."""
+        _, _, out = dsa
+        engine = LLMEngine(out, precision="f32", speculative_config=mtp(1), kv_cache_memory=1 << 20)
+        index_layers = engine.contract.cache["index"]["num_layers"]
+        per_block = 4 * ((3 + 1) * 192 + (index_layers + 1) * 128)
+        assert engine.kv_cache.num_blocks == (1 << 20) // per_block
+        assert [c.shape[0] for c in engine.backend.draft_caches] == [engine.kv_cache.num_blocks] * 2
+
+    def test_runner_refuses_the_latent_cache_alone(self, dsa):
+        """A caller that binds only kv_cache.3 (as for a V3 draft) is told what the draft binds."""
+        from mla_export.runtime.mtp_draft import MTPDraftRunner
+        from mla_export.runtime.model_dir import load_model_dir
+
+        contract, _ = load_model_dir(dsa[2])
+        with pytest.raises(ValueError, match=r"binds 2 cache array\(s\) \(kv_cache.3, index_cache.3\), got one array"):
+            MTPDraftRunner(contract, np.zeros((8, 4, 48), np.float32), runtime="openvino", precision="f32")
+        with pytest.raises(ValueError, match=r"index_cache.3 is f32 \['NB', 4, 32\]; the cache binds float32 \[8, 4, 48\]"):
+            MTPDraftRunner(contract, [np.zeros((8, 4, 48), np.float32)] * 2, runtime="openvino", precision="f32")
+
+
 @pytest.mark.parametrize("runtime", RUNTIMES)
 class TestGreedyIdentical:
     @pytest.mark.parametrize("k", [1, 2, 3])

@@ -67,7 +67,8 @@ def _planted(src: Path, dst: Path) -> Path:
         if name.endswith(("o_proj.weight", "down_proj.weight")):
             tensors[name] = np.zeros_like(tensors[name])
     mtp = "model.layers.3"
-    tensors[f"{mtp}.eh_proj.weight"] = np.concatenate([np.eye(HIDDEN), np.zeros((HIDDEN, HIDDEN))], 1).astype(np.float32)
+    eye = np.concatenate([np.eye(HIDDEN), np.zeros((HIDDEN, HIDDEN))], 1)
+    tensors[f"{mtp}.eh_proj.weight"] = eye.astype(np.float32)
     tensors[f"{mtp}.enorm.weight"] = np.ones(HIDDEN, np.float32)
     tensors[f"{mtp}.shared_head.norm.weight"] = tensors["model.norm.weight"].copy()
     tensors[f"{mtp}.shared_head.head.weight"] = tensors["lm_head.weight"].copy()
@@ -290,7 +291,8 @@ class TestDraftCaches:
         contract, _ = load_model_dir(dsa[2])
         with pytest.raises(ValueError, match=r"binds 2 cache array\(s\) \(kv_cache.3, index_cache.3\), got one array"):
             MTPDraftRunner(contract, np.zeros((8, 4, 48), np.float32), runtime="openvino", precision="f32")
-        with pytest.raises(ValueError, match=r"index_cache.3 is f32 \['NB', 4, 32\]; the cache binds float32 \[8, 4, 48\]"):
+        with pytest.raises(ValueError, match=r"index_cache.3 is f32 \['NB', 4, 32\]; "
+                                             r"the cache binds float32 \[8, 4, 48\]"):
             MTPDraftRunner(contract, [np.zeros((8, 4, 48), np.float32)] * 2, runtime="openvino", precision="f32")
 
 

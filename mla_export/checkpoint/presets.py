@@ -231,7 +231,8 @@ def _append_mtp_layers(out: Path, model_type: str, cfg_dict: dict, seed: int, dt
             f.close()
     files = sorted(out.glob("*.safetensors"))
     if len(files) != 1:
-        raise ValueError(f"make_checkpoint: MTP layers are added to a single model.safetensors, found {len(files)} files")
+        raise ValueError(f"make_checkpoint: MTP layers are added to a single model.safetensors, found "
+                         f"{len(files)} files")
     f = SafetensorsFile(files[0])
     tensors, metadata = {k: f.array(k) for k in f.entries}, f.metadata
     f.close()

@@ -3,8 +3,9 @@
 DeepSeek-V3 checkpoints (and V3.2's, GLM-5's, Kimi K2's) carry one MTP layer after the last decoder
 layer (config.json's num_nextn_predict_layers: 1; its weights model.layers.<num_hidden_layers>.*),
 which transformers does not load. Its math is in mla_export/ops/reference_mtp.py (the float64
-oracle): row t of a step is the MTP layer at position p = positions[t], fed the token after p (input_ids[t]) and the main
-model's last hidden state at p (before the final norm, the main graph's `hidden_states` output):
+oracle): row t of a step is the MTP layer at position p = positions[t], fed the token after p
+(input_ids[t]) and the main model's last hidden state at p (before the final norm, the main
+graph's `hidden_states` output):
 
     x = eh_proj(concat(enorm(embed(t_{p+1})) [zeroed at position 0], hnorm(h_p)))
     h' = decoder layer (MLA attention over the draft's own latent cache, kv_cache.<N>; MoE)

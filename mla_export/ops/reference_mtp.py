@@ -20,10 +20,11 @@ router with groups, shared experts), one sequence at a time, every position atte
 positions 0..itself; with sparse attention (cfg.sparse) only to the index_topk of them its
 lightning indexer picks (transformers' DeepseekV32Indexer; a GLM-5 "shared" layer reuses the
 previous full layer's pick). The MTP layer of those models runs its own indexer (its checkpoint
-holds model.layers.<N>.self_attn.indexer.*; vLLM gives it its own key cache). The RoPE frequencies and YaRN factors come from MLAModelConfig (position x
-inv_freq in float32, as transformers computes it); everything after is float64. The same layer
-function runs the main model's layers (`main_forward`), which the tests check against
-transformers, so the block is validated where an outside oracle exists.
+holds model.layers.<N>.self_attn.indexer.*; vLLM gives it its own key cache). The RoPE
+frequencies and YaRN factors come from MLAModelConfig (position x inv_freq in float32, as
+transformers computes it); everything after is float64. The same layer function runs the main
+model's layers (`main_forward`), which the tests check against transformers, so the block is
+validated where an outside oracle exists.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ cache and bound once, written in place as the main graph's caches are) and, for 
 model (DeepSeek-V3.2, GLM-5), an indexer-key cache of its own (`index_cache.<N>`, shaped as a main
 indexer layer's). The draft reads the main cache's block tables and slots, so its rows live at the
 same slots in its own arrays: the KVCacheManager's blocks serve all, and a block copy
-(copy-on-write) is applied to them as to every main layer (backend.py). `run(metadata, hidden)` -> (draft logits [L, vocab], h' [L, hidden]).
+(copy-on-write) is applied to them as to every main layer (backend.py). `run(metadata, hidden)`
+-> (draft logits [L, vocab], h' [L, hidden]).
 
 Needs the custom-op graph: OpenVINO compiles mtp_draft.xml (or mtp_draft.onnx), onnxruntime runs
 mtp_draft.onnx with the mla-export op library (the draft has no portable form).

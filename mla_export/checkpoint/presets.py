@@ -179,12 +179,77 @@ def make_checkpoint(out_dir, model_type: str = "deepseek_v3", seed: int = 0, *, 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model.to(getattr(torch, dtype)).save_pretrained(out)
+    if _mtp_count(cfg_dict):
+        _append_mtp_layers(out, model_type, cfg_dict, seed, dtype)
     if model_type in SAVED_AS:  # as the released config.json names it (transformers reads it as its class)
         path = out / "config.json"
         path.write_text(json.dumps(dict(json.loads(path.read_text()), model_type=model_type), indent=2) + "\n")
     if tokenizer:
         _write_tokenizer(out, cfg_dict.get("vocab_size") or cfg_dict["text_config"]["vocab_size"])
     return out
+
+
+def _mtp_count(cfg_dict: dict) -> int:
+    from .writer import mtp_layers
+
+    return mtp_layers(cfg_dict)
+
+
+def _append_mtp_layers(out: Path, model_type: str, cfg_dict: dict, seed: int, dtype: str) -> None:
+    """Add the config's MTP layers to out/model.safetensors as DeepSeek's (and GLM-5's) released
+    checkpoints hold them, which transformers neither builds nor loads: layer N + j (N =
+    num_hidden_layers) is a decoder layer of the model's own kind, made here by transformers' own
+    classes (layer N + j of the same model built with more layers: a MoE layer; with sparse attention
+    one with its own indexer, "full"), plus enorm, hnorm, eh_proj [H, 2H] and shared_head.{norm, head}
+    drawn with numpy. The main model's tensors are left as they were written."""
+    import tempfile
+
+    import numpy as np
+    import torch
+    from transformers import AutoConfig
+
+    from .reader import SafetensorsFile
+    from .writer import save_safetensors
+
+    n, m = cfg_dict["num_hidden_layers"], _mtp_count(cfg_dict)
+    grown = dict(cfg_dict, num_hidden_layers=n + m)
+    for key, extra in (("indexer_types", "full"), ("mlp_layer_types", "sparse")):
+        if isinstance(grown.get(key), list):  # per-layer lists: the MTP layers run their own indexer, MoE
+            grown[key] = grown[key] + [extra] * m
+    torch.manual_seed(seed + 7919)
+    config = AutoConfig.for_model(SAVED_AS.get(model_type, model_type), **grown)
+    model = causal_lm_class(config)(config).eval()
+    _perturb(model, seed + 7919)
+    with tempfile.TemporaryDirectory() as tmp:
+        model.to(getattr(torch, dtype)).save_pretrained(tmp)
+        files = sorted(Path(tmp).glob("*.safetensors"))
+        extra = {}
+        for path in files:
+            f = SafetensorsFile(path)
+            extra.update({k: f.array(k) for k in f.entries if any(k.startswith(f"model.layers.{n + j}.")
+                                                                  for j in range(m))})
+            f.close()
+    files = sorted(out.glob("*.safetensors"))
+    if len(files) != 1:
+        raise ValueError(f"make_checkpoint: MTP layers are added to a single model.safetensors, found "
+                         f"{len(files)} files")
+    f = SafetensorsFile(files[0])
+    tensors, metadata = {k: f.array(k) for k in f.entries}, f.metadata
+    f.close()
+    h, v = cfg_dict["hidden_size"], cfg_dict["vocab_size"]
+    like = tensors["model.embed_tokens.weight"].dtype
+    rng = np.random.default_rng(seed + 104729)
+    std = float(cfg_dict.get("initializer_range", 0.02))
+    for j in range(m):
+        pre = f"model.layers.{n + j}"
+        tensors.update({f"{pre}.enorm.weight": 1.0 + 0.2 * rng.standard_normal(h),
+                        f"{pre}.hnorm.weight": 1.0 + 0.2 * rng.standard_normal(h),
+                        f"{pre}.eh_proj.weight": std * rng.standard_normal((h, 2 * h))})
+        tensors.update({k: t for k, t in extra.items() if k.startswith(f"{pre}.")})
+        tensors.update({f"{pre}.shared_head.norm.weight": 1.0 + 0.2 * rng.standard_normal(h),
+                        f"{pre}.shared_head.head.weight": std * rng.standard_normal((v, h))})
+    tensors = {k: np.asarray(t).astype(like) if t.dtype != like else t for k, t in tensors.items()}
+    save_safetensors(files[0], tensors, metadata)
 
 
 def causal_lm_class(config):

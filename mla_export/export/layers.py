@@ -177,9 +177,14 @@ def sparse_indexer(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig, i
 
     Interleaved indexer RoPE (GLM-5) is folded into the weights as for the main attention: the
     rotated rows of wq_b (per head) and of wk, LayerNorm's weight and bias with them, are
-    permuted into rotate-half order; q . k is unchanged by a permutation of both."""
+    permuted into rotate-half order; q . k is unchanged by a permutation of both.
+
+    A layer past the model's (i >= num_layers: the MTP layer, export/mtp.py) runs its own indexer
+    on `index_cache.<i>`: released V3.2 and GLM-5 checkpoints carry model.layers.<N>.self_attn.indexer.*
+    for it, and vLLM gives it a key cache of its own."""
     sp = cfg.sparse
-    if sp.indexer_types[i] == "shared":
+    mtp = i >= len(sp.indexer_types)
+    if not mtp and sp.indexer_types[i] == "shared":
         return io["topk_indices"]
     hi, d, dr = sp.index_n_heads, sp.index_head_dim, cfg.qk_rope_head_dim
     ip = f"{p}.indexer"
@@ -203,7 +208,7 @@ def sparse_indexer(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig, i
     # relu folded in (both positive: relu(a * s) = s * relu(a)).
     w = g.op("Mul", linear(g, rd, f"{ip}.weights_proj", x, hi, cfg.hidden_size), g.f32(hi ** -0.5 * d ** -0.5))
     no_rope = g.op("Slice", ik, g.i64(d), g.i64(d), g.i64(1))  # [T, 0]: indexer rows have no k_pe part
-    j = sp.index_layer(i)
+    j = i if mtp else sp.index_layer(i)  # the MTP draft's cache input is named by its layer (contract.mtp_graph_io)
     cache, topk = f"index_cache.{j}", f"layers.{i}.topk_indices"
     for variant in CUSTOM_OP_VARIANTS:
         if variant in g.variants:

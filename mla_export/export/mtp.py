@@ -1,14 +1,22 @@
 """The checkpoint's multi-token-prediction (MTP) module as a speculative-decoding draft graph.
 
-DeepSeek-V3 checkpoints carry one MTP layer after the last decoder layer (config.json's
-num_nextn_predict_layers: 1; its weights model.layers.<num_hidden_layers>.*), which transformers
-does not load. Its math is in mla_export/ops/reference_mtp.py (the float64 oracle): row t of a step
-is the MTP layer at position p = positions[t], fed the token after p (input_ids[t]) and the main
-model's last hidden state at p (before the final norm, the main graph's `hidden_states` output):
+DeepSeek-V3 checkpoints (and V3.2's, GLM-5's, Kimi K2's) carry one MTP layer after the last decoder
+layer (config.json's num_nextn_predict_layers: 1; its weights model.layers.<num_hidden_layers>.*),
+which transformers does not load. Its math is in mla_export/ops/reference_mtp.py (the float64
+oracle): row t of a step is the MTP layer at position p = positions[t], fed the token after p
+(input_ids[t]) and the main model's last hidden state at p (before the final norm, the main
+graph's `hidden_states` output):
 
     x = eh_proj(concat(enorm(embed(t_{p+1})) [zeroed at position 0], hnorm(h_p)))
     h' = decoder layer (MLA attention over the draft's own latent cache, kv_cache.<N>; MoE)
     logits = shared_head.head(shared_head.norm(h'))  -> a guess of t_{p+2}
+
+In the DeepSeek Sparse Attention families (V3.2, GLM-5) the decoder layer is theirs: the MTP layer
+runs its own lightning indexer (model.layers.<N>.self_attn.indexer.*, in the released checkpoints
+and in vLLM's DeepSeek MTP, which gives it its own key cache), whose keys go to the draft's own
+index_cache.<N> at the same slots, and its attention reads the top-k rows it picks; a GLM-5 MTP
+layer runs it whatever the main layers' indexer_types say (a shared layer would need the
+selection of a layer of the main graph).
 
 The graph takes the main graph's metadata (the same block tables and slots: the draft's cache
 rows sit at the main cache's slots, in an array of their own) and returns the logits and h' of
@@ -37,7 +45,8 @@ __all__ = ["MTP_FILES", "mtp_layer", "build_mtp_onnx"]
 
 MTP_FILES = {"onnx": "mtp_draft.onnx", "onnx_data": "mtp_draft.onnx.data", "openvino_xml": "mtp_draft.xml",
              "openvino_bin": "mtp_draft.bin", "openvino_source": "mtp_draft_openvino_source.onnx"}
-_V3_TYPES = ("deepseek_v3", "kimi_k2")  # the families whose MTP layer this graph builds (V3's block)
+# the families whose MTP layer this graph builds: V3's block, and V3.2's / GLM-5's (V3's with the indexer)
+_MTP_TYPES = ("deepseek_v3", "kimi_k2", "deepseek_v32", "glm_moe_dsa")
 
 
 def mtp_layer(cfg: MLAModelConfig, reader: CheckpointReader) -> tuple[int | None, str | None]:
@@ -53,8 +62,12 @@ def mtp_layer(cfg: MLAModelConfig, reader: CheckpointReader) -> tuple[int | None
     if not reader.has(f"model.layers.{n}.eh_proj.weight"):
         return None, (f"config.json declares {declared} MTP layer(s) but the checkpoint holds no "
                       f"model.layers.{n}.eh_proj.weight: no MTP draft exported")
-    if cfg.model_type not in _V3_TYPES or cfg.sparse or cfg.block["layout"] != "standard":
-        return None, f"the MTP draft is built for DeepSeek-V3's layer only, not {cfg.model_type}'s: not exported"
+    if cfg.model_type not in _MTP_TYPES or cfg.block["layout"] != "standard":
+        return None, (f"the MTP draft is built for DeepSeek-V3's, V3.2's and GLM-5's layers only, not "
+                      f"{cfg.model_type}'s: not exported")
+    if cfg.sparse and not reader.has(f"model.layers.{n}.self_attn.indexer.wk.weight"):
+        return None, (f"the MTP layer of a sparse-attention model runs its own indexer, but the checkpoint holds no "
+                      f"model.layers.{n}.self_attn.indexer.wk.weight: no MTP draft exported")
     if declared > 1:
         return n, (f"config.json declares {declared} MTP layers: the first (model.layers.{n}) is exported as the "
                    "draft, the others are not read")
@@ -76,7 +89,8 @@ def build_mtp_onnx(cfg: MLAModelConfig, reader: CheckpointReader, out_dir: Path,
     finally:
         store.close()
     onnx_ops.register_schemas()
-    inputs, outputs = mtp_graph_io(block_size, cfg.row_width, kv_dtype, cfg.kv_lora_rank, cfg.hidden_size, layer)
+    inputs, outputs = mtp_graph_io(block_size, cfg.row_width, kv_dtype, cfg.kv_lora_rank, cfg.hidden_size, layer,
+                                   cfg.sparse.index_head_dim if cfg.sparse else None)
     paths = {}
     for variant in variants:
         graph = helper.make_graph(g.variants[variant], f"{cfg.model_type}_mtp_{variant}",
@@ -105,7 +119,8 @@ def _build_mtp(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig, n: in
     x = g.op("Concat", norm(g, rd, f"{p}.enorm.weight", e, hidden, eps),
              norm(g, rd, f"{p}.hnorm.weight", "hidden_states", hidden, eps), axis=-1)  # embedding half first
     h = linear(g, rd, f"{p}.eh_proj", x, hidden, 2 * hidden)
-    # The decoder layer (V3's block: no residual scaling); MoE when the layer has a router.
+    # The decoder layer (V3's block: no residual scaling; a sparse model's attention runs the MTP
+    # layer's own indexer on index_cache.<n>: layers.sparse_indexer); MoE when the layer has a router.
     a = norm(g, rd, f"{p}.input_layernorm.weight", h, hidden, eps)
     h = g.op("Add", h, attention(g, rd, cfg, n, a, io))
     a = norm(g, rd, f"{p}.post_attention_layernorm.weight", h, hidden, eps)

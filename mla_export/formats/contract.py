@@ -162,15 +162,22 @@ def graph_io(num_layers: int, block_size: int, row_width: int, kv_dtype: str,
 
 
 def mtp_graph_io(block_size: int, row_width: int, kv_dtype: str, kv_lora_rank: int | None, hidden: int,
-                 layer_index: int) -> tuple[list[TensorSpec], list[TensorSpec]]:
+                 layer_index: int, index_dim: int | None = None) -> tuple[list[TensorSpec], list[TensorSpec]]:
     """Inputs and outputs of the MTP draft graph (custom ops only): the metadata of a step, the
     main model's hidden state of each new token's previous position, and the draft layer's own
     cache, `kv_cache.<layer_index>` (its rows at the main cache's slots). Row t of a step is the
-    MTP layer at position positions[t]: input_ids[t] is the token after that position."""
-    inputs, _ = graph_io(1, block_size, row_width, kv_dtype, "custom", kv_lora_rank)
-    metadata, cache = inputs[:-1], inputs[-1]
-    cache = TensorSpec(f"kv_cache.{layer_index}", cache.shape, cache.dtype,
-                       cache.meaning.replace("layer 0", f"the MTP layer ({layer_index})"))
+    MTP layer at position positions[t]: input_ids[t] is the token after that position.
+    index_dim: D of a sparse-attention model (DeepSeek-V3.2, GLM-5), whose MTP layer runs its own
+    lightning indexer: its key cache `index_cache.<layer_index>` follows (rows at the same slots)."""
+    inputs, _ = graph_io(1, block_size, row_width, kv_dtype, "custom", kv_lora_rank,
+                         (1, index_dim) if index_dim else None)
+    metadata, cache = inputs[:len(_METADATA)], inputs[len(_METADATA)]
+    caches = [TensorSpec(f"kv_cache.{layer_index}", cache.shape, cache.dtype,
+                         cache.meaning.replace("layer 0", f"the MTP layer ({layer_index})"))]
+    if index_dim:
+        index = inputs[len(_METADATA) + 1]
+        caches.append(TensorSpec(f"index_cache.{layer_index}", index.shape, index.dtype,
+                                 index.meaning.replace("indexer layer 0", f"the MTP layer ({layer_index})")))
     hidden_in = TensorSpec("hidden_states", ("T", hidden), "f32",
                            "the main model's last hidden state (before the final norm) at each row's position, or "
                            "the draft's own mtp_hidden_states for a further draft step")
@@ -178,7 +185,7 @@ def mtp_graph_io(block_size: int, row_width: int, kv_dtype: str, kv_lora_rank: i
                           "logits_indices picks"),
                TensorSpec("mtp_hidden_states", ("L", hidden), "f32",
                           "the MTP layer's output at those rows, before shared_head.norm (the next draft step's input)")]
-    return [*metadata, hidden_in, cache], outputs
+    return [*metadata, hidden_in, *caches], outputs
 
 
 MTP_FILE_KEYS = ("openvino_xml", "openvino_bin", "onnx", "onnx_data")
@@ -333,11 +340,10 @@ def validate_contract(raw: dict, out_dir: str | Path | None = None, verify: str 
         hidden = model["hidden_size"]
         if mtp["hidden_size"] != hidden:
             raise ContractError(f"mla_graph.json: mtp.hidden_size {mtp['hidden_size']} != model.hidden_size {hidden}")
-        if index:
-            raise ContractError("mla_graph.json: mtp: an MTP draft of a sparse-attention model is not supported")
         with _key("mtp"):
             want_in, want_out = mtp_graph_io(cache["block_size"], cache["row_width"], cache["dtype"],
-                                             model["kv_lora_rank"], hidden, mtp["layer_index"])
+                                             model["kv_lora_rank"], hidden, mtp["layer_index"],
+                                             index["row_width"] if index else None)
         for label, got, want in (("inputs", mtp["inputs"], want_in), ("outputs", mtp["outputs"], want_out)):
             got_key = [(t["name"], list(t["shape"]), t["dtype"]) for t in got]
             want_key = [(t.name, list(t.shape), t.dtype) for t in want]
@@ -594,7 +600,8 @@ def make_contract(*, model: dict, block_size: int, kv_dtype: str, files: dict, t
         files={k: files.get(k) for k in ("openvino_xml", "openvino_bin", "onnx", "onnx_portable", "onnx_data")},
         tokenizer=tokenizer, chat_template=chat_template, export=export)
     if mtp:
-        m_in, m_out = mtp_graph_io(block_size, row_width, kv_dtype, r, hidden, mtp["layer_index"])
+        m_in, m_out = mtp_graph_io(block_size, row_width, kv_dtype, r, hidden, mtp["layer_index"],
+                                   index_io[1] if index_io else None)
         raw["mtp"] = dict(num_layers=1, layer_index=mtp["layer_index"], hidden_size=hidden,
                           files={k: mtp["files"].get(k) for k in MTP_FILE_KEYS},
                           inputs=[t.to_json() for t in m_in], outputs=[t.to_json() for t in m_out])

@@ -1,5 +1,6 @@
 """DeepSeek-V3's multi-token-prediction (MTP) module in plain float64 numpy: the oracle of the
-exported MTP draft graph (transformers has no MTP code to compare with).
+exported MTP draft graph (transformers has no MTP code to compare with), for V3's block and for the
+DeepSeek Sparse Attention block of V3.2 and GLM-5.
 
 The math, from the V3 technical report (section 2.2) and vLLM's deepseek_mtp (which serves the
 released checkpoints): the MTP layer at position i takes the main model's last hidden state h_i
@@ -16,10 +17,14 @@ checkpoint may store a copy as model.layers.<N>.embed_tokens.weight: then that o
 
 The decoder layer is written out here too (MLA attention in its expanded form, V3's sigmoid
 router with groups, shared experts), one sequence at a time, every position attending to
-positions 0..itself. The RoPE frequencies and YaRN factors come from MLAModelConfig (position x
-inv_freq in float32, as transformers computes it); everything after is float64. The same layer
-function runs the main model's layers (`main_forward`), which the tests check against
-transformers, so the block is validated where an outside oracle exists.
+positions 0..itself; with sparse attention (cfg.sparse) only to the index_topk of them its
+lightning indexer picks (transformers' DeepseekV32Indexer; a GLM-5 "shared" layer reuses the
+previous full layer's pick). The MTP layer of those models runs its own indexer (its checkpoint
+holds model.layers.<N>.self_attn.indexer.*; vLLM gives it its own key cache). The RoPE
+frequencies and YaRN factors come from MLAModelConfig (position x inv_freq in float32, as
+transformers computes it); everything after is float64. The same layer function runs the main
+model's layers (`main_forward`), which the tests check against transformers, so the block is
+validated where an outside oracle exists.
 """
 
 from __future__ import annotations
@@ -48,14 +53,16 @@ def mtp_layer_index(cfg: MLAModelConfig, j: int = 0) -> int:
     return cfg.num_layers + j
 
 
-def _rope(x: np.ndarray, positions: np.ndarray, cfg: MLAModelConfig) -> np.ndarray:
+def _rope(x: np.ndarray, positions: np.ndarray, cfg: MLAModelConfig, form: str | None = None) -> np.ndarray:
     """x [T, ..., dr] rotated at `positions` [T]; V3's interleaved pairs become rotate-half after
-    the de-interleave permutation (transformers' apply_rotary_pos_emb_interleave does the same)."""
+    the de-interleave permutation (transformers' apply_rotary_pos_emb_interleave does the same).
+    form: the layout (default the main attention's, cfg.rope_form; the indexer has its own)."""
     dr = x.shape[-1]
-    if cfg.rope_form == "interleave":
+    form = form or cfg.rope_form
+    if form == "interleave":
         x = x[..., np.concatenate([np.arange(0, dr, 2), np.arange(1, dr, 2)])]
-    elif cfg.rope_form != "half":
-        raise ValueError(f"the MTP reference covers V3's RoPE forms (interleave, half), not {cfg.rope_form!r}")
+    elif form != "half":
+        raise ValueError(f"the MTP reference covers V3's RoPE forms (interleave, half), not {form!r}")
     freqs = (positions.astype(np.float32)[:, None] * cfg.rope.inv_freq()[None, :]).astype(np.float32)
     scale = cfg.rope.cos_sin_scaling()
     cos = np.cos(freqs.astype(np.float64)) * scale
@@ -66,8 +73,37 @@ def _rope(x: np.ndarray, positions: np.ndarray, cfg: MLAModelConfig) -> np.ndarr
     return np.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1)
 
 
-def _attention(x: np.ndarray, get: Weights, cfg: MLAModelConfig, p: str, positions: np.ndarray) -> np.ndarray:
-    """MLA self-attention of one sequence x [T, H] at positions [T] (causal by position)."""
+def _indexer_pick(x: np.ndarray, qa: np.ndarray, get: Weights, cfg: MLAModelConfig, p: str,
+                  positions: np.ndarray) -> np.ndarray:
+    """[T, T] bool: the positions the lightning indexer (weights under `p`.indexer) lets each token
+    attend to: the index_topk visible ones of largest score (all of them when fewer are visible;
+    ties: the earlier position). score[t, s] = sum_h w[t, h] * Hi^-0.5 * relu(q[t, h] . k[s] * D^-0.5)
+    with q = wq_b(qa), k = LayerNorm(wk(x)), RoPE (the indexer's own layout) on the first
+    qk_rope_head_dim values of both, w = weights_proj(x)."""
+    sp, ip = cfg.sparse, f"{p}.indexer"
+    hi, d, dr = sp.index_n_heads, sp.index_head_dim, cfg.qk_rope_head_dim
+    q = (qa @ _w(get, f"{ip}.wq_b.weight").T).reshape(len(x), hi, d)
+    k = x @ _w(get, f"{ip}.wk.weight").T
+    k = (k - k.mean(-1, keepdims=True)) / np.sqrt(k.var(-1, keepdims=True) + 1e-6)  # nn.LayerNorm(D, eps=1e-6)
+    k = k * _w(get, f"{ip}.k_norm.weight") + _w(get, f"{ip}.k_norm.bias")
+    q = np.concatenate([_rope(q[..., :dr], positions, cfg, sp.rope_form), q[..., dr:]], axis=-1)
+    k = np.concatenate([_rope(k[..., :dr], positions, cfg, sp.rope_form), k[..., dr:]], axis=-1)
+    w = (x @ _w(get, f"{ip}.weights_proj.weight").T) * hi ** -0.5
+    score = np.einsum("th,ths->ts", w, np.maximum(np.einsum("thd,sd->ths", q, k) * d ** -0.5, 0.0))
+    visible = positions[None, :] <= positions[:, None]
+    score = np.where(visible, score, -np.inf)
+    picked = np.zeros_like(visible)
+    for t in range(len(x)):
+        chosen = np.argsort(-score[t], kind="stable")[:min(sp.index_topk, int(visible[t].sum()))]
+        picked[t, chosen] = True
+    return picked
+
+
+def _attention(x: np.ndarray, get: Weights, cfg: MLAModelConfig, p: str, positions: np.ndarray, i: int = 0,
+               state: dict | None = None) -> np.ndarray:
+    """MLA self-attention of one sequence x [T, H] at positions [T] (causal by position) of layer i;
+    sparse attention: only to the positions the indexer picks (state["picked"] carries a full
+    layer's pick to the "shared" layers after it; a layer past the model's, the MTP layer, is full)."""
     h, dn, dr, dv, r = cfg.num_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim, cfg.kv_lora_rank
     if cfg.q_lora_rank is None:
         q = x @ _w(get, f"{p}.q_proj.weight").T
@@ -82,7 +118,16 @@ def _attention(x: np.ndarray, get: Weights, cfg: MLAModelConfig, p: str, positio
     kv = (kv_c @ _w(get, f"{p}.kv_b_proj.weight").T).reshape(-1, h, dn + dv)
     k_nope, v = kv[..., :dn], kv[..., dn:]
     scores = (np.einsum("thd,shd->hts", q_nope, k_nope) + np.einsum("thd,sd->hts", q_pe, k_pe)) * cfg.softmax_scale
-    scores = np.where(positions[None, None, :] <= positions[None, :, None], scores, -np.inf)
+    allowed = positions[None, :] <= positions[:, None]
+    if cfg.sparse:
+        types = cfg.sparse.indexer_types
+        if i < len(types) and types[i] == "shared":
+            allowed = state["picked"]
+        else:
+            allowed = _indexer_pick(x, qa, get, cfg, p, positions)
+            if state is not None:
+                state["picked"] = allowed
+    scores = np.where(allowed[None], scores, -np.inf)
     scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
     probs = scores / scores.sum(axis=-1, keepdims=True)
     out = np.einsum("hts,shd->thd", probs, v).reshape(-1, h * dv)
@@ -124,12 +169,15 @@ def _moe(x: np.ndarray, get: Weights, cfg: MLAModelConfig, p: str) -> np.ndarray
     return out
 
 
-def decoder_layer(h: np.ndarray, get: Weights, cfg: MLAModelConfig, i: int, positions: np.ndarray) -> np.ndarray:
+def decoder_layer(h: np.ndarray, get: Weights, cfg: MLAModelConfig, i: int, positions: np.ndarray,
+                  state: dict | None = None) -> np.ndarray:
     """Decoder layer i (weights model.layers.<i>.*) on one sequence's hidden states [T, H]. Its MLP
     is a MoE block when the checkpoint holds a router for it (the MTP layer is not in config's
-    per-layer dense/MoE list), else dense."""
+    per-layer dense/MoE list), else dense. state: what passes between the layers of one forward
+    (a sparse model's last indexer pick, for its shared layers)."""
     p, eps = f"model.layers.{i}", cfg.rms_norm_eps
-    h = h + _attention(rms_norm(h, _w(get, f"{p}.input_layernorm.weight"), eps), get, cfg, f"{p}.self_attn", positions)
+    h = h + _attention(rms_norm(h, _w(get, f"{p}.input_layernorm.weight"), eps), get, cfg, f"{p}.self_attn",
+                       positions, i, state)
     x = rms_norm(h, _w(get, f"{p}.post_attention_layernorm.weight"), eps)
     try:
         get(f"{p}.mlp.gate.weight")
@@ -153,8 +201,9 @@ def main_forward(tokens, get: Weights, cfg: MLAModelConfig) -> tuple[np.ndarray,
     """The main model on one sequence: (last hidden states [T, H] before the final norm, logits [T, V])."""
     positions = np.arange(len(tokens))
     h = _embed(get, ("model.embed_tokens.weight",), tokens)
+    state: dict = {}
     for i in range(cfg.num_layers):
-        h = decoder_layer(h, get, cfg, i, positions)
+        h = decoder_layer(h, get, cfg, i, positions, state)
     return h, rms_norm(h, _w(get, "model.norm.weight"), cfg.rms_norm_eps) @ _w(get, "lm_head.weight").T
 
 

@@ -57,7 +57,8 @@ class MLABackend:
         """batch_invariant: each sequence's logits the same whatever else is in the step and however its
         prompt was cut into chunks (batch_invariance.py says what that pins and what it refuses).
         mtp_draft: also compile the export's MTP draft graph (mtp_draft.py) on a latent cache of its
-        own, shaped as a main layer's: its rows sit at the main cache's slots, so every block id the
+        own, shaped as a main layer's (and, for a sparse-attention model, an indexer-key cache shaped
+        as a main indexer layer's): its rows sit at the main cache's slots, so every block id the
         KVCacheManager hands out serves both and block copies are applied to it too."""
         if not isinstance(batch_invariant, bool):
             raise ValueError(f"batch_invariant must be True or False, got {batch_invariant!r}")
@@ -72,12 +73,15 @@ class MLABackend:
         self.batch_invariant = batch_invariant
         self.executor = impl(contract, self.kv_caches, precision=precision, num_threads=num_threads,
                              batch_invariant=batch_invariant)
-        self.draft, self.draft_cache = None, None
+        self.draft, self.draft_cache, self.draft_caches = None, None, []
         if mtp_draft:
             from .mtp_draft import MTPDraftRunner
 
-            self.draft_cache = np.zeros_like(self.kv_caches[0])
-            self.draft = MTPDraftRunner(contract, self.draft_cache, runtime=runtime, precision=precision,
+            # kv_cache.<N> as a main layer's; index_cache.<N> as a main indexer layer's (sparse attention)
+            like = [self.kv_caches[0]] + ([self.kv_caches[self.layout.num_layers]] if self.layout.index_layers else [])
+            self.draft_caches = [np.zeros_like(c) for c in like]
+            self.draft_cache = self.draft_caches[0]
+            self.draft = MTPDraftRunner(contract, self.draft_caches, runtime=runtime, precision=precision,
                                         num_threads=num_threads)
 
     def execute(self, seq_lens: Sequence[int], query_lens: Sequence[int], block_tables: Sequence[Sequence[int]],
@@ -95,8 +99,7 @@ class MLABackend:
     def apply_block_copies(self, src_to_dst) -> None:
         """The scheduler's block copies, in the order the cache manager decided them."""
         if len(src_to_dst):  # most steps copy nothing: no numpy call on the hot path
-            copy_blocks(self.kv_caches if self.draft_cache is None else [*self.kv_caches, self.draft_cache],
-                        src_to_dst)
+            copy_blocks([*self.kv_caches, *self.draft_caches], src_to_dst)
 
     def hidden_states(self) -> np.ndarray:
         """The last step's hidden_states output [T, hidden] (exports with an MTP draft), a view

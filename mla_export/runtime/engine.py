@@ -133,8 +133,9 @@ class LLMEngine:
                                  f"(max_position_embeddings {facts.max_model_len})")
         wanted = int(max_model_len) if max_model_len is not None else facts.max_model_len
         layout = CacheLayout.of(self.contract)
-        if mtp:  # the MTP draft's own cache layer takes its share of the memory budget
-            layout = dataclasses.replace(layout, num_layers=layout.num_layers + 1)
+        if mtp:  # the MTP draft's own cache layer (and indexer-key cache, sparse attention) take their share
+            layout = dataclasses.replace(layout, num_layers=layout.num_layers + 1,
+                                         index_layers=layout.index_layers + (1 if layout.index_layers else 0))
         num_blocks = self._num_blocks(layout, num_blocks, kv_cache_memory, max_num_seqs, wanted)
         capacity = num_blocks * facts.block_size
         if max_model_len is not None and max_model_len > capacity:

@@ -1,10 +1,12 @@
 """The export's MTP draft graph (export/mtp.py) compiled on the engine's runtime.
 
-One compiled model on one latent cache array of its own (`kv_cache.<N>`, shaped as a main layer's
-cache and bound once, written in place as the main graph's caches are). The draft reads the main
-cache's block tables and slots, so its rows live at the same slots in its own array: the
-KVCacheManager's blocks serve both, and a block copy (copy-on-write) is applied to it as to every
-main layer (backend.py). `run(metadata, hidden)` -> (draft logits [L, vocab], h' [L, hidden]).
+One compiled model on a latent cache array of its own (`kv_cache.<N>`, shaped as a main layer's
+cache and bound once, written in place as the main graph's caches are) and, for a sparse-attention
+model (DeepSeek-V3.2, GLM-5), an indexer-key cache of its own (`index_cache.<N>`, shaped as a main
+indexer layer's). The draft reads the main cache's block tables and slots, so its rows live at the
+same slots in its own arrays: the KVCacheManager's blocks serve all, and a block copy
+(copy-on-write) is applied to them as to every main layer (backend.py). `run(metadata, hidden)`
+-> (draft logits [L, vocab], h' [L, hidden]).
 
 Needs the custom-op graph: OpenVINO compiles mtp_draft.xml (or mtp_draft.onnx), onnxruntime runs
 mtp_draft.onnx with the mla-export op library (the draft has no portable form).
@@ -22,7 +24,7 @@ from .executor_common import check_cache_written_in_place, check_options
 from .graph_feeds import graph_feeds
 from .metadata import METADATA_INPUTS, MLAMetadata
 
-__all__ = ["MTPDraftRunner", "mtp_problem"]
+__all__ = ["MTPDraftRunner", "mtp_problem", "draft_cache_names"]
 
 
 def mtp_problem(contract: Contract, runtime: str) -> str | None:
@@ -31,8 +33,8 @@ def mtp_problem(contract: Contract, runtime: str) -> str | None:
     if mtp is None:
         return (f"the export in {contract.out_dir} has no MTP draft graph (its checkpoint has no "
                 "num_nextn_predict_layers MTP layer with weights, e.g. DeepSeek-V2/V2-Lite, or it was exported "
-                "before MTP drafts were; export a checkpoint that carries one, such as DeepSeek-V3/R1, or use "
-                "method 'ngram')")
+                "before MTP drafts were; export a checkpoint that carries one, such as DeepSeek-V3/R1/V3.2 or "
+                "GLM-5, or use method 'ngram')")
     if runtime == "openvino" and not (contract.mtp_path("openvino_xml") or contract.mtp_path("onnx")):
         return "the export's MTP draft has neither mtp_draft.xml nor mtp_draft.onnx"
     if runtime == "onnxruntime":
@@ -44,30 +46,44 @@ def mtp_problem(contract: Contract, runtime: str) -> str | None:
     return None
 
 
-class MTPDraftRunner:
-    """The draft graph on `cache` (an array shaped and typed as a main layer's cache)."""
+def draft_cache_names(contract: Contract) -> list[str]:
+    """The draft graph's cache inputs, in order: kv_cache.<N>, then index_cache.<N> when the model
+    has sparse attention (the draft's layer runs its own indexer)."""
+    n = contract.mtp["layer_index"]
+    return [f"kv_cache.{n}"] + ([f"index_cache.{n}"] if contract.cache.get("index") else [])
 
-    def __init__(self, contract: Contract, cache: np.ndarray, *, runtime: str, precision: str = "bf16",
+
+class MTPDraftRunner:
+    """The draft graph on `caches` (draft_cache_names' arrays: shaped and typed as a main layer's
+    latent cache, then as a main indexer layer's key cache for a sparse-attention model)."""
+
+    def __init__(self, contract: Contract, caches, *, runtime: str, precision: str = "bf16",
                  num_threads: int | None = None):
         check_options(precision, num_threads)
         why = mtp_problem(contract, runtime)
         if why:
             raise ContractError(why)
         self.hidden_size = contract.mtp["hidden_size"]
-        self.cache_name = f"kv_cache.{contract.mtp['layer_index']}"
-        self.cache = cache
-        self._bound = cache_binding(cache)  # as the main caches: any non-f32 format as its bytes
-        spec = next(s for s in contract.inputs("mtp") if s.name == self.cache_name)
-        want = np.float32 if spec.dtype == "f32" else np.uint8
-        if self._bound.dtype != want or self._bound.shape[1:] != tuple(spec.shape[1:]):
-            raise ValueError(f"the MTP draft's {self.cache_name} is {spec.dtype} {list(spec.shape)}; the cache binds "
-                             f"{self._bound.dtype} {list(self._bound.shape)}")
+        self.cache_names = draft_cache_names(contract)
+        if isinstance(caches, np.ndarray) or len(caches) != len(self.cache_names):
+            raise ValueError(f"the MTP draft binds {len(self.cache_names)} cache array(s) "
+                             f"({', '.join(self.cache_names)}), got "
+                             f"{'one array' if isinstance(caches, np.ndarray) else len(caches)}")
+        self.caches = list(caches)
+        self._bound = [cache_binding(c) for c in self.caches]  # as the main caches: any non-f32 format as its bytes
+        specs = {s.name: s for s in contract.inputs("mtp")}
+        for name, bound in zip(self.cache_names, self._bound):
+            spec = specs[name]
+            want = np.float32 if spec.dtype == "f32" else np.uint8
+            if bound.dtype != want or bound.shape[1:] != tuple(spec.shape[1:]):
+                raise ValueError(f"the MTP draft's {name} is {spec.dtype} {list(spec.shape)}; the cache binds "
+                                 f"{bound.dtype} {list(bound.shape)}")
         self._impl = (_OpenVINODraft if runtime == "openvino" else _OrtDraft)(
-            contract, self.cache_name, cache, self._bound, precision, num_threads)
+            contract, dict(zip(self.cache_names, self._bound)), self.caches[0], precision, num_threads)
         check_cache_written_in_place(
-            lambda m: self.run(m, np.zeros((len(m.input_ids), self.hidden_size), np.float32))[0], [cache],
-            f"the MTP draft graph ({runtime})", lambda i: f"bound {self._bound.dtype} {list(self._bound.shape)}",
-            [self.cache_name])
+            lambda m: self.run(m, np.zeros((len(m.input_ids), self.hidden_size), np.float32))[0], self.caches,
+            f"the MTP draft graph ({runtime})",
+            lambda i: f"bound {self._bound[i].dtype} {list(self._bound[i].shape)}", self.cache_names)
 
     def run(self, metadata: MLAMetadata, hidden: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """One draft step: (logits [L, vocab], h' [L, hidden]) of the rows metadata.logits_indices picks.
@@ -83,7 +99,7 @@ class MTPDraftRunner:
 
 
 class _OpenVINODraft:
-    def __init__(self, contract: Contract, cache_name: str, cache: np.ndarray, bound: np.ndarray, precision: str,
+    def __init__(self, contract: Contract, bound: dict[str, np.ndarray], cache: np.ndarray, precision: str,
                  num_threads):
         import openvino as ov
 
@@ -107,7 +123,8 @@ class _OpenVINODraft:
             config["INFERENCE_NUM_THREADS"] = num_threads
         self.compiled = ov_core().compile_model(model, "CPU", config)
         self.request = self.compiled.create_infer_request()
-        self.request.set_tensor(cache_name, shared_tensor(bound))
+        for name, arr in bound.items():
+            self.request.set_tensor(name, shared_tensor(arr))
         # On one thread the plugin can lose an op's exception (executor_openvino.py): check first.
         self._precheck = None
         if int(self.compiled.get_property("INFERENCE_NUM_THREADS") or 0) == 1:
@@ -133,7 +150,7 @@ class _OpenVINODraft:
 
 
 class _OrtDraft:
-    def __init__(self, contract: Contract, cache_name: str, cache: np.ndarray, bound: np.ndarray, precision: str,
+    def __init__(self, contract: Contract, bound: dict[str, np.ndarray], cache: np.ndarray, precision: str,
                  num_threads):
         from ..ops import ort_tensors
         from ..deps import require
@@ -146,9 +163,10 @@ class _OrtDraft:
         contract.validate_model_io([(i.name, i.shape, i.type) for i in self.session.get_inputs()],
                                    [(o.name, o.shape, o.type) for o in self.session.get_outputs()], "mtp")
         self._ortvalue = ort_tensors.ortvalue
-        self._cache = ort_tensors.ortvalue(bound)  # over the array's memory: written in place
+        self._caches = {name: ort_tensors.ortvalue(arr) for name, arr in bound.items()}  # over the arrays' memory
         self._io = self.session.io_binding()
-        self._io.bind_ortvalue_input(cache_name, self._cache)
+        for name, value in self._caches.items():
+            self._io.bind_ortvalue_input(name, value)
 
     def run(self, feeds: dict, hidden: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         keep = []  # the OrtValues wrap the arrays (no copy): kept alive through the run

@@ -33,9 +33,10 @@ from .sampling import NO_TOKEN, Sampler, SamplingParams
 __all__ = ["SpeculativeConfig", "TokenBuffer", "propose_ngram", "verify_token", "rejection_sample", "METHODS"]
 
 METHODS = ("ngram", "mtp")
-# vLLM's names for the MTP method of a model family: DeepSeek-V3's layer is the one built here.
+# vLLM's names for the MTP method of a model family: DeepSeek's layer is the one built here (vLLM
+# runs DeepSeek-V3's, V3.2's and GLM-5's MTP layers as deepseek_mtp too).
 _MTP_ALIASES = ("mtp", "deepseek_mtp")
-_NOT_BUILT = ("glm4_moe_mtp",)  # GLM-5's (sparse-attention) MTP layer: refused as not built
+_NOT_BUILT = ("glm4_moe_mtp",)  # GLM-4.5/4.6/4.7's MTP layer (those models are not MLA): refused as not built
 _KEYS = ("method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min")
 _NGRAM_KEYS = ("prompt_lookup_max", "prompt_lookup_min")
 
@@ -72,8 +73,9 @@ class SpeculativeConfig:
         if method == "[ngram]":  # vLLM's older spelling
             method = "ngram"
         if method in _NOT_BUILT:
-            raise ValueError(f"speculative_config: method {method!r} is not built (GLM's MTP layer); "
-                             f"'ngram' and 'mtp' (DeepSeek-V3's MTP layer, alias 'deepseek_mtp') run here")
+            raise ValueError(f"speculative_config: method {method!r} is not built (GLM-4.5's MTP layer, not an "
+                             f"MLA model's); 'ngram' and 'mtp' (the MTP layer of DeepSeek-V3/V3.2, Kimi K2 and "
+                             f"GLM-5, alias 'deepseek_mtp') run here")
         if method in _MTP_ALIASES:
             method = "mtp"
         if method not in METHODS:

@@ -50,6 +50,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="int4 only (optimum-cli's flag): the embedding table and lm_head in int4 too, not int8. "
                         "lm_head is the largest weight a decode step reads; in int4 it reads half the bytes, "
                         "at a larger logits error (docs/WEIGHTS.md)")
+    p.add_argument("--tensor-format", dest="tensor_formats", action="append", default=None,
+                   metavar="PATTERN=FORMAT",
+                   help="int4 only, repeatable (llama-quantize's --tensor-type): weights whose checkpoint name the "
+                        "regular expression PATTERN matches are stored as FORMAT (int8 or int4), e.g. "
+                        "'down_proj=int8', 'lm_head=int4'; routed experts per projection (gate/up together, down). "
+                        "The first matching PATTERN decides; the contract records which weights each one took "
+                        "(docs/WEIGHTS.md)")
     p.add_argument("--moe-form", choices=("auto", "fused", "grouped", "gather-matmul"), default="auto",
                    help="routed experts: fused (one MlaMoeExperts op per layer reading the int8/int4 codes of the "
                         "selected experts; IR and model.onnx), grouped (one dispatch, per-expert GEMMs on each "
@@ -201,7 +208,7 @@ def _run(args, signals) -> int:
                                   block_size=args.block_size, kv_dtype=args.kv_dtype, weight_format=args.weight_format,
                                   group_size=args.group_size, ratio=args.ratio, all_layers=args.all_layers, overwrite=args.overwrite,
                                   progress=progress, moe_form=args.moe_form.replace("-", "_"),
-                                  max_model_len=args.max_model_len)
+                                  max_model_len=args.max_model_len, tensor_formats=args.tensor_formats or ())
         signals.armed = False  # done: from here a signal changes nothing
         progress.phase("done")
         progress.close()

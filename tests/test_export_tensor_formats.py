@@ -270,3 +270,65 @@ class TestBadRulesFailNamingThemselves:
                                                          "model.layers.1.mlp.experts.0.down_proj.weight",
                                                          "model.layers.2.mlp.experts.0.down_proj.weight"}
         assert export_bytes_per_token(out)["bytes"] == pytest.approx(ir_hand_count(out), abs=1)
+
+
+class TestRecipe:
+    """--recipe NAME: its group size and rules, exactly as if given by hand; the user's own rules and
+    group size take precedence; a recipe rule that finds nothing in a checkpoint is no error."""
+
+    def test_same_codes_as_its_rules_by_hand(self, checkpoint, tmp_path):
+        from mla_export.export.recipes import RECIPES
+
+        ckpt, cfg = checkpoint
+        r = RECIPES["int4-mixed"]
+        assert main(["export", str(ckpt), "-o", str(tmp_path / "recipe"), "-q", "--recipe", "int4-mixed"]) == 0
+        by_hand = ["--weight-format", "int4", "--group-size", str(r.group_size)]
+        for rule in r.tensor_formats:
+            by_hand += ["--tensor-format", rule]
+        assert main(["export", str(ckpt), "-o", str(tmp_path / "hand"), "-q", *by_hand]) == 0
+        got = ir_code_formats(tmp_path / "recipe", cfg)
+        assert got == ir_code_formats(tmp_path / "hand", cfg) and 8 in got.values()
+        recipe, hand = (load_contract(tmp_path / d).raw["export"] for d in ("recipe", "hand"))
+        assert recipe["recipe"] == "int4-mixed" and hand["recipe"] is None
+        assert recipe["int4_weight_formats"] == hand["int4_weight_formats"]
+        assert recipe["int4_group_sizes"] == hand["int4_group_sizes"]
+        assert export_bytes_per_token(tmp_path / "recipe")["bytes"] == pytest.approx(
+            ir_hand_count(tmp_path / "recipe"), abs=1)
+
+    def test_the_users_rules_and_group_come_first(self, checkpoint, tmp_path):
+        ckpt, cfg = checkpoint
+        out = tmp_path / "o"
+        export_model(ckpt, out, recipe="int4-mixed", group_size=64, tensor_formats=["down_proj=int4"])
+        export = load_contract(out).raw["export"]
+        assert 64 in export["int4_group_sizes"]  # the recipe's 32 alone makes groups of 32 only here
+        assert all(b == 4 for w, b in ir_code_formats(out, cfg).items() if "down_proj" in w or w.endswith(".w2"))
+
+    def test_a_rule_finding_nothing_is_no_error(self, tmp_path):
+        """A tied checkpoint has no lm_head.weight: the recipe's lm_head rule decides nothing (the
+        embedding table, int8, serves as lm_head)."""
+        ckpt = make_checkpoint(tmp_path / "ckpt", "deepseek_v2", seed=3, q_lora_rank=None, topk_method="greedy",
+                               tie_word_embeddings=True)
+        from safetensors import safe_open
+
+        for f in ckpt.glob("*.safetensors"):
+            with safe_open(str(f), "np") as st:
+                assert "lm_head.weight" not in st.keys()
+        export_model(ckpt, tmp_path / "o", recipe="int4-mixed")
+        rules = {r["rule"]: r["weights"] for r in load_contract(tmp_path / "o").raw["export"]["tensor_formats"]}
+        assert rules["lm_head=int4"] == [] and rules["down_proj=int8"]
+        with pytest.raises(Exception, match="'lm_head=int4'"):  # the same rule given by hand must decide something
+            export_model(ckpt, tmp_path / "h", weight_format="int4", tensor_formats=["lm_head=int4"])
+
+    @pytest.mark.parametrize("extra,message", [
+        (["--weight-format", "int8"], "--recipe int4-mixed is an int4 recipe: it cannot be combined with --weight-format int8"),
+        (["--ratio", "0.5"], "--recipe int4-mixed fixes which weights are int8: it cannot be combined with --ratio"),
+    ])
+    def test_conflicts(self, capsys, tmp_path, checkpoint, extra, message):
+        assert message in _cli_error(capsys, tmp_path, checkpoint[0], "--recipe", "int4-mixed", *extra)
+
+    def test_unknown_name(self, checkpoint, tmp_path):
+        from mla_export.export import ExportError
+
+        with pytest.raises(ExportError, match="--recipe must be one of int4-mixed, got 'q4'"):
+            export_model(checkpoint[0], tmp_path / "o", recipe="q4")
+        assert not (tmp_path / "o").exists()

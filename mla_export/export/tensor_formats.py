@@ -33,6 +33,7 @@ class TensorFormat:
     text: str  # PATTERN=FORMAT as the user gave it
     pattern: re.Pattern
     fmt: str
+    required: bool = True  # must decide some weight (a user's rule; a named recipe's need not)
 
     @property
     def bits(self) -> int:
@@ -51,7 +52,7 @@ class TensorFormat:
         return bool(hit)
 
 
-def parse_tensor_formats(specs) -> tuple[TensorFormat, ...]:
+def parse_tensor_formats(specs, required: bool = True) -> tuple[TensorFormat, ...]:
     """The rules from `--tensor-format` values, in order; TensorFormatError names a bad one."""
     if specs is None:
         return ()
@@ -70,5 +71,5 @@ def parse_tensor_formats(specs) -> tuple[TensorFormat, ...]:
             pattern = re.compile(text)
         except re.error as e:
             raise TensorFormatError(f"--tensor-format {spec!r}: {text!r} is not a regular expression ({e})") from None
-        rules.append(TensorFormat(spec, pattern, fmt))
+        rules.append(TensorFormat(spec, pattern, fmt, required))
     return tuple(rules)

@@ -298,10 +298,12 @@ class TestRecipe:
     def test_the_users_rules_and_group_come_first(self, checkpoint, tmp_path):
         ckpt, cfg = checkpoint
         out = tmp_path / "o"
-        export_model(ckpt, out, recipe="int4-mixed", group_size=64, tensor_formats=["down_proj=int4"])
+        export_model(ckpt, out, recipe="int4-mixed", group_size=32, tensor_formats=["o_proj=int4"])
         export = load_contract(out).raw["export"]
-        assert 64 in export["int4_group_sizes"]  # the recipe's 32 alone makes groups of 32 only here
-        assert all(b == 4 for w, b in ir_code_formats(out, cfg).items() if "down_proj" in w or w.endswith(".w2"))
+        assert export["int4_group_sizes"] == [32]  # the recipe's 128 falls back to 64 on this checkpoint's 64 inputs
+        got = ir_code_formats(out, cfg)
+        assert all(b == 4 for w, b in got.items() if "o_proj" in w)
+        assert all(b == 8 for w, b in got.items() if "q_proj" in w or "kv_a_proj" in w)  # the recipe's rule
 
     def test_a_rule_finding_nothing_is_no_error(self, tmp_path):
         """A tied checkpoint has no lm_head.weight: the recipe's lm_head rule decides nothing (the
@@ -315,7 +317,7 @@ class TestRecipe:
                 assert "lm_head.weight" not in st.keys()
         export_model(ckpt, tmp_path / "o", recipe="int4-mixed")
         rules = {r["rule"]: r["weights"] for r in load_contract(tmp_path / "o").raw["export"]["tensor_formats"]}
-        assert rules["lm_head=int4"] == [] and rules["down_proj=int8"]
+        assert rules["lm_head=int4"] == [] and rules["self_attn=int8"]
         with pytest.raises(Exception, match="'lm_head=int4'"):  # the same rule given by hand must decide something
             export_model(ckpt, tmp_path / "h", weight_format="int4", tensor_formats=["lm_head=int4"])
 

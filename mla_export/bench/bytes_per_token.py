@@ -2,7 +2,9 @@
 (efficiency = bytes/token x tokens/s / the plain read bandwidth measured around the run).
 
 Ours: from the export's config.json (the model's shapes, parsed by MLAModelConfig) and its
-contract (mla_graph.json `export`: weight format, float dtype, int4 group sizes, MoE form), with
+contract (mla_graph.json `export`: weight format, float dtype, int4 group sizes, MoE form, and by
+name the weights an int4 export stores in another format than its default rule's,
+`int4_weight_formats`: --tensor-format and --ratio's plan), with
 the exporter's storage layouts (mla_export/export/graph.py, qlinear.py, moe.py), as stored:
   float formats       n params x the dtype's bytes
   int8 / int4 (plain) codes + per-group u8/u4 zero point + f16 scale (GraphBuilder._dequantized)

@@ -101,12 +101,14 @@ class TestOurBytesPerToken:
         b = {t: export_bytes_per_token(d)["bytes"] for t, d in tiny_exports.items()}
         assert b["int4-all-g32"] < b["int4"] < b["int8"] < b["bf16"]
 
-    def test_a_mixed_int4_export_is_not_guessed(self, tiny_exports, tmp_path):
+    def test_a_mixed_int4_export_counts_its_recorded_plan(self, tiny_exports, tmp_path):
+        """--ratio's plan is in the contract by name (int4_weight_formats); one made before that
+        record existed is not guessed (test_export_tensor_formats.py)."""
         out = tmp_path / "mixed"
         assert main(["export", "--preset", "tiny", "-o", str(out), "-q", "--weight-format", "int4",
                      "--ratio", "0.5"]) == 0
-        with pytest.raises(Unknown, match="--ratio 0.5"):
-            export_bytes_per_token(out)
+        assert export_bytes_per_token(out)["bytes"] == pytest.approx(ir_hand_count(out), abs=1)
+        assert export_bytes_per_token(out)["bytes"] > export_bytes_per_token(tiny_exports["int4"])["bytes"]
 
     def test_no_contract_says_so(self, tmp_path):
         with pytest.raises(Unknown, match="cannot read its contract"):

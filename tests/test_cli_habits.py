@@ -45,6 +45,7 @@ def test_version(capsys):
     (["generate", "x", "-p", "hi", "-c", "4096"], "max_position_embeddings"),
     (["export", "x", "-o", "y", "--sym"], "--weight-format int8|int4"),
     (["export", "x", "-o", "y", "--kv-cache-dtype", "fp8"], "--kv-dtype"),
+    (["export", "x", "-o", "y", "--tensor-type", "down=q8_0"], "--tensor-format PATTERN=int8|int4"),
 ])
 def test_foreign_options_name_the_nearest_equivalent(capsys, argv, nearest):
     err = err_of(capsys, argv)

@@ -2,7 +2,9 @@
 (efficiency = bytes/token x tokens/s / the plain read bandwidth measured around the run).
 
 Ours: from the export's config.json (the model's shapes, parsed by MLAModelConfig) and its
-contract (mla_graph.json `export`: weight format, float dtype, int4 group sizes, MoE form), with
+contract (mla_graph.json `export`: weight format, float dtype, int4 group sizes, MoE form, and by
+name the weights an int4 export stores in another format than its default rule's,
+`int4_weight_formats`: --tensor-format and --ratio's plan), with
 the exporter's storage layouts (mla_export/export/graph.py, qlinear.py, moe.py), as stored:
   float formats       n params x the dtype's bytes
   int8 / int4 (plain) codes + per-group u8/u4 zero point + f16 scale (GraphBuilder._dequantized)
@@ -62,21 +64,30 @@ class _Layout:
             raise Unknown(f"weight format {self.fmt!r} is not one this count knows")
         if self.float_dtype not in FLOAT_BYTES:
             raise Unknown(f"float weight dtype {self.float_dtype!r} is not one this count knows")
+        # the weights stored in another format than int4's default rule (--ratio's plan, --tensor-format)
+        self.exceptions = export.get("int4_weight_formats")
         ratio = export.get("int4_ratio")
-        if self.fmt == "int4" and ratio not in (None, 1, 1.0):
+        if self.fmt == "int4" and ratio not in (None, 1, 1.0) and self.exceptions is None:
             raise Unknown(f"int4 with --ratio {ratio}: which weights went to int8 is not in the contract")
+        if not isinstance(self.exceptions or {}, dict) or \
+                any(v not in ("int8", "int4") for v in (self.exceptions or {}).values()):
+            raise Unknown(f"int4_weight_formats {self.exceptions!r} is not a map of weight names to int8/int4")
+        self.exceptions = self.exceptions or {}
         self.all_layers = bool(export.get("int4_all_layers"))
         self.groups = sorted(export.get("int4_group_sizes") or [], reverse=True)
         self.group_size = self.groups[0] if self.groups else 128  # checked against the recorded set: check_groups
         self.used_groups: set[int] = set()
 
-    def bits(self, kind: str) -> int | None:
-        """As WeightFormat.bits: 8, 4, FP8_BITS (fp8 codes: matmul weights only) or None (float)."""
+    def bits(self, kind: str, name: str = "") -> int | None:
+        """As WeightFormat.bits: 8, 4, FP8_BITS (fp8 codes: matmul weights only) or None (float);
+        int4: the contract's int4_weight_formats for `name` (the export's name of the stored weight)."""
         if self.fmt == "int8":
             return 8
         if self.fmt == "fp8":
             return FP8_BITS if kind == "matmul" else 8
         if self.fmt == "int4":
+            if name in self.exceptions:
+                return int(self.exceptions[name][3:])
             return 8 if kind in ("embedding", "head") and not self.all_layers else 4
         return None
 
@@ -90,9 +101,9 @@ class _Layout:
         self.used_groups.add(g)
         return g
 
-    def plain(self, rows: int, cols: int, kind: str = "matmul") -> float:
+    def plain(self, rows: int, cols: int, kind: str = "matmul", name: str = "") -> float:
         """GraphBuilder.weight: float as stored, or codes + zero points + f16 scales."""
-        bits = self.bits(kind)
+        bits = self.bits(kind, name)
         if bits is None or bits == FP8_BITS:  # fp8 codes are read by our ops only: float elsewhere
             return self.float_bytes(rows * cols)
         g = self._group(bits, cols)
@@ -117,12 +128,12 @@ class _Layout:
         g = self._group(bits, cols)
         return rows * (cols * bits / 8 + 5 * (cols // g))
 
-    def linear(self, rows: int, cols: int, bias: bool, kind: str = "matmul") -> float:
+    def linear(self, rows: int, cols: int, bias: bool, kind: str = "matmul", name: str = "") -> float:
         """layers.linear / model._logits: MlaQLinear where it can, else the plain form (+ f32 bias)."""
-        bits = self.bits(kind)
+        bits = self.bits(kind, name)
         if not bias and self.qlinear_ok(rows, cols, bits):
             return self.codes_f32_scales(rows, cols, bits)
-        return self.plain(rows, cols, kind) + (4 * rows if bias else 0)
+        return self.plain(rows, cols, kind, name) + (4 * rows if bias else 0)
 
     def check_groups(self) -> None:
         """The int4 group sizes this count used must be the ones the export recorded (the contract
@@ -152,47 +163,57 @@ def export_bytes_per_token(export_dir: str | Path) -> dict:
     parts = {"embedding row": 0.0, "attention": 0.0, "dense MLP": 0.0, "routers": 0.0, "shared experts": 0.0,
              "routed experts (top-k)": 0.0, "norms and RoPE rows": 0.0, "lm_head": 0.0}
 
-    def mlp(inter: int) -> float:
-        return 2 * L.linear(inter, h, cfg.mlp_bias) + L.linear(h, inter, cfg.mlp_bias)
+    def mlp(prefix: str, inter: int) -> float:
+        return (L.linear(inter, h, cfg.mlp_bias, name=f"{prefix}.gate_proj.weight")
+                + L.linear(inter, h, cfg.mlp_bias, name=f"{prefix}.up_proj.weight")
+                + L.linear(h, inter, cfg.mlp_bias, name=f"{prefix}.down_proj.weight"))
 
     # embedding: the Gather reads one row of the stored table (codes + its zp and scale)
-    parts["embedding row"] = L.plain(1, h, "embedding")
+    parts["embedding row"] = L.plain(1, h, "embedding", "model.embed_tokens.weight")
     rope_rows = 2 * cfg.rope.dim * 4  # the token's cos and sin rows (f32)
     parts["norms and RoPE rows"] += rope_rows + 4 * h  # + the final norm
     for i in range(cfg.num_layers):
+        p = f"model.layers.{i}.self_attn"
         att = 0.0
         if cfg.q_lora_rank is None:
-            att += L.linear(nh * qk, h, False)
+            att += L.linear(nh * qk, h, False, name=f"{p}.q_proj.weight")
         else:
-            att += L.linear(cfg.q_lora_rank, h, bias) + L.linear(nh * qk, cfg.q_lora_rank, False)
+            att += L.linear(cfg.q_lora_rank, h, bias, name=f"{p}.q_a_proj.weight") + \
+                L.linear(nh * qk, cfg.q_lora_rank, False, name=f"{p}.q_b_proj.weight")
             parts["norms and RoPE rows"] += 4 * cfg.q_lora_rank
-        att += L.linear(r + dr, h, bias)
+        att += L.linear(r + dr, h, bias, name=f"{p}.kv_a_proj_with_mqa.weight")
         # absorbed kv_b_proj halves, operands of our attention op: float in every format
         att += FLOAT_BYTES[L.float_dtype] * nh * r * (dn + dv)
-        att += L.linear(h, nh * dv, bias)
+        att += L.linear(h, nh * dv, bias, name=f"{p}.o_proj.weight")
         parts["attention"] += att
         parts["norms and RoPE rows"] += 4 * (2 * h + r)
+        mp = f"model.layers.{i}.mlp"
         if cfg.mlp_layer_types[i] == "dense":
-            parts["dense MLP"] += mlp(cfg.intermediate_size)
+            parts["dense MLP"] += mlp(mp, cfg.intermediate_size)
             continue
         m = cfg.moe
         parts["routers"] += 4 * m.n_routed_experts * h + (4 * m.n_routed_experts if m.scoring == "sigmoid" else 0)
         if m.n_shared_experts:
-            parts["shared experts"] += mlp(m.moe_intermediate_size * m.n_shared_experts)
-        inter = m.moe_intermediate_size
-        bits = L.bits("matmul")
-        if bits is not None and moe_form == "fused":  # MlaMoeExperts operands, stacked per expert
-            expert = L.codes_f32_scales(2 * inter, h, bits) + L.codes_f32_scales(h, inter, bits)
-        else:  # one weight per projection and expert (GraphBuilder.weight)
-            expert = 2 * L.plain(inter, h) + L.plain(h, inter)
+            parts["shared experts"] += mlp(f"{mp}.shared_experts", m.moe_intermediate_size * m.n_shared_experts)
+        inter, ep = m.moe_intermediate_size, f"{mp}.experts"
+        if L.fmt in ("int8", "int4", "fp8") and moe_form == "fused":  # MlaMoeExperts operands, stacked per expert
+            expert = L.codes_f32_scales(2 * inter, h, L.bits("matmul", f"{ep}.w13")) + \
+                L.codes_f32_scales(h, inter, L.bits("matmul", f"{ep}.w2"))
+        elif moe_form == "gather_matmul":  # stacked [E, out, in] per projection (GraphBuilder.weight)
+            expert = L.plain(inter, h, name=f"{ep}.gate_proj.stacked") + L.plain(inter, h, name=f"{ep}.up_proj.stacked") \
+                + L.plain(h, inter, name=f"{ep}.down_proj.stacked")
+        else:  # one weight per projection and expert (GraphBuilder.weight): the experts' mean
+            expert = sum(L.plain(2 * inter, h, name=f"{ep}.{e}.gate_up_proj.weight")
+                         + L.plain(h, inter, name=f"{ep}.{e}.down_proj.weight")
+                         for e in range(m.n_routed_experts)) / m.n_routed_experts
         parts["routed experts (top-k)"] += m.num_experts_per_tok * expert
-    head_bits = L.bits("head")
+    head_bits = L.bits("head", "lm_head.weight")
     if cfg.tie_word_embeddings and head_bits is not None:
         # tied: the quantized embedding table serves as lm_head, read whole (a tied checkpoint that
         # also carries lm_head.weight gets MlaQLinear: 2 bytes a row more, not told apart here)
-        parts["lm_head"] = L.plain(cfg.vocab_size, h, "embedding")
+        parts["lm_head"] = L.plain(cfg.vocab_size, h, "embedding", "model.embed_tokens.weight")
     else:
-        parts["lm_head"] = L.linear(cfg.vocab_size, h, False, "head")
+        parts["lm_head"] = L.linear(cfg.vocab_size, h, False, "head", "lm_head.weight")
     L.check_groups()
     total = sum(parts.values())
     return {"bytes": int(round(total)), "parts": {k: int(round(v)) for k, v in parts.items() if v},

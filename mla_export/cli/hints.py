@@ -27,6 +27,8 @@ HINTS: dict[str, dict[str, str]] = {
         "--sym": "int8/int4 weights here have a zero point per channel/group: --weight-format int8|int4 [--group-size N]",
         "--awq": "no data-aware compression here: --weight-format int4 --ratio R keeps the most int4-sensitive weights int8",
         "--dataset": "no data-aware compression here: --weight-format int4 --ratio R keeps the most int4-sensitive weights int8",
+        "--tensor-type": "llama-quantize's per-tensor types: --weight-format int4 --tensor-format PATTERN=int8|int4 "
+                         "(or --recipe int4-mixed)",
         "--framework": "the exporter reads safetensors checkpoints directly; drop it",
         "--library": "the exporter reads DeepSeek-V2/V3 checkpoints directly; drop it",
         "--device": _CPU_ONLY,

@@ -31,6 +31,8 @@ from .moe import MOE_FORMS, fused_form_problem
 from .progress import IR_SHARE, ExportProgress
 from .output_lock import OutputBusy, OutputLock, clean_stale, remove_owner, write_owner
 from .signals import signals_held
+from .recipes import RECIPES
+from .tensor_formats import TensorFormatError, parse_tensor_formats
 from .safety import commit
 from .tokenizer_files import copy_tokenizer_files
 from .weight_bounds import check_weights_hold
@@ -64,8 +66,19 @@ def _checkpoint_dtype(cfg: MLAModelConfig) -> str:
 
 
 def _weight_format(requested: str, group_size: int, ratio: float, cfg: MLAModelConfig,
-                   all_layers: bool = False) -> WeightFormat:
-    """auto = the checkpoint's float dtype; int formats keep the non-matmul weights in it."""
+                   all_layers: bool = False, tensor_formats=(), recipe_rules=()) -> WeightFormat:
+    """auto = the checkpoint's float dtype; int formats keep the non-matmul weights in it. The
+    user's rules come before a recipe's (the first match decides); a recipe's rule may match
+    nothing in a checkpoint (a model without shared experts), the user's may not."""
+    try:
+        overrides = parse_tensor_formats(tensor_formats) + parse_tensor_formats(list(recipe_rules), required=False)
+    except TensorFormatError as e:
+        raise ExportError(str(e)) from None
+    if overrides and requested != "int4":
+        raise ExportError(f"--tensor-format applies to --weight-format int4 only (got --weight-format {requested})")
+    if overrides and ratio != 1.0:
+        raise ExportError("--tensor-format and --ratio cannot be combined: --ratio's plan would choose among weights "
+                          "the --tensor-format rules already fix; give the int8 weights by --tensor-format instead")
     if all_layers and requested != "int4":
         raise ExportError(f"--all-layers applies to --weight-format int4 only (got --weight-format {requested})")
     if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0.0 <= ratio <= 1.0:
@@ -78,7 +91,8 @@ def _weight_format(requested: str, group_size: int, ratio: float, cfg: MLAModelC
         raise ExportError(f"--group-size must be a positive integer or -1 (one group per output channel), "
                           f"got {group_size!r}")
     if requested in CODE_FORMATS:
-        return WeightFormat(requested, _checkpoint_dtype(cfg), group_size, ratio=float(ratio), all_layers=all_layers)
+        return WeightFormat(requested, _checkpoint_dtype(cfg), group_size, ratio=float(ratio), all_layers=all_layers,
+                            overrides=overrides)
     return WeightFormat(_checkpoint_dtype(cfg) if requested == "auto" else requested)
 
 
@@ -132,6 +146,43 @@ def _positions(cfg: MLAModelConfig, max_model_len: int | None) -> MLAModelConfig
     return cfg
 
 
+def _with_recipe(recipe, weight_format: str, group_size, ratio) -> tuple[str, int, tuple]:
+    """(weight format, group size, the recipe's rules) once the named recipe, if any, is applied."""
+    if recipe is None:
+        return weight_format, 128 if group_size is None else group_size, ()
+    if recipe not in RECIPES:
+        raise ExportError(f"--recipe must be one of {', '.join(RECIPES)}, got {recipe!r}")
+    if weight_format not in ("auto", "int4"):
+        raise ExportError(f"--recipe {recipe} is an int4 recipe: it cannot be combined with --weight-format "
+                          f"{weight_format}")
+    if ratio != 1.0:
+        raise ExportError(f"--recipe {recipe} fixes which weights are int8: it cannot be combined with --ratio")
+    r = RECIPES[recipe]
+    return "int4", r.group_size if group_size is None else group_size, r.tensor_formats
+
+
+def _check_rules_name_tensors(wformat: WeightFormat, reader: CheckpointReader) -> None:
+    """Up front, from the checkpoint's tensor names: each --tensor-format pattern names some tensor."""
+    names = list(reader.names())
+    for rule in wformat.overrides:
+        if rule.required and not any(rule.pattern.search(n) for n in names):
+            example = next((n for n in names if n.endswith("down_proj.weight")), names[0] if names else "")
+            raise ExportError(f"--tensor-format {rule.text!r}: the pattern matches no tensor of the checkpoint "
+                              f"(names look like {example})")
+
+
+def _check_rules_decided(wformat: WeightFormat, reader: CheckpointReader) -> None:
+    """After the graph is built (before anything is converted or written in place): each rule
+    decided the format of some stored weight; one that matched only weights kept float did nothing."""
+    for rule in wformat.overrides:
+        if rule.required and not wformat.matched.get(rule.text):
+            hits = [n for n in reader.names() if rule.pattern.search(n)][:3]
+            raise ExportError(f"--tensor-format {rule.text!r}: the pattern matches only weights kept float in every "
+                              f"format ({', '.join(hits)}: norms, routers and kv_b_proj, whose absorbed halves the "
+                              "attention op reads, take no int format), or a tied lm_head (the embedding table's "
+                              "format serves)")
+
+
 def _moe_form(requested: str, cfg, wformat: WeightFormat) -> str:
     """The MoE form written: auto picks fused where the op can hold the experts, else grouped."""
     has_moe = any(cfg.is_moe_layer(i) for i in range(cfg.num_layers))
@@ -144,16 +195,20 @@ def _moe_form(requested: str, cfg, wformat: WeightFormat) -> str:
 
 
 def export_model(model_dir, out_dir, *, fmt: str = "openvino", portable: bool = False, block_size: int = 16,
-                 kv_dtype: str = "f16", weight_format: str = "auto", group_size: int = 128, ratio: float = 1.0,
+                 kv_dtype: str = "f16", weight_format: str = "auto", group_size: int | None = None, ratio: float = 1.0,
                  overwrite: bool = False, progress: ExportProgress | None = None,
                  weight_dtype: str | None = None, moe_form: str = "auto", all_layers: bool = False,
-                 max_model_len: int | None = None) -> ExportResult:
+                 max_model_len: int | None = None, tensor_formats=(), recipe: str | None = None) -> ExportResult:
     """weight_format: auto | f32 | f16 | bf16 | int8 | int4 | fp8 (weight_dtype: its older name).
     moe_form: auto | fused | grouped | gather_matmul (see moe.py). auto = fused (our MlaMoeExperts op,
     IR and model.onnx) for int8/int4 weights it can hold, else grouped. gather_matmul applies to the
     IR only; the portable ONNX is always grouped. all_layers (int4 only): the embedding table and
     lm_head in int4 too (optimum-cli's --all-layers), else int8. max_model_len: the positions the
     export holds (RoPE table rows; the contract's max_position_embeddings), default config.json's.
+    tensor_formats (int4 only): PATTERN=FORMAT rules, int8 or int4 for the weights whose checkpoint
+    names PATTERN matches (tensor_formats.py); the contract records which weights each decided.
+    recipe: a named int4 recipe (recipes.py): its group size unless group_size is given (default
+    128 without a recipe), its rules after tensor_formats' (the first matching rule decides).
     `progress` (an `ExportProgress`, e.g. `TqdmProgress()`) is told every phase."""
     start = time.time()
     progress = progress or ExportProgress()
@@ -192,7 +247,8 @@ def export_model(model_dir, out_dir, *, fmt: str = "openvino", portable: bool = 
         result = _export_locked(model_dir, out_dir, start=start, fmt=fmt, portable=portable, block_size=block_size,
                                 kv_dtype=kv_dtype, weight_format=weight_format, group_size=group_size, ratio=ratio,
                                 overwrite=overwrite, progress=progress, weight_dtype=weight_dtype, moe_form=moe_form,
-                                all_layers=all_layers, max_model_len=max_model_len)
+                                all_layers=all_layers, max_model_len=max_model_len, tensor_formats=tensor_formats,
+                                recipe=recipe)
     finally:
         with signals_held():
             lock.release()
@@ -215,20 +271,23 @@ def _partial_dir(out_dir: Path) -> Path:
 
 def _export_locked(model_dir: Path, out_dir: Path, *, start: float, fmt, portable, block_size, kv_dtype,
                    weight_format, group_size, ratio, overwrite, progress, weight_dtype, moe_form,
-                   all_layers, max_model_len) -> ExportResult:
+                   all_layers, max_model_len, tensor_formats, recipe) -> ExportResult:
     _check_out_dir(out_dir, overwrite)
+    if weight_dtype is not None:
+        weight_format = weight_dtype
+    weight_format, group_size, recipe_rules = _with_recipe(recipe, weight_format, group_size, ratio)
     cfg = _positions(MLAModelConfig.from_dir(model_dir), max_model_len)
     if portable and cfg.sparse:
         raise ExportError(f"--portable cannot hold {cfg.model_type}'s DeepSeek Sparse Attention (the indexer's top-k "
                           "over a paged key cache has no standard-ONNX form here); export it without --portable: "
                           "model.onnx runs in onnxruntime with the mla-export ops")
-    wformat = _weight_format(weight_dtype if weight_dtype is not None else weight_format, group_size, ratio, cfg,
-                             all_layers)
+    wformat = _weight_format(weight_format, group_size, ratio, cfg, all_layers, tensor_formats, recipe_rules)
     moe_form = _moe_form(moe_form, cfg, wformat)
     reader = CheckpointReader(model_dir, fp8_block=cfg.fp8_block, prefixes=cfg.weight_prefixes)
     # A multimodal checkpoint's vision tower and projector, not exported (text only): the summary says so
     left_out = reader.left_out() if cfg.weight_prefixes else None
     check_weights_hold(cfg, reader, LAYOUTS[cfg.block["layout"]][1])  # before any loop over the config's layers
+    _check_rules_name_tensors(wformat, reader)
     random_weights = reader.random_weights()  # recorded so that generate can say its text is noise
     # The checkpoint's MTP layer, exported as a speculative-decoding draft beside the model (mtp.py)
     mtp_index, mtp_note = mtp_layer(cfg, reader)
@@ -266,15 +325,19 @@ def _export_locked(model_dir: Path, out_dir: Path, *, start: float, fmt, portabl
         if wformat.ratio < 1.0:  # mixed int4/int8: one reading pass to rank the weights first
             progress.phase("ranking the weights for int4/int8")
             plan_weights(cfg, reader, wformat, moe_form=moe_forms[ir_source])
-        onnx_paths = build_onnx(cfg, reader, tmp, variants=variants, block_size=block_size, kv_dtype=kv_dtype,
-                                weight_format=wformat, moe_forms=moe_forms, progress=layer_done,
-                                hidden_output=mtp_index is not None)
-        mtp_paths = {}
-        if mtp_index is not None:
-            progress.phase("the MTP draft graph")
-            mtp_paths = build_mtp_onnx(cfg, reader, tmp, mtp_index, variants=variants, block_size=block_size,
-                                       kv_dtype=kv_dtype, weight_format=replace(wformat, stats={}),
-                                       moe_forms=moe_forms)
+        try:
+            onnx_paths = build_onnx(cfg, reader, tmp, variants=variants, block_size=block_size, kv_dtype=kv_dtype,
+                                    weight_format=wformat, moe_forms=moe_forms, progress=layer_done,
+                                    hidden_output=mtp_index is not None)
+            mtp_paths = {}
+            if mtp_index is not None:
+                progress.phase("the MTP draft graph")
+                mtp_paths = build_mtp_onnx(cfg, reader, tmp, mtp_index, variants=variants, block_size=block_size,
+                                           kv_dtype=kv_dtype, weight_format=replace(wformat, stats={}),
+                                           moe_forms=moe_forms)
+        except TensorFormatError as e:
+            raise ExportError(str(e)) from None
+        _check_rules_decided(wformat, reader)
         reader.close()
         progress.advance(rest_bytes)
         files = dict(openvino_xml=None, openvino_bin=None, onnx=None, onnx_portable=None, onnx_data=None)
@@ -318,7 +381,13 @@ def _export_locked(model_dir: Path, out_dir: Path, *, start: float, fmt, portabl
                         int4_group_sizes=sorted(wformat.stats.get("int4_group_sizes", []), reverse=True),
                         int4_ratio=wformat.ratio if wformat.fmt == "int4" else None,
                         int4_all_layers=wformat.all_layers if wformat.fmt == "int4" else None,
-                        moe_form=moe_form, left_out=left_out, random_weights=random_weights,
+                        # every weight stored in another format than the int4 default rule's (--ratio's
+                        # plan, --tensor-format), and what each rule decided: bytes_per_token.py reads them
+                        int4_weight_formats=dict(sorted(wformat.stats.get("formats", {}).items()))
+                        if wformat.fmt == "int4" else None,
+                        tensor_formats=[dict(rule=r.text, weights=sorted(wformat.matched.get(r.text, ())))
+                                        for r in wformat.overrides],
+                        recipe=recipe, moe_form=moe_form, left_out=left_out, random_weights=random_weights,
                         exporter_version=__version__, source=str(model_dir.resolve()),
                         seconds=round(time.time() - start, 3), files=describe_files(tmp, tied)),
             mtp=None if mtp_files is None else dict(layer_index=mtp_index, files=mtp_files))

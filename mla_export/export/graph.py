@@ -50,6 +50,8 @@ class WeightFormat:
     ratio: float = 1.0  # int4: share of the matmul weights (by parameters) in int4, the rest int8
     all_layers: bool = False  # int4: the embedding table and lm_head in int4 as well
     int8_names: frozenset = frozenset()  # int4 with ratio < 1: matmul weights planned into int8
+    overrides: tuple = ()  # int4: --tensor-format rules (tensor_formats.TensorFormat), first match decides
+    matched: dict = field(default_factory=dict)  # rule text -> stored weight names it decided (shared by copies)
     planning: bool = False  # a planning pass: record int4 sensitivities, store nothing
     sensitivity: dict = field(default_factory=dict)  # name -> (int4 relative error, parameters)
     stats: dict = field(default_factory=dict)  # what was stored: format -> parameter count, group sizes used
@@ -62,20 +64,30 @@ class WeightFormat:
         if self.fmt in FLOAT_FORMATS:
             self.float_dtype = self.fmt
 
-    def bits(self, kind: str, name: str = "") -> int | None:
-        """Code bits for a weight of this kind (matmul | embedding | head), None to keep it float:
-        4 / 8 integer codes, FP8_BITS e4m3 codes (fp8: the matmul weights our ops read; the
+    def bits(self, kind: str, name: str = "", sources: tuple[str, ...] | None = None) -> int | None:
+        """Code bits for the weight `name` of this kind (matmul | embedding | head), None to keep it
+        float: 4 / 8 integer codes, FP8_BITS e4m3 codes (fp8: the matmul weights our ops read; the
         embedding table and lm_head int8, as int4 keeps them; a matmul weight our ops cannot take
-        stays float, GraphBuilder.weight)."""
+        stays float, GraphBuilder.weight). int4: a --tensor-format rule matching the checkpoint
+        tensors `sources` the weight is made of (default: `name` itself) decides first; a weight
+        whose format is not the int4 default rule's is recorded in stats["formats"] (the contract's
+        record of which weights ended in which format, read by bench/bytes_per_token.py)."""
         if self.fmt == "int8":
             return 8
         if self.fmt == "fp8":
             return FP8_BITS if kind == "matmul" else 8
-        if self.fmt == "int4":
-            if kind in ("embedding", "head") and not self.all_layers:
-                return 8
-            return 4 if name not in self.int8_names else 8  # --ratio's plan may move any of them to int8
-        return None
+        if self.fmt != "int4":
+            return None
+        default = 8 if kind in ("embedding", "head") and not self.all_layers else 4
+        bits = 8 if name in self.int8_names else default  # --ratio's plan may move any of them to int8
+        for rule in self.overrides:
+            if name and rule.choose(name, tuple(sources) if sources else (name,)):
+                self.matched.setdefault(rule.text, set()).add(name)
+                bits = rule.bits
+                break
+        if bits != default:
+            self.stats.setdefault("formats", {})[name] = f"int{bits}"
+        return bits
 
     def plan(self) -> None:
         """After a planning pass: the most int4-sensitive matmul weights go to int8 until they hold
@@ -222,14 +234,16 @@ class GraphBuilder:
         return self._consts[key]
 
     # weights
-    def weight(self, name: str, array: np.ndarray, kind: str = "matmul", record: bool = True) -> str:
+    def weight(self, name: str, array: np.ndarray, kind: str = "matmul", record: bool = True,
+               sources: tuple[str, ...] | None = None) -> str:
         """A weight [..., out, in] (input axis last) in the export's weight format, as an f32 value.
 
         kind: matmul (a Gemm/MatMul operand), embedding (a Gather table), head (lm_head), or
         float (always kept float: operands of the custom attention op). record: count it in the
-        export's stats (False when another variant's node on the same weight already counts it)."""
+        export's stats (False when another variant's node on the same weight already counts it).
+        sources: the checkpoint tensors the weight is made of (WeightFormat.bits), default `name`."""
         fmt = self.store.format
-        bits = None if kind == "float" else fmt.bits(kind, name)
+        bits = None if kind == "float" else fmt.bits(kind, name, sources)
         if fmt.planning:
             if bits == 4:
                 fmt.sensitivity[name] = (_int4_error(array, fmt.group_size), array.size)

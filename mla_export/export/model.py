@@ -159,7 +159,7 @@ def _embed(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig,
     """(the T embedding rows as f32, the table value lm_head can share when tied)."""
     table = rd.get(name, (cfg.vocab_size, cfg.hidden_size))
     fmt = g.store.format
-    if fmt.bits("embedding") is None:
+    if fmt.bits("embedding", name) is None:
         fmt.record(fmt.float_dtype, table.size)
         stored = g.store.add(name, table, fmt.float_dtype)
         rows = g.op("Gather", stored, onnx_ops.CHECKED["input_ids"], axis=0)  # gather first, widen only the T rows
@@ -185,7 +185,7 @@ def _logits(g: GraphBuilder, rd: CheckpointReader, cfg: MLAModelConfig, picked: 
     dots at 1 row and even at 8 for int4, 1.35x slower at 1 row for int8 (1.1x faster at 8 rows;
     docs/WEIGHTS.md has the figures)."""
     fmt = g.store.format
-    bits = fmt.bits("head")
+    bits = fmt.bits("head", "lm_head.weight") if rd.has("lm_head.weight") else None  # else the table serves
     fused = {v for v, form in (moe_forms or {}).items() if form == "fused"}
     ours = [v for v in CUSTOM_OP_VARIANTS if v in g.variants and ((v == "custom" and v in fused) or bits in (4, 8))]
     counted = False

@@ -152,6 +152,14 @@ class _ExpertWeights:
         shape = (self.hidden, self.inter) if proj == "down_proj" else (self.inter, self.hidden)
         return self.rd.get(f"{self.prefix}.experts.{e}.{proj}.weight", shape)
 
+    def sources(self, projs: tuple[str, ...], experts) -> tuple[str, ...]:
+        """The checkpoint tensor names the projections `projs` of `experts` are read from (what a
+        --tensor-format pattern is searched in: tensor_formats.py)."""
+        if self.fused is not None:  # one tensor holds every expert: gate_up_proj, down_proj
+            return tuple(dict.fromkeys(f"{self.prefix}.experts.{'down_proj' if p == 'down_proj' else 'gate_up_proj'}"
+                                       for p in projs))
+        return tuple(f"{self.prefix}.experts.{e}.{p}.weight" for e in experts for p in projs)
+
     def shape(self, proj: str) -> tuple[int, int]:
         return (self.hidden, self.inter) if proj == "down_proj" else (self.inter, self.hidden)
 
@@ -186,8 +194,10 @@ def _grouped(g: GraphBuilder, experts: _ExpertWeights, x: str, weights: str, idx
         ep = f"{prefix}.experts.{e}"
         if stacked is None:
             w_gate_up = g.weight(f"{ep}.gate_up_proj.weight",
-                                 np.concatenate([experts.one(e, "gate_proj"), experts.one(e, "up_proj")]))
-            w_down = g.weight(f"{ep}.down_proj.weight", experts.one(e, "down_proj"))
+                                 np.concatenate([experts.one(e, "gate_proj"), experts.one(e, "up_proj")]),
+                                 sources=experts.sources(("gate_proj", "up_proj"), [e]))
+            w_down = g.weight(f"{ep}.down_proj.weight", experts.one(e, "down_proj"),
+                              sources=experts.sources(("down_proj",), [e]))
         else:
             w_gate_up = g.op("Concat", *(g.op("Gather", stacked[p], g.i64_scalar(e), axis=0) for p in ("gate_proj", "up_proj")),
                              axis=0)
@@ -208,7 +218,8 @@ def _stacked_weights(g: GraphBuilder, experts: _ExpertWeights, n_exp: int) -> di
         arr = np.empty((n_exp, *experts.shape(proj)), np.float32)
         for e in range(n_exp):
             arr[e] = experts.one(e, proj)
-        stacked[proj] = g.weight(f"{experts.prefix}.experts.{proj}.stacked", arr)
+        stacked[proj] = g.weight(f"{experts.prefix}.experts.{proj}.stacked", arr,
+                                 sources=experts.sources((proj,), range(n_exp)))
         del arr
     return stacked
 
@@ -266,7 +277,8 @@ def _fused(g: GraphBuilder, experts: _ExpertWeights, x: str, weights: str, idx: 
     operands, bits_of = [], {}
     for proj, rows, n_in in (("w13", 2 * inter, hidden), ("w2", hidden, inter)):
         name = f"{prefix}.experts.{proj}"
-        bits = fmt.bits("matmul", name)
+        bits = fmt.bits("matmul", name, experts.sources(("down_proj",) if proj == "w2" else ("gate_proj", "up_proj"),
+                                                        range(n_exp)))
         bits_of[proj] = bits
         if fmt.planning:  # rank the projection by the int4 error of a few experts' rows
             if bits == 4:

@@ -81,7 +81,10 @@ def _weights_line(export: dict) -> str:
     params = export.get("weight_params") or {}
     parts = ", ".join(f"{n / 1e6:.1f}M {kind}" for kind, n in sorted(params.items(), key=lambda kv: -kv[1]))
     groups = export.get("int4_group_sizes")
-    return f"weights {fmt}" + (f" ({parts})" if parts else "") + (f", int4 groups {groups}" if groups else "")
+    rules = ", ".join(f"{r['rule']} ({len(r['weights'])} weights)" for r in export.get("tensor_formats") or ())
+    return (f"weights {fmt}" + (f" recipe {export['recipe']}" if export.get("recipe") else "")
+            + (f" ({parts})" if parts else "") + (f", int4 groups {groups}" if groups else "")
+            + (f", rules {rules}" if rules else ""))
 
 
 def _resident_lines(export: dict, result: ExportResult) -> list[str]:

@@ -40,8 +40,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "and block scales, unchanged), read by our ops, embedding and lm_head int8. "
                         "OpenVINO decompresses int8/int4 on the fly (1 / 0.5 byte per weight "
                         "resident); on CPUs without native bf16/f16 it widens bf16/f16 weights to f32 at compile")
-    p.add_argument("--group-size", type=int, default=128,
-                   help="int4 inputs per scale (default 128; -1 = one per output channel); a size that does not "
+    p.add_argument("--group-size", type=int, default=None,
+                   help="int4 inputs per scale (default 128, or the --recipe's; -1 = one per output channel); a size that does not "
                         "divide a weight's inputs falls back to the largest halving that does (10944 -> 64)")
     p.add_argument("--ratio", type=float, default=1.0,
                    help="int4 only: share of the matmul weights (by parameters) kept int4, the rest int8, the most "
@@ -50,6 +50,20 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="int4 only (optimum-cli's flag): the embedding table and lm_head in int4 too, not int8. "
                         "lm_head is the largest weight a decode step reads; in int4 it reads half the bytes, "
                         "at a larger logits error (docs/WEIGHTS.md)")
+    p.add_argument("--tensor-format", dest="tensor_formats", action="append", default=None,
+                   metavar="PATTERN=FORMAT",
+                   help="int4 only, repeatable (llama-quantize's --tensor-type): weights whose checkpoint name the "
+                        "regular expression PATTERN matches are stored as FORMAT (int8 or int4), e.g. "
+                        "'down_proj=int8', 'lm_head=int4'; routed experts per projection (gate/up together, down). "
+                        "The first matching PATTERN decides; the contract records which weights each one took "
+                        "(docs/WEIGHTS.md)")
+    from ...export.recipes import RECIPES
+
+    p.add_argument("--recipe", choices=tuple(RECIPES), default=None,
+                   help="a named int4 recipe (implies --weight-format int4): "
+                        + "; ".join(f"{n}: {r.about}" for n, r in RECIPES.items())
+                        + ". Measured against llama.cpp's Q4_K_M in docs/WEIGHTS.md. --group-size and "
+                          "--tensor-format given with it take precedence")
     p.add_argument("--moe-form", choices=("auto", "fused", "grouped", "gather-matmul"), default="auto",
                    help="routed experts: fused (one MlaMoeExperts op per layer reading the int8/int4 codes of the "
                         "selected experts; IR and model.onnx), grouped (one dispatch, per-expert GEMMs on each "
@@ -201,7 +215,8 @@ def _run(args, signals) -> int:
                                   block_size=args.block_size, kv_dtype=args.kv_dtype, weight_format=args.weight_format,
                                   group_size=args.group_size, ratio=args.ratio, all_layers=args.all_layers, overwrite=args.overwrite,
                                   progress=progress, moe_form=args.moe_form.replace("-", "_"),
-                                  max_model_len=args.max_model_len)
+                                  max_model_len=args.max_model_len, tensor_formats=args.tensor_formats or (),
+                                  recipe=args.recipe)
         signals.armed = False  # done: from here a signal changes nothing
         progress.phase("done")
         progress.close()

@@ -28,6 +28,7 @@ from mla_export.checkpoint.writer import save_safetensors
 from mla_export.ops.reference_mtp import main_forward, mtp_forward
 from mla_export.runtime.engine import LLMEngine
 from mla_export.runtime.sampling import SamplingParams
+from mtp_draft_checks import assert_forced_events, run_checked_drafts
 
 MODELS = ("deepseek_v32", "glm_moe_dsa")
 RUNTIMES = ("openvino", "onnxruntime")
@@ -351,51 +352,12 @@ class TestDraftsAreTheReferences:
                              ids=["prefix-hits", "preemption", "chunked"])
     def test_drafts(self, dsa, rng, kw):
         _, ckpt, out = dsa
-        cfg, rd = MLAModelConfig.from_dir(ckpt), CheckpointReader(ckpt)
-        cache: dict = {}
-
-        def weights(name):
-            if name not in cache:
-                cache[name] = rd.get(name).astype(np.float64)
-            return cache[name]
-
         base = [rng.integers(2, VOCAB, size=int(rng.integers(8, 14))).tolist() for _ in range(2)]
         prompts = [p + p for p in base] + [p + p + p[:3] for p in base]
-        engine = LLMEngine(out, precision="f32", speculative_config=mtp(2), **kw)
-        propose, checked = engine._mtp.propose, []
-
-        def check(*args):
-            propose(*args)
-            for req in engine.scheduler.running:
-                if not req.spec_token_ids:
-                    continue
-                toks, c = req.all_token_ids, req.num_computed_tokens
-                assert len(toks) == c + 1
-                h, _ = main_forward(toks[:c], weights, cfg)
-                h2, logits = mtp_forward(toks[1:c + 1], h, np.arange(c), weights, cfg)
-                rows = [logits[-1]]
-                if len(req.spec_token_ids) > 1:
-                    _, more = mtp_forward(toks[1:c + 1] + req.spec_token_ids[:1], np.concatenate([h, h2[-1:]]),
-                                          np.arange(c + 1), weights, cfg)
-                    rows.append(more[-1])
-                for draft, row in zip(req.spec_token_ids, rows):
-                    top2 = np.sort(row)[-2:]
-                    if top2[1] - top2[0] > 1e-3:
-                        assert draft == int(np.argmax(row)), (req.request_id, c)
-                        checked.append(c)
-
-        engine._mtp.propose = check
-        params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
-        for i, p in enumerate(prompts):
-            engine.add_request(str(i), p, params)
-        while engine.has_unfinished_requests():
-            assert all(o.error is None for o in engine.step())
-        stats = engine.stats()
-        assert len(checked) > 30 and max(checked) > 2 * TOPK
-        if "max_num_seqs" in kw:
-            assert stats["prefix_cache_hits"] > 0
-        if "num_blocks" in kw:
-            assert stats["num_preemptions"] > 0
+        checked, stats = run_checked_drafts(ckpt, out, prompts, **kw)
+        # many of the checked drafts come where the indexer picks TOPK of more cached positions
+        assert len(checked) > 30 and sum(c > TOPK for c in checked) > 10
+        assert_forced_events(stats, kw)
 
 
 class TestPlantedAcceptance:

@@ -153,9 +153,14 @@ class TestGgufBytesPerToken:
         assert gguf_bytes_per_token(g)["bytes"] == 2 * 34 + 100 * 2 * 34
 
     def test_an_unknown_type_is_not_guessed(self, tmp_path):
-        g = _gguf(tmp_path / "u.gguf", [("blk.0.attn_q.weight", (256, 64), 139)], self.META)
-        with pytest.raises(Unknown, match="blk.0.attn_q.weight has ggml type 139"):
+        g = _gguf(tmp_path / "u.gguf", [("blk.0.attn_q.weight", (256, 64), 250)], self.META)
+        with pytest.raises(Unknown, match="blk.0.attn_q.weight has ggml type 250"):
             gguf_bytes_per_token(g)
+
+    def test_ik_iq4_k(self, tmp_path):
+        """ik_llama.cpp's IQ4_K (type 139): 144 bytes a block of 256."""
+        g = _gguf(tmp_path / "k.gguf", [("blk.0.attn_q.weight", (256, 64), 139)], self.META)
+        assert gguf_bytes_per_token(g)["bytes"] == 64 * 144
 
     def test_not_a_gguf(self, tmp_path):
         (tmp_path / "x.gguf").write_bytes(b"nope")

@@ -1,4 +1,4 @@
-"""The MTP draft tests' shared check (tests/test_spec_decode_mtp.py, test_spec_decode_mtp_dsa.py):
+"""The MTP draft tests' shared runs and check (tests/test_spec_decode_mtp.py, test_spec_decode_mtp_dsa.py):
 an engine runs prompts with two MTP drafts a step while every proposal is compared with the
 float64 oracle (mla_export/ops/reference_mtp.py): draft 1 = the argmax of the MTP layer fed the
 main model's hidden states, draft 2 = the argmax of the next row fed draft 1 and h'. Near-ties
@@ -14,7 +14,33 @@ from mla_export.ops.reference_mtp import main_forward, mtp_forward
 from mla_export.runtime.engine import LLMEngine
 from mla_export.runtime.sampling import SamplingParams
 
-__all__ = ["run_checked_drafts", "assert_forced_events"]
+__all__ = ["GREEDY", "RUNTIMES", "run", "tokens", "mtp", "run_checked_drafts", "assert_forced_events", "export_notes",
+           "llm_greedy_with_and_without_mtp", "serve_spec_metrics"]
+
+RUNTIMES = ("openvino", "onnxruntime")
+GREEDY = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
+
+
+def run(out_dir, prompts, params=GREEDY, spec=None, **kw):
+    """({request id: (token ids, metrics)}, stats)."""
+    engine = LLMEngine(out_dir, precision="f32", speculative_config=spec, **kw)
+    for i, p in enumerate(prompts):
+        engine.add_request(str(i), p, params)
+    outs = {}
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            assert o.error is None, o.error
+            if o.finished:
+                outs[o.request_id] = (o.token_ids, o.metrics)
+    return outs, engine.stats()
+
+
+def tokens(outs):
+    return {k: v[0] for k, v in outs.items()}
+
+
+def mtp(k: int, alias: str = "mtp") -> dict:
+    return {"method": alias, "num_speculative_tokens": k}
 
 
 def run_checked_drafts(ckpt, out, prompts: list[list[int]], **engine_kw) -> tuple[list[int], dict]:
@@ -66,3 +92,54 @@ def assert_forced_events(stats: dict, engine_kw: dict) -> None:
         assert stats["prefix_cache_hits"] > 0
     if "num_blocks" in engine_kw:
         assert stats["num_preemptions"] > 0
+
+
+def export_notes(ckpt, out, fmt: str) -> list[str]:
+    """Exports `ckpt` to `out` (f32 cache) and returns the notes the exporter gave the user."""
+    from mla_export.export.exporter import export_model
+    from mla_export.export.progress import ExportProgress
+
+    notes: list[str] = []
+
+    class Notes(ExportProgress):
+        def note(self, line):
+            notes.append(line)
+
+    export_model(ckpt, out, fmt=fmt, kv_dtype="f32", progress=Notes())
+    return notes
+
+
+def llm_greedy_with_and_without_mtp(planted, prompts) -> tuple[list, list, dict]:
+    """(plain greedy token ids, with two MTP drafts a step (vLLM's "deepseek_mtp" name), the
+    speculating engine's stats), through the offline `LLM` API."""
+    from mla_export import LLM
+
+    outs, stats = {}, {}
+    for spec in (None, mtp(2, "deepseek_mtp")):
+        kw = {} if spec is None else {"speculative_config": spec}
+        llm = LLM(model=str(planted), dtype="float32", **kw)
+        outs[spec is None] = [o.outputs[0].token_ids for o in llm.generate(
+            [{"prompt_token_ids": p} for p in prompts], GREEDY)]
+        stats = llm.engine.stats()
+    return outs[True], outs[False], stats
+
+
+def serve_spec_metrics(planted, prompt: list[int]) -> dict:
+    """`mla-export serve` with three MTP drafts a step: one 24-token greedy completion of
+    `prompt`, then the server's metrics (server_helpers.metrics)."""
+    import json
+
+    import httpx
+    from server_helpers import metrics, start_serve_subprocess
+
+    proc, base = start_serve_subprocess(planted, "--precision", "f32", "--speculative-config", json.dumps(mtp(3)))
+    try:
+        r = httpx.post(f"{base}/v1/completions", json={
+            "model": planted.name, "prompt": prompt, "max_tokens": 24, "temperature": 0,
+            "ignore_eos": True}, timeout=120)
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] == 24
+        return metrics(base)
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=120)

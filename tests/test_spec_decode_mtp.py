@@ -26,11 +26,10 @@ from mla_export.checkpoint.presets import make_numpy_checkpoint
 from mla_export.ops.reference_mtp import main_forward, mtp_forward
 from mla_export.runtime.engine import LLMEngine
 from mla_export.runtime.sampling import SamplingParams
-from mtp_draft_checks import assert_forced_events, run_checked_drafts
+from mtp_draft_checks import (RUNTIMES, assert_forced_events, export_notes, llm_greedy_with_and_without_mtp,
+                              mtp, run, run_checked_drafts, serve_spec_metrics, tokens)
 from mla_export.runtime.spec_decode import SpeculativeConfig
 
-RUNTIMES = ("openvino", "onnxruntime")
-GREEDY = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
 VOCAB = 384
 
 
@@ -84,28 +83,6 @@ def planted(tmp_path_factory, mtp_model):
 
 def prompts_of(rng, count: int) -> list[list[int]]:
     return [rng.integers(2, VOCAB, size=int(rng.integers(2, 30))).tolist() for _ in range(count)]
-
-
-def run(out_dir, prompts, params=GREEDY, spec=None, **kw):
-    """({request id: (token ids, metrics)}, stats)."""
-    engine = LLMEngine(out_dir, precision="f32", speculative_config=spec, **kw)
-    for i, p in enumerate(prompts):
-        engine.add_request(str(i), p, params)
-    outs = {}
-    while engine.has_unfinished_requests():
-        for o in engine.step():
-            assert o.error is None, o.error
-            if o.finished:
-                outs[o.request_id] = (o.token_ids, o.metrics)
-    return outs, engine.stats()
-
-
-def tokens(outs):
-    return {k: v[0] for k, v in outs.items()}
-
-
-def mtp(k: int, alias: str = "mtp") -> dict:
-    return {"method": alias, "num_speculative_tokens": k}
 
 
 class TestCheckpointWithMTP:
@@ -308,19 +285,11 @@ class TestConfigAndRefusals:
         """config.json declares an MTP layer whose weights the checkpoint lacks (as the bench
         checkpoints of V3 once were): the model exports, without a draft, and the export says why."""
         from mla_export.formats.contract import load_contract
-        from mla_export.export.exporter import export_model
-        from mla_export.export.progress import ExportProgress
 
         ckpt = make_numpy_checkpoint(tmp_path / "ckpt", "deepseek_v3", seed=5)
         cfg = json.loads((ckpt / "config.json").read_text())
         (ckpt / "config.json").write_text(json.dumps(dict(cfg, num_nextn_predict_layers=1)))
-        notes = []
-
-        class Notes(ExportProgress):
-            def note(self, line):
-                notes.append(line)
-
-        export_model(ckpt, tmp_path / "out", fmt="openvino", kv_dtype="f32", progress=Notes())
+        notes = export_notes(ckpt, tmp_path / "out", "openvino")
         assert load_contract(tmp_path / "out").mtp is None
         assert any("no model.layers.3.eh_proj.weight" in n and "no MTP draft" in n for n in notes), notes
 
@@ -482,39 +451,17 @@ class TestSampling:
 
 class TestLLMAndServer:
     def test_llm(self, planted, rng):
-        from mla_export import LLM
-
         prompts = prompts_of(rng, 3)
-        outs = {}
-        for spec in (None, mtp(2, "deepseek_mtp")):
-            kw = {} if spec is None else {"speculative_config": spec}
-            llm = LLM(model=str(planted), dtype="float32", **kw)
-            outs[spec is None] = [o.outputs[0].token_ids for o in llm.generate(
-                [{"prompt_token_ids": p} for p in prompts], GREEDY)]
-            if spec is not None:
-                assert llm.engine.stats()["spec_decode_num_accepted_tokens"] > 0
-        assert outs[True] == outs[False]
+        plain, spec, stats = llm_greedy_with_and_without_mtp(planted, prompts)
+        assert spec == plain and stats["spec_decode_num_accepted_tokens"] > 0
 
     def test_serve_metrics(self, planted):
-        import httpx
-        from server_helpers import metrics, start_serve_subprocess
-
-        proc, base = start_serve_subprocess(planted, "--precision", "f32", "--speculative-config", json.dumps(mtp(3)))
-        try:
-            r = httpx.post(f"{base}/v1/completions", json={
-                "model": planted.name, "prompt": [40, 41, 42, 43], "max_tokens": 24, "temperature": 0,
-                "ignore_eos": True}, timeout=120)
-            assert r.status_code == 200, r.text
-            assert r.json()["usage"]["completion_tokens"] == 24
-            m = metrics(base)
-            name = f'{{model_name="{planted.name}"}}'
-            assert m["vllm:spec_decode_num_drafts_total" + name] > 0
-            assert m["vllm:spec_decode_num_accepted_tokens_total" + name] > 0
-            assert m[f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{model_name="{planted.name}",'
-                     f'position="2"}}'] > 0
-        finally:
-            proc.terminate()
-            proc.communicate(timeout=120)
+        m = serve_spec_metrics(planted, [40, 41, 42, 43])
+        name = f'{{model_name="{planted.name}"}}'
+        assert m["vllm:spec_decode_num_drafts_total" + name] > 0
+        assert m["vllm:spec_decode_num_accepted_tokens_total" + name] > 0
+        assert m[f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{model_name="{planted.name}",'
+                 f'position="2"}}'] > 0
 
     def test_serve_refuses_an_export_without_draft(self, exports):
         _, out = exports.model("deepseek_v3")

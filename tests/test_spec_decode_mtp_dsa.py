@@ -28,11 +28,10 @@ from mla_export.checkpoint.writer import save_safetensors
 from mla_export.ops.reference_mtp import main_forward, mtp_forward
 from mla_export.runtime.engine import LLMEngine
 from mla_export.runtime.sampling import SamplingParams
-from mtp_draft_checks import assert_forced_events, run_checked_drafts
+from mtp_draft_checks import (RUNTIMES, assert_forced_events, export_notes, llm_greedy_with_and_without_mtp,
+                              mtp, run, run_checked_drafts, serve_spec_metrics, tokens)
 
 MODELS = ("deepseek_v32", "glm_moe_dsa")
-RUNTIMES = ("openvino", "onnxruntime")
-GREEDY = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
 VOCAB, HIDDEN, TOPK = 384, 64, 16
 SEEDS = {"deepseek_v32": 31, "glm_moe_dsa": 32}
 
@@ -86,28 +85,6 @@ def planted(dsa, tmp_path_factory):
 
 def prompts_of(rng, count: int, lo: int = 2, hi: int = 30) -> list[list[int]]:
     return [rng.integers(2, VOCAB, size=int(rng.integers(lo, hi))).tolist() for _ in range(count)]
-
-
-def run(out_dir, prompts, params=GREEDY, spec=None, **kw):
-    """({request id: (token ids, metrics)}, stats)."""
-    engine = LLMEngine(out_dir, precision="f32", speculative_config=spec, **kw)
-    for i, p in enumerate(prompts):
-        engine.add_request(str(i), p, params)
-    outs = {}
-    while engine.has_unfinished_requests():
-        for o in engine.step():
-            assert o.error is None, o.error
-            if o.finished:
-                outs[o.request_id] = (o.token_ids, o.metrics)
-    return outs, engine.stats()
-
-
-def tokens(outs):
-    return {k: v[0] for k, v in outs.items()}
-
-
-def mtp(k: int, alias: str = "mtp") -> dict:
-    return {"method": alias, "num_speculative_tokens": k}
 
 
 def _dense(cfg: MLAModelConfig) -> MLAModelConfig:
@@ -179,22 +156,11 @@ class TestExport:
         assert (inputs["index_cache.3"].shape, inputs["index_cache.3"].dtype) == (main_index.shape, main_index.dtype)
 
     def test_no_refusal_note(self, dsa, tmp_path):
-        from mla_export.export.exporter import export_model
-        from mla_export.export.progress import ExportProgress
-
-        notes = []
-
-        class Notes(ExportProgress):
-            def note(self, line):
-                notes.append(line)
-
-        export_model(dsa[1], tmp_path / "out", fmt="onnx", kv_dtype="f32", progress=Notes())
+        notes = export_notes(dsa[1], tmp_path / "out", "onnx")
         assert not [n for n in notes if "MTP" in n], notes
 
     def test_mtp_layer_without_indexer_noted(self, dsa, tmp_path):
         """An MTP layer lacking its indexer's weights: the model exports without a draft, saying why."""
-        from mla_export.export.exporter import export_model
-        from mla_export.export.progress import ExportProgress
         from mla_export.formats.contract import load_contract
 
         ckpt = tmp_path / "ckpt"
@@ -203,13 +169,7 @@ class TestExport:
         tensors = {n: f.array(n) for n in f.entries if not n.startswith("model.layers.3.self_attn.indexer.")}
         f.close()
         save_safetensors(ckpt / "model.safetensors", tensors)
-        notes = []
-
-        class Notes(ExportProgress):
-            def note(self, line):
-                notes.append(line)
-
-        export_model(ckpt, tmp_path / "out", fmt="onnx", kv_dtype="f32", progress=Notes())
+        notes = export_notes(ckpt, tmp_path / "out", "onnx")
         assert load_contract(tmp_path / "out").mtp is None
         assert any("model.layers.3.self_attn.indexer.wk.weight" in n and "no MTP draft" in n for n in notes), notes
 
@@ -379,34 +339,12 @@ class TestPlantedAcceptance:
 
 class TestLLMAndServer:
     def test_llm(self, planted, rng):
-        from mla_export import LLM
-
         prompts = prompts_of(rng, 3, hi=40)
-        outs = {}
-        for spec in (None, mtp(2, "deepseek_mtp")):
-            kw = {} if spec is None else {"speculative_config": spec}
-            llm = LLM(model=str(planted), dtype="float32", **kw)
-            outs[spec is None] = [o.outputs[0].token_ids for o in llm.generate(
-                [{"prompt_token_ids": p} for p in prompts], GREEDY)]
-            if spec is not None:
-                assert llm.engine.stats()["spec_decode_num_accepted_tokens"] > 0
-        assert outs[True] == outs[False]
+        plain, spec, stats = llm_greedy_with_and_without_mtp(planted, prompts)
+        assert spec == plain and stats["spec_decode_num_accepted_tokens"] > 0
 
     def test_serve_metrics(self, planted):
-        import httpx
-        from server_helpers import metrics, start_serve_subprocess
-
-        proc, base = start_serve_subprocess(planted, "--precision", "f32", "--speculative-config", json.dumps(mtp(3)))
-        try:
-            r = httpx.post(f"{base}/v1/completions", json={
-                "model": planted.name, "prompt": list(range(40, 70)), "max_tokens": 24, "temperature": 0,
-                "ignore_eos": True}, timeout=120)
-            assert r.status_code == 200, r.text
-            assert r.json()["usage"]["completion_tokens"] == 24
-            m = metrics(base)
-            name = f'{{model_name="{planted.name}"}}'
-            assert m["vllm:spec_decode_num_drafts_total" + name] > 0
-            assert m["vllm:spec_decode_num_accepted_tokens_total" + name] > 0
-        finally:
-            proc.terminate()
-            proc.communicate(timeout=120)
+        m = serve_spec_metrics(planted, list(range(40, 70)))
+        name = f'{{model_name="{planted.name}"}}'
+        assert m["vllm:spec_decode_num_drafts_total" + name] > 0
+        assert m["vllm:spec_decode_num_accepted_tokens_total" + name] > 0

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import struct
 import sys
 from pathlib import Path
 
@@ -31,34 +30,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from mla_export.checkpoint.reader import SafetensorsFile  # noqa: E402
 from mla_export.checkpoint.writer import save_safetensors  # noqa: E402
-
-_DTYPES = {"F32": np.float32, "F16": np.float16}
-
-
-def _np_dtype(name: str):
-    if name == "BF16":
-        import ml_dtypes
-
-        return ml_dtypes.bfloat16
-    if name not in _DTYPES:
-        raise SystemExit(f"tensor dtype {name} is not read here (F32, F16, BF16)")
-    return _DTYPES[name]
-
-
-def read_safetensors(path: Path) -> tuple[dict[str, np.ndarray], dict]:
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(n))
-        base = 8 + n
-    meta = header.pop("__metadata__", {})
-    raw = np.memmap(path, dtype=np.uint8, mode="r")
-    tensors = {}
-    for name, h in header.items():
-        a, b = h["data_offsets"]
-        tensors[name] = np.frombuffer(raw[base + a:base + b], dtype=_np_dtype(h["dtype"])).reshape(h["shape"])
-    return tensors, meta
-
 
 def successor(vocab: int, cycle: int, rng) -> np.ndarray:
     """pi as an array (pi[t] = the token after t): cycles of `cycle` tokens over a shuffled vocabulary
@@ -97,28 +70,26 @@ def main() -> int:
     for f in src.iterdir():
         if f.is_file() and f.suffix != ".safetensors":
             shutil.copy2(f, out / f.name)
-    tensors, metas = {}, {}
-    for shard in shards:
-        t, metas[shard.name] = read_safetensors(shard)
-        tensors.update({k: (shard.name, v) for k, v in t.items()})
-    embed = tensors["model.embed_tokens.weight"][1]
+    files = [SafetensorsFile(shard) for shard in shards]
+    embed = next(f.array("model.embed_tokens.weight") for f in files if "model.embed_tokens.weight" in f.entries)
     vocab = embed.shape[0]
     rng = np.random.default_rng(args.seed)
     nxt = successor(vocab, args.cycle, rng)
     prev = np.empty_like(nxt)
     prev[nxt] = np.arange(vocab)
-    damped = ("self_attn.o_proj.weight", "mlp.down_proj.weight", "down_proj.weight")
-    for shard in shards:
+    damped = ("self_attn.o_proj.weight", "down_proj.weight")  # dense, shared and routed experts' down_proj
+    for f in files:
         planted = {}
-        for name, (where, arr) in tensors.items():
-            if where != shard.name:
-                continue
+        for name in f.entries:
             if name == "lm_head.weight":
                 arr = embed[prev]
-            elif name.startswith("model.layers.") and name.endswith(damped):
-                arr = (arr.astype(np.float32) * args.damp).astype(arr.dtype)
+            else:
+                arr = f.array(name)
+                if name.startswith("model.layers.") and name.endswith(damped):
+                    arr = (arr.astype(np.float32) * args.damp).astype(arr.dtype)
             planted[name] = arr
-        save_safetensors(out / shard.name, planted, metadata=metas[shard.name] or None)
+        save_safetensors(out / f.path.name, planted, metadata=f.metadata)
+        f.close()
     prompts = []
     for _ in range(args.num_prompts):
         t = int(rng.integers(vocab))

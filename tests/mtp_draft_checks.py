@@ -15,7 +15,8 @@ from mla_export.runtime.engine import LLMEngine
 from mla_export.runtime.sampling import SamplingParams
 
 __all__ = ["GREEDY", "RUNTIMES", "run", "tokens", "mtp", "run_checked_drafts", "assert_forced_events", "export_notes",
-           "llm_greedy_with_and_without_mtp", "serve_spec_metrics"]
+           "llm_greedy_with_and_without_mtp", "serve_spec_metrics",
+           "assert_draft_inputs_refused"]
 
 RUNTIMES = ("openvino", "onnxruntime")
 GREEDY = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
@@ -143,3 +144,23 @@ def serve_spec_metrics(planted, prompt: list[int]) -> dict:
     finally:
         proc.terminate()
         proc.communicate(timeout=120)
+
+
+def assert_draft_inputs_refused(export_dir, tmp_path, drop: str) -> None:
+    """A copy of the export whose contract lists the draft without its input `drop` does not load."""
+    import json
+    import shutil
+
+    import pytest
+
+    from mla_export.formats.contract import load_contract
+    from mla_export.formats.contract_error import ContractError
+
+    out = tmp_path / "copy"
+    shutil.copytree(export_dir, out)
+    raw = json.loads((out / "mla_graph.json").read_text())
+    assert drop in [t["name"] for t in raw["mtp"]["inputs"]]
+    raw["mtp"]["inputs"] = [t for t in raw["mtp"]["inputs"] if t["name"] != drop]
+    (out / "mla_graph.json").write_text(json.dumps(raw))
+    with pytest.raises(ContractError, match="mtp.inputs differ"):
+        load_contract(out, "none")

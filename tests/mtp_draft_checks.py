@@ -16,7 +16,7 @@ from mla_export.runtime.sampling import SamplingParams
 
 __all__ = ["GREEDY", "RUNTIMES", "run", "tokens", "mtp", "run_checked_drafts", "assert_forced_events", "export_notes",
            "llm_greedy_with_and_without_mtp", "serve_spec_metrics",
-           "assert_draft_inputs_refused"]
+           "assert_draft_inputs_refused", "assert_drafts_keep_greedy"]
 
 RUNTIMES = ("openvino", "onnxruntime")
 GREEDY = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
@@ -164,3 +164,12 @@ def assert_draft_inputs_refused(export_dir, tmp_path, drop: str) -> None:
     (out / "mla_graph.json").write_text(json.dumps(raw))
     with pytest.raises(ContractError, match="mtp.inputs differ"):
         load_contract(out, "none")
+
+
+def assert_drafts_keep_greedy(out, prompts) -> None:
+    """In both runtimes: greedy output with two MTP drafts a step equals plain greedy, and drafts ran."""
+    for runtime in RUNTIMES:
+        plain, _ = run(out, prompts, runtime=runtime)
+        got, stats = run(out, prompts, spec=mtp(2), runtime=runtime)
+        assert tokens(got) == tokens(plain)
+        assert stats["spec_decode_num_draft_tokens"] > 0

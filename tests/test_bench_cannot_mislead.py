@@ -214,3 +214,19 @@ class TestMissingMatplotlibNamesTheExtra:
         err = capsys.readouterr().err
         assert "no plot (e2e_decode.png)" in err and "pip install 'mla-export[bench]'" in err
         assert (tmp_path / "e2e.json").is_file() and (tmp_path / "e2e.md").read_text() == "table\n"
+
+
+class TestPeerOutputNotUtf8:
+    """ik_llama.cpp's log printed a random checkpoint's token text cut inside a UTF-8 character: the
+    strict decode killed the reader thread, the output was lost and the run was reported as
+    'failed ... exit 0' with nothing to say why. Bytes that do not decode become U+FFFD."""
+
+    CMD = [sys.executable, "-c", "import sys; sys.stdout.buffer.write(b'tok \\xef\\x28 RESULT'); "
+           "sys.stderr.buffer.write(b'\\xff err')"]
+
+    def test_sh_rss_keeps_the_output(self):
+        rc, out, err, rss = common.sh_rss(self.CMD, timeout=60)
+        assert rc == 0 and out == "tok \ufffd( RESULT" and err == "\ufffd err" and rss > 0
+
+    def test_sh_keeps_the_output(self):
+        assert common.sh(self.CMD, timeout=60) == (0, "tok \ufffd( RESULT", "\ufffd err")

@@ -77,10 +77,11 @@ def decode_figures(step_times: list[float], step_rows: list[int], batch: int) ->
 
 def sh(cmd: list[str], timeout: float | None = None, env: dict | None = None) -> tuple[int, str, str]:
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+        # errors="replace": a peer's log may print token text cut inside a UTF-8 character
+        p = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=timeout, env=env)
         return p.returncode, p.stdout, p.stderr
     except subprocess.TimeoutExpired as e:
-        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
         return -9, out, f"timeout after {timeout} s"
     except OSError as e:
         return -1, "", f"{cmd[0]}: {e}"
@@ -89,7 +90,9 @@ def sh(cmd: list[str], timeout: float | None = None, env: dict | None = None) ->
 def sh_rss(cmd: list[str], timeout: float | None = None, env: dict | None = None) -> tuple[int, str, str, float]:
     """Run `cmd` and return (rc, stdout, stderr, its peak RSS in MB) from wait4's rusage."""
     try:
-        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        # errors="replace": ik_llama.cpp's log prints random checkpoints' token text cut inside a
+        # UTF-8 character (a strict decode killed the reader thread and lost the whole output)
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace", env=env)
     except OSError as e:
         return -1, "", f"{cmd[0]}: {e}", float("nan")
     import threading

@@ -26,6 +26,11 @@ struct QBlock {
     const uint8_t* q;
     const float* s[4];
     const uint8_t* zp[4];
+    // Optional: the block's per-group factors as the table's qdot_q8 takes them, written once by its
+    // q8_lanes where one call's tile runs many passes of tokens over the same rows (prefill); null:
+    // the kernel builds them from s and zp at each group, which for groups of 64-128 inputs cost about
+    // as much as the group's dot products of 4 tokens.
+    const float* lanes = nullptr;
 };
 
 // One activation row quantised to int8 for the integer dot products (few tokens under a
@@ -59,6 +64,8 @@ inline void finish_q8_block(int64_t b, int64_t block, int64_t group, float scale
 // their value / 256, exactly (normal and subnormal codes alike): the kernels fold 256 into the scale.
 constexpr float kE4m3ViaF16 = 256.f;
 
+constexpr int64_t kQ8LaneFloats = 32;  // a group's factors in QBlock::lanes: 16 scales, 16 scale x zero point / 4
+
 struct QgemmIsa {
     const char* name;
     // out[t * ldo + r] = sum_k x[t][k] * w_r[k] for the 4 rows r of a block and M = 1..4 rows t
@@ -76,6 +83,9 @@ struct QgemmIsa {
     // f32): [bits][nb - 1][M - 1] runs
     // the 4 x nb rows of blk[0..nb) against M = 1..4 activation rows; null where not compiled.
     void (*qdot_q8[2][2][4])(int64_t K, int64_t group, const QRow* x, const QBlock* blk, float* out, int64_t ldo);
+    // The per-group factors qdot_q8 reads from QBlock::lanes, for `groups` groups of blk (kQ8LaneFloats
+    // floats a group, 64-byte aligned out); null where qdot_q8 builds them itself at every group.
+    void (*q8_lanes)(int64_t groups, const QBlock& blk, float* out);
     // quantize_row_q8, bit for bit (round to nearest even, as std::nearbyint), in vector code
     // where the table has it: prefill quantises every activation row of every integer matmul.
     void (*quantize_q8)(int64_t K, int64_t group, const float* x, int8_t* q, float* d, float* gsum);

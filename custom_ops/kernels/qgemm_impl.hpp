@@ -261,6 +261,9 @@ void fdot(int64_t k0, int64_t kb, const float* const* a, const float* w, float* 
 #else
 #define MLA_QGEMM_Q8 {}
 #endif
+#ifndef MLA_QGEMM_Q8_LANES
+#define MLA_QGEMM_Q8_LANES nullptr
+#endif
 #ifndef MLA_QGEMM_Q8_T16
 #define MLA_QGEMM_Q8_T16 {}
 #endif
@@ -287,6 +290,7 @@ const QgemmIsa MLA_QGEMM_TABLE = {
     {dequant<8>, dequant<4>, dequant<kFp8Bits>},
     MLA_QGEMM_FDOT,
     MLA_QGEMM_Q8,
+    MLA_QGEMM_Q8_LANES,
     MLA_QGEMM_Q8_QUANTIZE,
     MLA_QGEMM_Q8_T16,
     MLA_QGEMM_FP8_BF16,

@@ -29,6 +29,25 @@ inline bool prefetch_few_rows() {
     static const bool intel = __builtin_cpu_is("intel");  // a vendor tuning, not a feature: stays inline
     return intel;
 }
+// Group g's factors of a 4-row block in qdot_q8's lanes (lane 4r + j: row r): the row's scale, and
+// its scale x zero point / 4 (each of the row's 4 lanes subtracts a quarter of the zero point's term).
+inline void q8_group_lanes(const QBlock& q, int64_t g, __m512i row_of_lane, __m512& s, __m512& sz) {
+    s = _mm512_permutexvar_ps(row_of_lane, _mm512_castps128_ps512(_mm_setr_ps(q.s[0][g], q.s[1][g], q.s[2][g], q.s[3][g])));
+    sz = _mm512_mul_ps(s, _mm512_permutexvar_ps(row_of_lane,
+                                                _mm512_castps128_ps512(_mm_setr_ps(0.25f * q.zp[0][g], 0.25f * q.zp[1][g],
+                                                                                   0.25f * q.zp[2][g], 0.25f * q.zp[3][g]))));
+}
+// Every group's factors of blk at out (kQ8LaneFloats a group), the same values q8_group_lanes gives.
+void q8_lanes(int64_t groups, const QBlock& blk, float* out) {
+    const __m512i row_of_lane = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    for (int64_t g = 0; g < groups; ++g) {
+        __m512 s, sz;
+        q8_group_lanes(blk, g, row_of_lane, s, sz);
+        _mm512_store_ps(out + g * kQ8LaneFloats, s);
+        _mm512_store_ps(out + g * kQ8LaneFloats + 16, sz);
+    }
+}
+#define MLA_QGEMM_Q8_LANES q8_lanes
 template <int BITS, int NB, int M>
 void qdot_q8(int64_t K, int64_t group, const QRow* x, const QBlock* blk, float* out, int64_t ldo) {
     static_assert(NB * M <= 8, "accumulators beyond the registers");
@@ -44,13 +63,12 @@ void qdot_q8(int64_t K, int64_t group, const QRow* x, const QBlock* blk, float* 
     for (int64_t g = 0; g < groups; ++g) {
         __m512 s[NB], sz[NB];  // per lane: the row's scale, and scale x zero point / 4
         for (int b = 0; b < NB; ++b) {
-            const QBlock& q = blk[b];
-            s[b] = _mm512_permutexvar_ps(row_of_lane,
-                                         _mm512_castps128_ps512(_mm_setr_ps(q.s[0][g], q.s[1][g], q.s[2][g], q.s[3][g])));
-            sz[b] = _mm512_mul_ps(
-                s[b], _mm512_permutexvar_ps(row_of_lane, _mm512_castps128_ps512(_mm_setr_ps(
-                                                             0.25f * q.zp[0][g], 0.25f * q.zp[1][g],
-                                                             0.25f * q.zp[2][g], 0.25f * q.zp[3][g]))));
+            if (blk[b].lanes) {  // written once for many passes (q8_lanes)
+                s[b] = _mm512_load_ps(blk[b].lanes + g * kQ8LaneFloats);
+                sz[b] = _mm512_load_ps(blk[b].lanes + g * kQ8LaneFloats + 16);
+            } else {
+                q8_group_lanes(blk[b], g, row_of_lane, s[b], sz[b]);
+            }
         }
         for (int64_t b0 = g * group; b0 < (g + 1) * group; b0 += block) {
             __m512i acc[NB][M];

@@ -53,13 +53,6 @@ void qdot_q8(int64_t K, int64_t group, const QRow* x, const QBlock* blk, float* 
     static_assert(NB * M <= 8, "accumulators beyond the registers");
     constexpr int64_t kPrefetch8 = M >= 3 ? 32768 : 2048;  // int8 codes, bytes ahead
     const bool prefetch8 = M >= 3 || prefetch_few_rows();
-    // int4 codes: 1 KB ahead from 3 tokens, and at 1-2 tokens on Intel cores only, as the int8 codes.
-    // On the Zen 4 EPYC the prefetches held 1-2 tokens below a plain read: a C++ harness of this
-    // kernel on a 102400 x 2048 int4 matrix (groups of 128, 2 MiB pages, 2 threads each streaming half
-    // the rows, alternated in one process, medians of 15) read its codes at 23.4-24.6 GB/s with them,
-    // 29.5 without, a plain read 31.7; at 1 thread the two sum chains below took 25.5 -> 29.4.
-    const bool prefetch4 = M >= 3 || prefetch_few_rows();
-    constexpr bool kSplit = NB * M <= 2;
     const __m512i row_of_lane = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     const __m512i nibble = _mm512_set1_epi8(0x0F);
     const int64_t block = x[0].block;  // every row of a call has the same (q8_block(group))
@@ -78,12 +71,9 @@ void qdot_q8(int64_t K, int64_t group, const QRow* x, const QBlock* blk, float* 
             }
         }
         for (int64_t b0 = g * group; b0 < (g + 1) * group; b0 += block) {
-            // At 1-2 (blocks x tokens) two int32 sums each, the lines' low and high halves, added at the
-            // block's end (integer sums: the same in any order), so consecutive vpdpbusd do not wait on
-            // each other; more (blocks x tokens) are chains enough, and more sums would spill.
-            __m512i acc[NB][M], acc2[NB][M];
+            __m512i acc[NB][M];
             for (int b = 0; b < NB; ++b)
-                for (int t = 0; t < M; ++t) acc[b][t] = acc2[b][t] = _mm512_setzero_si512();
+                for (int t = 0; t < M; ++t) acc[b][t] = _mm512_setzero_si512();
             for (int64_t k = b0; k < b0 + block; k += 32) {
                 __m512i lo[NB], hi[NB];  // each block's 4 rows' codes of inputs k..k+15 and k+16..k+31
                 for (int b = 0; b < NB; ++b) {
@@ -96,8 +86,7 @@ void qdot_q8(int64_t K, int64_t group, const QRow* x, const QBlock* blk, float* 
                         lo[b] = _mm512_loadu_si512(blk[b].q + (k / 16) * 64);
                         hi[b] = _mm512_loadu_si512(blk[b].q + (k / 16) * 64 + 64);
                     } else {
-                        if (prefetch4)
-                            _mm_prefetch(reinterpret_cast<const char*>(blk[b].q + (k / 32) * 64 + MLA_PF), _MM_HINT_T0);
+                        _mm_prefetch(reinterpret_cast<const char*>(blk[b].q + (k / 32) * 64 + MLA_PF), _MM_HINT_T0);
                         const __m512i v = _mm512_loadu_si512(blk[b].q + (k / 32) * 64);
                         lo[b] = _mm512_and_si512(v, nibble);
                         hi[b] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
@@ -108,18 +97,10 @@ void qdot_q8(int64_t K, int64_t group, const QRow* x, const QBlock* blk, float* 
                         _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[t].q + k)));
                     const __m512i xh =
                         _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[t].q + k + 16)));
-                    for (int b = 0; b < NB; ++b) {
-                        acc[b][t] = _mm512_dpbusd_epi32(acc[b][t], lo[b], xl);
-                        if constexpr (kSplit)
-                            acc2[b][t] = _mm512_dpbusd_epi32(acc2[b][t], hi[b], xh);
-                        else
-                            acc[b][t] = _mm512_dpbusd_epi32(acc[b][t], hi[b], xh);
-                    }
+                    for (int b = 0; b < NB; ++b)
+                        acc[b][t] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(acc[b][t], lo[b], xl), hi[b], xh);
                 }
             }
-            if constexpr (kSplit)
-                for (int b = 0; b < NB; ++b)
-                    for (int t = 0; t < M; ++t) acc[b][t] = _mm512_add_epi32(acc[b][t], acc2[b][t]);
             for (int t = 0; t < M; ++t) {
                 const __m512 d = _mm512_set1_ps(x[t].d[b0 / block]);
                 for (int b = 0; b < NB; ++b)

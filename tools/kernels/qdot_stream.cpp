@@ -1,0 +1,154 @@
+// How fast the library's 1-2 token integer dots stream their codes, against a plain read of the same
+// machine: qdot_q8 (the VNNI table's int8-activation dots, 4-row layout) over a matrix far larger than
+// the L3 (default 102400 x 2048, an lm_head), each thread streaming a contiguous half of the rows as
+// split_for hands them out, the cases alternated in one process (this host's speed moves between
+// processes), medians. A tool for tuning the decode kernels per CPU; not built by the package.
+//
+//   cmake --build BUILD   # the package's C++ build (libmla_kernels.a)
+//   g++ -O2 -std=c++17 -march=native -Icustom_ops/kernels tools/kernels/qdot_stream.cpp BUILD/libmla_kernels.a \
+//       -lpthread -o qdot_stream && ./qdot_stream [rows=102400] [threads=2] [rounds=15]
+//
+// Needs an AVX-512 VNNI CPU (the table it reads); weights are synthetic codes (speed does not depend
+// on their values), in 2 MiB pages where the kernel allows them.
+#include <immintrin.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+#include <vector>
+
+#include "qgemm.hpp"
+
+namespace mla::qgemm_avx512 {
+extern const QgemmIsa kQgemmIsa;
+}
+using namespace mla;
+
+namespace {
+
+void* pages(size_t n) {
+    void* p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+        std::fprintf(stderr, "mmap of %zu bytes failed\n", n);
+        std::exit(2);
+    }
+    madvise(p, n, MADV_HUGEPAGE);
+    return p;
+}
+
+struct Weights {
+    int64_t rows, K, group, groups, row_bytes;
+    uint8_t* q;
+    float* s;
+    uint8_t* zp;
+};
+
+Weights make(int bits, int64_t rows, int64_t K, int64_t group) {
+    Weights w{rows, K, group, K / group, K * bits / 8, nullptr, nullptr, nullptr};
+    w.q = static_cast<uint8_t*>(pages(rows * w.row_bytes));
+    w.s = static_cast<float*>(pages(rows * w.groups * 4));
+    w.zp = static_cast<uint8_t*>(pages(rows * w.groups));
+    for (int64_t i = 0; i < rows * w.row_bytes; ++i) w.q[i] = static_cast<uint8_t>(i * 2654435761u >> 13);
+    for (int64_t i = 0; i < rows * w.groups; ++i) w.s[i] = 0.01f, w.zp[i] = bits == 4 ? 8 : 128;
+    return w;
+}
+
+QBlock block(const Weights& w, int64_t r0) {
+    QBlock b;
+    b.q = w.q + r0 * w.row_bytes;
+    for (int r = 0; r < 4; ++r) b.s[r] = w.s + (r0 + r) * w.groups, b.zp[r] = w.zp + (r0 + r) * w.groups;
+    return b;
+}
+
+using Dot = void (*)(int64_t, int64_t, const QRow*, const QBlock*, float*, int64_t);
+
+// One pass over every row: nb 4-row blocks a call, `tokens` activation rows.
+double pass(const Weights& w, Dot dot, int nb, const QRow* x, float* out, int threads) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::thread> ts;
+    const int64_t calls = w.rows / (4 * nb);
+    for (int t = 0; t < threads; ++t)
+        ts.emplace_back([&, t] {
+            for (int64_t c = calls * t / threads; c < calls * (t + 1) / threads; ++c) {
+                QBlock b[2] = {block(w, 4 * nb * c), block(w, 4 * nb * c + (nb - 1) * 4)};
+                dot(w.K, w.group, x, b, out + 4 * nb * c, w.rows);
+            }
+        });
+    for (auto& t : ts) t.join();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double plain_read(const uint8_t* p, size_t n, int threads) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::thread> ts;
+    std::vector<int> sink(threads);
+    for (int t = 0; t < threads; ++t)
+        ts.emplace_back([&, t] {
+            __m512i m = _mm512_setzero_si512();
+            for (size_t i = n / 64 * t / threads * 64; i < n / 64 * (t + 1) / threads * 64; i += 64)
+                m = _mm512_max_epu8(m, _mm512_load_si512(p + i));
+            sink[t] = _mm512_reduce_add_epi32(m);
+        });
+    for (auto& t : ts) t.join();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    const int64_t rows = argc > 1 ? std::atoll(argv[1]) : 102400, K = 2048;
+    const int threads = argc > 2 ? std::atoi(argv[2]) : 2, rounds = argc > 3 ? std::atoi(argv[3]) : 15;
+    if (rows < 64 || rows % 8 || threads < 1 || rounds < 1) {
+        std::fprintf(stderr, "usage: qdot_stream [rows (a multiple of 8, >= 64)] [threads >= 1] [rounds >= 1]\n");
+        return 2;
+    }
+    if (!__builtin_cpu_supports("avx512vnni")) {
+        std::fprintf(stderr, "qdot_stream reads the AVX-512 VNNI table: this CPU has no AVX512_VNNI\n");
+        return 2;
+    }
+    const QgemmIsa& isa = qgemm_avx512::kQgemmIsa;
+    const Weights w4 = make(4, rows, K, 128), w8 = make(8, rows, K, K);
+    std::vector<int8_t> xq(2 * K);
+    for (int64_t i = 0; i < 2 * K; ++i) xq[i] = static_cast<int8_t>((i * 37) % 255 - 127);
+    std::vector<float> d(2 * K / 128, 0.01f), gsum4(2 * K / 128, 1.f), gsum8(2, 1.f);
+    const QRow x4[2] = {{xq.data(), d.data(), gsum4.data(), 128}, {xq.data() + K, d.data() + K / 128, gsum4.data() + K / 128, 128}};
+    const QRow x8[2] = {{xq.data(), d.data(), gsum8.data(), 128}, {xq.data() + K, d.data() + K / 128, gsum8.data() + 1, 128}};
+    std::vector<float> out(2 * rows);
+    struct Case {
+        const char* name;
+        const Weights* w;
+        Dot dot;
+        int nb;
+        const QRow* x;
+    };
+    const Case cases[] = {{"int4 g128, 1 token", &w4, isa.qdot_q8[1][0][0], 1, x4},
+                          {"int4 g128, 2 tokens", &w4, isa.qdot_q8[1][0][1], 1, x4},
+                          {"int4 g128, 1 token, 2 blocks", &w4, isa.qdot_q8[1][1][0], 2, x4},
+                          {"int8, 1 token", &w8, isa.qdot_q8[0][0][0], 1, x8},
+                          {"int8, 2 tokens", &w8, isa.qdot_q8[0][0][1], 1, x8}};
+    constexpr int kCases = sizeof cases / sizeof cases[0];
+    std::vector<std::vector<double>> t(kCases + 1);
+    for (int r = 0; r < rounds; ++r) {
+        for (int c = 0; c < kCases; ++c) t[c].push_back(pass(*cases[c].w, cases[c].dot, cases[c].nb, cases[c].x, out.data(), threads));
+        t[kCases].push_back(plain_read(w8.q, rows * K, threads));
+    }
+    std::printf("%lld x %lld, %d threads, %d rounds alternated, medians\n", static_cast<long long>(rows),
+                static_cast<long long>(K), threads, rounds);
+    std::vector<double> med(kCases + 1);
+    for (int c = 0; c <= kCases; ++c) {
+        std::sort(t[c].begin(), t[c].end());
+        med[c] = t[c][t[c].size() / 2];
+    }
+    const double read_gbs = rows * K / med[kCases] / 1e9;
+    for (int c = 0; c < kCases; ++c) {
+        const double gbs = cases[c].w->rows * cases[c].w->row_bytes / med[c] / 1e9;
+        std::printf("  %-30s %7.2f ms  %5.1f GB/s of codes  %.2f of the plain read\n", cases[c].name, med[c] * 1e3, gbs,
+                    gbs / read_gbs);
+    }
+    std::printf("  %-30s %7.2f ms  %5.1f GB/s\n", "plain read", med[kCases] * 1e3, read_gbs);
+    return 0;
+}

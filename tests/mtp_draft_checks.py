@@ -54,8 +54,7 @@ def run_checked_drafts(ckpt, out, prompts: list[list[int]], **engine_kw) -> tupl
             cache[name] = rd.get(name).astype(np.float64)
         return cache[name]
 
-    engine = LLMEngine(out, precision="f32", speculative_config={"method": "mtp", "num_speculative_tokens": 2},
-                       **engine_kw)
+    engine = LLMEngine(out, precision="f32", speculative_config=mtp(2), **engine_kw)
     propose, checked = engine._mtp.propose, []
 
     def check(*args):

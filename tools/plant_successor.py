@@ -83,6 +83,8 @@ def main() -> int:
         for name in f.entries:
             if name == "lm_head.weight":
                 arr = embed[prev]
+            elif name == "model.embed_tokens.weight":
+                arr = embed  # read once, above
             else:
                 arr = f.array(name)
                 if name.startswith("model.layers.") and name.endswith(damped):

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -30,13 +29,10 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-IK_FLAGS = ["-mla", "3", "-fa", "on", "-rtr"]  # as mla_export/bench/peers.py runs ik
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from mla_export.bench.peers import IK_FLAGS  # noqa: E402  (ik's DeepSeek flags, as `mla-export bench` runs it)
+from mla_export.cli.commands.serve_ray import free_port  # noqa: E402
 
 
 def _post(port: int, path: str, body: dict, timeout: float) -> None:
@@ -67,7 +63,7 @@ def _timings(log: Path, start: int) -> dict:
 
 
 def _start(server: Path, gguf: Path, threads: int, ctx: int, extra: list[str], log: Path) -> tuple[subprocess.Popen, int, Path]:
-    port = _free_port()
+    port = free_port("127.0.0.1")
     cmd = [str(server), "-m", str(gguf), "-t", str(threads), "-c", str(ctx), "--port", str(port), "-np", "1",
            *IK_FLAGS, *extra]
     p = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT)

@@ -86,6 +86,14 @@ class TestHealthDuringDrain:
         # Until the last answer arrived the server answered every probe: 200 until the signal
         # landed, then 503; only after the drain may the socket be closed.
         during = [h for t0, h in health if t0 < max(ended)]
+        # The last answer's thread stamps `ended` after the server sent it and closed: a probe
+        # started in that gap may find the socket closed. Allow that at the very end, for at most
+        # two probes (~0.1-0.2 s); a listener closed during the drain shows as more.
+        tail = 0
+        while tail < len(during) and during[len(during) - 1 - tail] != 503:
+            tail += 1
+        assert tail <= 2 and all(h != 200 for h in during[len(during) - tail:]), health
+        during = during[:len(during) - tail]
         first_503 = during.index(503) if 503 in during else len(during)
         assert first_503 < len(during) and set(during[first_503:]) == {503}, health
         assert set(during[:first_503]) <= {200}, health

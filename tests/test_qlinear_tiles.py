@@ -89,6 +89,42 @@ def test_tile16_matches_reference(rng, runtime, shape):
         assert np.abs(got - want).max() / scale < TOL
 
 
+FP8_SHAPES = [  # N, K, group, rows of x: 1-2 rows one tile a call, from 3 both tiles, passes of 8 and a tail
+    (32, 128, 128, 1), (64, 256, 128, 2), (96, 512, 128, 3), (64, 2048, 128, 8), (32, 384, 128, 11),
+    (64, 256, 64, 17), (32, 96, 32, 40)]
+
+
+@pytest.mark.parametrize("fp8_codes", ["lut", "shift"])
+@pytest.mark.parametrize("runtime", list(RUNTIMES))
+@pytest.mark.parametrize("shape", FP8_SHAPES, ids=lambda s: "N{}-K{}-g{}-M{}".format(*s))
+def test_fp8_tile16_matches_reference(rng, runtime, shape, fp8_codes):
+    """fp8 (e4m3) codes in the tile16 layout: f32 exact on the codes' values (through the 4-row
+    kernels); compute="bf16" exact on bf16-rounded activations where the bf16 dots run (the tile16
+    lookups' qdot_fp8_t16 under fp8_codes=lut, the 4-row shifts under shift), f32 otherwise."""
+    from test_fp8_weights_op import _bf16_path, _bf16_reference, _fp8
+    from mla_export.export.quantize import FP8_BITS
+
+    if fp8_codes == "lut" and "avx512vbmi" not in kernel_config.cpu_features():
+        pytest.skip("the lookups need AVX512-VBMI")
+    kernel_config.configure(f"fp8_codes={fp8_codes}")
+    n, k, group, m = shape
+    weights, w = _fp8(rng, (n, k), group)
+    tiled = [rows4_to_tile16(weights[0])] + weights[1:]
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    want = ref.linear(x, w)
+    scale = np.abs(want).max()
+    got = RUNTIMES[runtime](_model(k, n, tiled, "f32", bits=FP8_BITS), {"x": x})
+    assert np.abs(got - want).max() / scale < TOL
+    got = RUNTIMES[runtime](_model(k, n, tiled, "bf16", bits=FP8_BITS), {"x": x})
+    if _bf16_path(m):
+        want = _bf16_reference(x, weights)
+    err = np.abs(got - want).max() / scale
+    assert err < TOL, f"{runtime} {fp8_codes} N{n} K{k} g{group} M{m}: max rel error {err:.2e}"
+    # and the same products as the exported 4-row layout, up to the f32 sums' order
+    rows4 = RUNTIMES[runtime](_model(k, n, weights, "bf16", layout="rows4", bits=FP8_BITS), {"x": x})
+    assert np.abs(got - rows4).max() / scale < TOL
+
+
 @pytest.mark.parametrize("runtime", list(RUNTIMES))
 def test_bad_layout_names_the_attribute(rng, runtime):
     weights, _ = _case(rng, 32, 64)
@@ -96,7 +132,7 @@ def test_bad_layout_names_the_attribute(rng, runtime):
     with pytest.raises(Exception, match="layout"):
         RUNTIMES[runtime](_model(64, 32, weights, layout="cols8"), {"x": x})
     w4 = list(moe_operands(quantize(np.ones((32, 64), np.float32), 4, 32)))
-    with pytest.raises(Exception, match="layout"):  # tile16 holds int8 codes only
+    with pytest.raises(Exception, match="layout"):  # tile16 holds int8 and fp8 codes only
         RUNTIMES[runtime](_model(64, 32, w4, layout="tile16", bits=4), {"x": x})
 
 

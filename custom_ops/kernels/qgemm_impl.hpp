@@ -279,6 +279,9 @@ void fdot(int64_t k0, int64_t kb, const float* const* a, const float* w, float* 
 #ifndef MLA_QGEMM_BF16_LINES
 #define MLA_QGEMM_BF16_LINES {}
 #endif
+#ifndef MLA_QGEMM_FP8_T16
+#define MLA_QGEMM_FP8_T16 {}
+#endif
 
 
 }  // namespace
@@ -297,6 +300,7 @@ const QgemmIsa MLA_QGEMM_TABLE = {
     MLA_QGEMM_FP8_BF16_LUT,
     MLA_QGEMM_FP8_LINES,
     MLA_QGEMM_BF16_LINES,
+    MLA_QGEMM_FP8_T16,
 };
 
 }  // namespace MLA_QGEMM_NS

@@ -30,8 +30,9 @@ Dims check_all(const QLinearInputs& in, int64_t bits) {
     d.K = in.x.dim(in.x.rank() - 1);
     d.M = in.x.numel() / (d.K > 0 ? d.K : 1);
     check_rank(kOp, in.w_q, 2);
-    if (in.tile16 && bits != 8)
-        throw Error(std::string(kOp) + ": attribute 'layout' tile16 holds int8 codes only, got bits " + std::to_string(bits));
+    if (in.tile16 && !weight_format(bits)->tile16)
+        throw Error(std::string(kOp) + ": attribute 'layout' tile16 holds int8 or fp8 codes only, got bits " +
+                    std::to_string(bits));
     d.N = in.w_q.dim(0);
     if (d.N % kTileRows != 0)
         fail(kOp, in.w_q, "needs an output size divisible by 32, got " + std::to_string(d.N));
@@ -81,7 +82,8 @@ void qlinear(const QLinearInputs& in, int64_t bits, const TensorView& out, const
     for (int64_t i = 0; i < d.M; ++i) rows[i] = i;
     const QWeights w{in.w_q.ptr<uint8_t>(), in.w_s.ptr<float>(), in.w_zp.ptr<uint8_t>(), in.w_q.dim(1), d.K / d.group};
     const int bi = weight_code_index(bits);
-    const bool t16 = in.tile16 && tile16_dots(isa, mode) && acts.has_q8();
+    const bool t16 = in.tile16 && (bits == kFp8Bits ? tile16_fp8_dots(isa, mode) && acts.has_bf16()
+                                                    : tile16_dots(isa, mode) && acts.has_q8());
     float* y = out.ptr<float>();
     // Decode's few rows (a step's sequences): one pass over the codes, each core streaming one run
     // of them (split_for). More rows (prefill): work items are (block of rows, tile), handed out
@@ -97,7 +99,10 @@ void qlinear(const QLinearInputs& in, int64_t bits, const TensorView& out, const
         thread_local std::vector<float> tile;
         if (static_cast<int64_t>(tile.size()) < m * kTileRows) tile.resize(m * kTileRows);
         float* c = tile.data();
-        if (t16) {
+        if (t16 && bits == kFp8Bits) {
+            qtile16_fp8(isa, acts, rows.data() + r0, m, w.q + n0 * w.row_bytes, w.s + n0 * w.groups, w.groups, d.K,
+                        d.group, c);
+        } else if (t16) {
             qtile16(isa, acts, rows.data() + r0, m, w.q + n0 * w.row_bytes, w.s + n0 * w.groups, w.zp + n0 * w.groups,
                     w.groups, d.K, d.group, c);
         } else {

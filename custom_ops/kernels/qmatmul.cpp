@@ -310,6 +310,30 @@ void qtile16(const QgemmIsa& isa, const QActs& acts, const int64_t* rows, int64_
     }
 }
 
+bool tile16_fp8_dots(const QgemmIsa& isa, const QMode& mode) {
+    return mode.fp8_bf16 && kernels().fp8_lut && isa.qdot_fp8_t16[0][0] != nullptr;
+}
+
+void qtile16_fp8(const QgemmIsa& isa, const QActs& acts, const int64_t* rows, int64_t m, const uint8_t* q,
+                 const float* s, int64_t groups, int64_t K, int64_t group, float* c) {
+    Scratch& sc = tls;
+    sc.b.resize(m);
+    for (int64_t t = 0; t < m; ++t) sc.b[t] = acts.bf16(rows[t]);
+    if (m <= 2) {  // memory-bound: one 16-row tile a call, one stream
+        for (int64_t b = 0; b < kTileRows / kTile16Rows; ++b)
+            isa.qdot_fp8_t16[0][m - 1](K, group, sc.b.data(), q + b * kTile16Rows * K, s + b * kTile16Rows * groups,
+                                       groups, c + b * kTile16Rows, kTileRows);
+        return;
+    }
+    // both tiles a call (each token's pair loaded once for 32 rows), up to 8 tokens a pass; a further
+    // pass finds the 32 rows' codes in cache and widens them again (6 instructions a line against
+    // the pass's 16 dot products)
+    for (int64_t t0 = 0; t0 < m; t0 += 8) {
+        const int64_t mt = std::min<int64_t>(8, m - t0);
+        isa.qdot_fp8_t16[1][mt - 1](K, group, sc.b.data() + t0, q, s, groups, c + t0 * kTileRows, kTileRows);
+    }
+}
+
 void tile16_to_rows4(const uint8_t* src, int64_t rows, int64_t K, uint8_t* dst) {
     for (int64_t r = 0; r < rows; ++r) {
         const uint8_t* tile = src + (r / kTile16Rows) * kTile16Rows * K + 4 * (r % kTile16Rows);

@@ -128,8 +128,8 @@ void split_ranges(const Threading& th, int64_t n, const std::function<void(int64
 void qtile(const QgemmIsa& isa, int bits_index, const QActs& acts, const int64_t* rows, int64_t m,
            const QBlock* blocks, int64_t K, int64_t group, float* c, int64_t many_from, int few_nb = 1);
 
-// The tile16 layout of int8 codes (MlaQLinear's `layout = "tile16"`; the runtime writes it on VNNI
-// CPUs, mla_export/runtime/qlinear_tiles.py): rows in tiles of 16, and within a tile the 4 codes of
+// The tile16 layout of int8 and fp8 codes (MlaQLinear's `layout = "tile16"`; the runtime writes it on
+// VNNI CPUs for int8, on AVX512-BF16 + VBMI CPUs without AMX for fp8: mla_export/runtime/qlinear_tiles.py): rows in tiles of 16, and within a tile the 4 codes of
 // inputs 4j..4j+3 of its 16 rows in one 64-byte line, row r at bytes 4r..4r+3: row 16i + r, input 4j + e at byte 16i * K + 64j + 4r + e. A 32-row tile of qtile() spans the
 // same bytes in either layout (32 * K from its first row), only their order differs. The 16 lines
 // of inputs 64s..64s+63 of a 16-row tile are an AMX-INT8 B tile as it lies (qmatmul_amx.hpp).
@@ -140,6 +140,12 @@ inline bool tile16_dots(const QgemmIsa& isa, const QMode& mode) { return mode.q8
 // on int8 activation rows (tile16_dots, acts.has_q8()).
 void qtile16(const QgemmIsa& isa, const QActs& acts, const int64_t* rows, int64_t m, const uint8_t* q, const float* s,
              const uint8_t* zp, int64_t groups, int64_t K, int64_t group, float* c);
+// Whether fp8 codes in the tile16 layout run their own bf16 dots here (qdot_fp8_t16: the mode's
+// bf16 dots with the lookups, fp8_codes=lut).
+bool tile16_fp8_dots(const QgemmIsa& isa, const QMode& mode);
+// qtile16 for fp8 codes on bf16 activation rows (tile16_fp8_dots, acts.has_bf16()); no zero points.
+void qtile16_fp8(const QgemmIsa& isa, const QActs& acts, const int64_t* rows, int64_t m, const uint8_t* q,
+                 const float* s, int64_t groups, int64_t K, int64_t group, float* c);
 // rows (a multiple of 16) of tile16 codes at src rewritten in the 4-row layout at dst (rows * K
 // bytes): where tile16 codes meet a kernel of the 4-row layout (f32, AVX2, the portable table).
 void tile16_to_rows4(const uint8_t* src, int64_t rows, int64_t K, uint8_t* dst);

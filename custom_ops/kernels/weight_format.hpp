@@ -34,7 +34,7 @@ inline constexpr WeightFormat kWeightFormats[] = {
     // name   bits      index  per byte  zp max  group multiple  chunk inputs  tile16
     {"int8", 8, 0, 1, 255, 32, 16, true},
     {"int4", 4, 1, 2, 15, 32, 32, false},
-    {"fp8", kFp8Bits, 2, 1, 0, 32, 16, false},
+    {"fp8", kFp8Bits, 2, 1, 0, 32, 16, true},
 };
 constexpr int kWeightCodes = sizeof(kWeightFormats) / sizeof(kWeightFormats[0]);
 

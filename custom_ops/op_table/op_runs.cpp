@@ -70,13 +70,18 @@ void run_qlinear(OpCall& c) {
     qlinear(q, c.i("bits"), out, c.threading, compute_from_name(c.op.name, c.s("compute")));
 }
 
-// tile16 holds int8 codes only.
+// tile16 holds the formats whose entry says so (weight_format.hpp: int8 and fp8).
 void check_qlinear(const OpSpec& op, const AttrValues& a) {
     const std::string& layout = attr_s(op, a, "layout");
     const int64_t bits = attr_i(op, a, "bits");
-    if (layout == "tile16" && bits != 8)
-        throw Error(std::string(op.name) + ": attribute 'layout' must be rows4, or tile16 with bits 8; got '" + layout +
-                    "' with bits " + std::to_string(bits));
+    const WeightFormat* format = weight_format(bits);
+    if (layout == "tile16" && (format == nullptr || !format->tile16)) {
+        std::string allowed;
+        for (const WeightFormat& f : kWeightFormats)
+            if (f.tile16) allowed += (allowed.empty() ? "" : " or ") + std::to_string(f.bits) + " (" + f.name + ")";
+        throw Error(std::string(op.name) + ": attribute 'layout' must be rows4, or tile16 with bits " + allowed +
+                    "; got '" + layout + "' with bits " + std::to_string(bits));
+    }
 }
 
 ZeroPointInputs moe_zero_points(const OpSpec& op, const AttrValues& a) { return int4_zero_point_inputs(moe_bits(op, a)); }

@@ -1,4 +1,5 @@
-"""MlaQLinear's int8 codes rewritten in 16-row tiles before the model compiles, on VNNI CPUs.
+"""MlaQLinear's int8 and fp8 codes rewritten in 16-row tiles before the model compiles, on VNNI CPUs
+(int8) and on AVX512-BF16 + VBMI CPUs without AMX (fp8).
 
 The export stores integer codes in blocks of 4 rows (custom_ops/kernels/qgemm.hpp), which every
 kernel reads: one 64-byte load holds 16 inputs of 4 rows, so a dot product's sums sit 4 lanes per
@@ -12,6 +13,12 @@ On AMX-INT8 CPUs the tile16 lines are the tiles' B operands as they lie: 8 rows 
 them straight from the weights, where the 4-row layout is re-laid into scratch on every call
 (lm_head, Emerald Rapids: 8 rows 1.08-1.16x faster; 1-2 rows run the VNNI dots, as fast as the
 4-row kernel's).
+
+fp8 (e4m3) codes take the same layout for the bf16 dots of fp8_codes=lut (qgemm_avx512_dots.hpp's
+qdot_fp8_t16): a line's 64 codes widened to bf16 are 16 rows x one pair of inputs, so each dot
+product takes the token's pair as an embedded broadcast (8 tokens, a 21888 x 2048 matrix streamed
+from memory, Zen 4, 2 threads: 1.45-1.6x int8 tile16's time in the 4-row layout, 1.25x in this one).
+AMX-BF16 CPUs keep fp8 codes in the 4-row layout, which their tiles read from 8 rows.
 
 So under a bf16 hint on a CPU with AVX512_VNNI (with or without AMX), the runtime rewrites each
 int8 MlaQLinear's codes in place in the weights buffer it read the IR into (weights_memory.py:
@@ -31,20 +38,22 @@ import numpy as np
 import openvino as ov
 
 from ..ops import kernel_config
-from ..formats.weight_format import FORMATS, TILE16_ROWS
+from ..formats.weight_format import FORMATS, TILE16_ROWS, by_name
 
 __all__ = ["rows4_to_tile16", "tile16_to_rows4", "want_tile16", "pack_qlinear_tiles"]
 
 TILE_ROWS = TILE16_ROWS
+_TILE16_BITS = tuple(f.bits for f in FORMATS if f.tile16)
+FP8_BITS = by_name("fp8").bits
 _CHUNK_ROWS = 4096  # rows rewritten at a time: a bounded temporary (8 MiB at K = 2048)
 
 
 def _check(codes: np.ndarray) -> tuple[int, int]:
     if codes.dtype != np.uint8 or codes.ndim != 2:
-        raise ValueError(f"int8 codes must be a u8 [N, K] array, got {codes.dtype} {codes.shape}")
+        raise ValueError(f"codes must be a u8 [N, K] array, got {codes.dtype} {codes.shape}")
     n, k = codes.shape
     if n % TILE_ROWS or k % 16:
-        raise ValueError(f"int8 codes [N, K] need N % 16 == 0 and K % 16 == 0 for 16-row tiles, got {codes.shape}")
+        raise ValueError(f"codes [N, K] need N % 16 == 0 and K % 16 == 0 for 16-row tiles, got {codes.shape}")
     return n, k
 
 
@@ -65,12 +74,19 @@ def tile16_to_rows4(codes: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a.transpose(0, 3, 1, 4, 2)).view(np.uint8).reshape(n, k)
 
 
-def want_tile16(precision: str) -> bool:
-    """Whether this process rewrites int8 MlaQLinear codes in 16-row tiles (see the module doc)."""
+def want_tile16(precision: str, bits: int = 8) -> bool:
+    """Whether this process rewrites MlaQLinear codes of this format (`bits`) in 16-row tiles (see
+    the module doc)."""
+    if bits not in _TILE16_BITS:
+        return False
     config = kernel_config.config()
     if config.qlinear != "auto":
         return config.qlinear == "tile16"
-    return precision == "bf16" and config.isa == "avx512" and "avx512_vnni" in kernel_config.cpu_features()
+    if precision != "bf16" or config.isa != "avx512":
+        return False
+    if bits == FP8_BITS:  # the lookups' bf16 dots; AMX-BF16 CPUs run fp8 from 8 rows on tiles of the 4-row layout
+        return config.fp8_codes == "lut" and not config.amx
+    return "avx512_vnni" in kernel_config.cpu_features()
 
 
 def pack_qlinear_tiles(model: ov.Model, weights: mmap.mmap | None, precision: str) -> int:
@@ -79,7 +95,8 @@ def pack_qlinear_tiles(model: ov.Model, weights: mmap.mmap | None, precision: st
     ops were marked. Nothing happens without that buffer (OpenVINO's read-only file mapping) or when
     want_tile16() says no. Codes shared by several MlaQLinear ops are rewritten once; codes any other
     node reads too are left as exported."""
-    if weights is None or not want_tile16(precision):
+    wanted = {bits for bits in _TILE16_BITS if want_tile16(precision, bits)}
+    if weights is None or not wanted:
         return 0
     buf = np.frombuffer(weights, dtype=np.uint8)
     base, size = buf.ctypes.data, buf.size
@@ -90,7 +107,7 @@ def pack_qlinear_tiles(model: ov.Model, weights: mmap.mmap | None, precision: st
             continue
         attrs = op.get_attributes()
         bits = attrs.get("bits")
-        if bits not in (f.bits for f in FORMATS if f.tile16) or attrs.get("layout", "rows4") != "rows4":
+        if bits not in wanted or attrs.get("layout", "rows4") != "rows4":
             continue
         const = op.input_value(1).get_node()
         if const.get_type_name() != "Constant":

@@ -245,18 +245,23 @@ void qdot_fp8_bf16(int64_t K, int64_t group, const uint16_t* const* x, const QBl
 // embedded 32-bit broadcast from memory: no broadcast instruction, one accumulator carries 16 rows
 // (the 4-row lookups' carries 4, and needs two 128-bit broadcasts a line a token), and nothing is
 // added across lanes at the end. A line at 8 tokens: 6 instructions widen it, 16 dot products use
-// it. NB tiles of 16 rows (at q + b * 16 * K) by M tokens; s points at the first row's groups (row
-// stride `groups`); out[t * ldo + 16 * b + r]. From 3 tokens the codes are prefetched 32 KB ahead, as
-// the 4-row lookups' are. Measured in a C++ harness (8 tokens, a 21888 x 2048 matrix streamed from
-// memory, Zen 4, 2 threads, alternated in one process): the 4-row lookups 1.45-1.6x int8 tile16's
-// time, these (NB 2) 1.25x; the dot products alone are 2x int8's (32 multiply-adds an instruction
-// against vpdpbusd's 64).
+// it. At 1-2 tokens `wb` sums into a second accumulator: one chain of dependent dot products would
+// hold a line for two of their latencies. Every line is prefetched 4 KB ahead: the widening's
+// latency keeps too few loads in flight for the hardware prefetcher alone.
+// NB tiles of 16 rows (at q + b * 16 * K) by M tokens; s points at the first row's groups (row
+// stride `groups`); out[t * ldo + 16 * b + r]. Measured in a C++ harness (a 21888 x 2048 matrix
+// streamed, Zen 4, 2 threads, alternated in one process; int8 = qdot_q8_t16 on the same bytes):
+// 8 tokens, the 4-row lookups 1.45-1.8x int8's time, these (NB 2) 1.13-1.17x (1.25x with the 4-row
+// lookups' prefetch, 32 KB ahead every other line); 1 token 1.45-1.65x -> 0.96-1.1x (without the
+// prefetch and the second chain 1.5-1.75x). The dot products alone are 2x int8's at 8 tokens (32
+// multiply-adds an instruction against vpdpbusd's 64).
 template <int NB, int M>
 __attribute__((target("avx512vbmi"))) void qdot_fp8_t16(int64_t K, int64_t group, const uint16_t* const* x,
                                                         const uint8_t* q, const float* s, int64_t groups, float* out,
                                                         int64_t ldo) {
-    static_assert(NB * M <= 16, "accumulators beyond the registers");
-    constexpr int64_t kPrefetch = 32768;
+    constexpr int C = M <= 2 ? 2 : 1;  // accumulators a tile and token
+    static_assert(NB * M * C <= 16, "accumulators beyond the registers");
+    constexpr int64_t kPrefetch = 4096;
     const E4m3Lut lut;
     alignas(64) static const uint8_t kPairs[64] = {
 #define MLA_T16_LANE(L) 16 * L + 0, 16 * L + 1, 16 * L + 4, 16 * L + 5, 16 * L + 8, 16 * L + 9, 16 * L + 12, 16 * L + 13, \
@@ -269,14 +274,15 @@ __attribute__((target("avx512vbmi"))) void qdot_fp8_t16(int64_t K, int64_t group
     for (int b = 0; b < NB; ++b)
         for (int t = 0; t < M; ++t) tot[b][t] = _mm512_setzero_ps();
     for (int64_t g = 0; g < K / group; ++g) {
-        __m512 acc[NB][M];
+        __m512 acc[NB][M][C];
         for (int b = 0; b < NB; ++b)
-            for (int t = 0; t < M; ++t) acc[b][t] = _mm512_setzero_ps();
+            for (int t = 0; t < M; ++t)
+                for (int c = 0; c < C; ++c) acc[b][t][c] = _mm512_setzero_ps();
         for (int64_t k = g * group; k < (g + 1) * group; k += 4) {
             __m512i wa[NB], wb[NB];
             for (int b = 0; b < NB; ++b) {
                 const uint8_t* line = q + b * 16 * K + k * 16;
-                if (M >= 3) _mm_prefetch(reinterpret_cast<const char*>(line + kPrefetch), _MM_HINT_T0);
+                _mm_prefetch(reinterpret_cast<const char*>(line + kPrefetch), _MM_HINT_T0);
                 lut.widen_codes(_mm512_permutexvar_epi8(pairs, _mm512_loadu_si512(line)), wa[b], wb[b]);
             }
             for (int t = 0; t < M; ++t) {
@@ -285,8 +291,8 @@ __attribute__((target("avx512vbmi"))) void qdot_fp8_t16(int64_t K, int64_t group
                 std::memcpy(&p1, x[t] + k + 2, 4);
                 const __m512i x0 = _mm512_set1_epi32(p0), x1 = _mm512_set1_epi32(p1);
                 for (int b = 0; b < NB; ++b) {
-                    acc[b][t] = _mm512_dpbf16_ps(acc[b][t], (__m512bh)wa[b], (__m512bh)x0);
-                    acc[b][t] = _mm512_dpbf16_ps(acc[b][t], (__m512bh)wb[b], (__m512bh)x1);
+                    acc[b][t][0] = _mm512_dpbf16_ps(acc[b][t][0], (__m512bh)wa[b], (__m512bh)x0);
+                    acc[b][t][C - 1] = _mm512_dpbf16_ps(acc[b][t][C - 1], (__m512bh)wb[b], (__m512bh)x1);
                 }
             }
         }
@@ -294,7 +300,10 @@ __attribute__((target("avx512vbmi"))) void qdot_fp8_t16(int64_t K, int64_t group
             alignas(64) float sl[16];  // lane r: row r's scale for this group
             for (int r = 0; r < 16; ++r) sl[r] = s[(16 * b + r) * groups + g];
             const __m512 sv = _mm512_load_ps(sl);
-            for (int t = 0; t < M; ++t) tot[b][t] = _mm512_fmadd_ps(acc[b][t], sv, tot[b][t]);
+            for (int t = 0; t < M; ++t) {
+                const __m512 sum = C == 2 ? _mm512_add_ps(acc[b][t][0], acc[b][t][C - 1]) : acc[b][t][0];
+                tot[b][t] = _mm512_fmadd_ps(sum, sv, tot[b][t]);
+            }
         }
     }
     for (int t = 0; t < M; ++t)

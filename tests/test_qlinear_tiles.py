@@ -1,11 +1,12 @@
-"""MlaQLinear's int8 codes in 16-row tiles (layout = "tile16"; qmatmul.hpp, runtime/qlinear_tiles.py).
+"""MlaQLinear's int8 and fp8 codes in 16-row tiles (layout = "tile16"; qmatmul.hpp, runtime/qlinear_tiles.py).
 
 The layout functions against an explicit index formula; the op on tile16 codes against the
 float64 reference in both runtimes (f32 compute: exact, through the 4-row kernels; compute="bf16":
 the reference on int8 activations, through the tile16 VNNI dots where the CPU has them, through the
-4-row ones of every other table); the attribute's errors; and the runtime's in-place rewrite of an
-int8 export: exact against transformers at f32 (the rewrite forced, kernel configuration qlinear=tile16),
-and at bf16 the same logits as the exported layout up to the f32 folds' order.
+4-row ones of every other table; fp8 codes: the reference on bf16-rounded activations where the
+bf16 dots run); the attribute's errors; and the runtime's in-place rewrite of an int8 export: exact
+against transformers at f32 (the rewrite forced, kernel configuration qlinear=tile16), and at bf16
+the same logits as the exported layout up to the f32 folds' order (an fp8 export's too).
 """
 
 from __future__ import annotations
@@ -228,6 +229,60 @@ def test_rewritten_export_at_bf16_matches_the_exported_layout(int8_export):
     drive_and_compare(both, hf, PagedSession(BLOCK, NUM_BLOCKS, np.random.default_rng(3)), prompts, SCHEDULE,
                       float("inf"))
     print(f"[qlinear tile16, bf16] max relative logits difference to the exported layout: {max(worst):.1e}")
+    assert max(worst) < 1e-3, worst
+
+
+@pytest.fixture(scope="module")
+def fp8_export(tmp_path_factory):
+    from hf_models import load_hf
+    from mla_export.export import export_model
+    from mla_export.checkpoint.presets import make_checkpoint
+    from test_export_quantized import BLOCK, CONFIGS
+
+    model_type, overrides = CONFIGS["v2-lite"]
+    root = tmp_path_factory.mktemp("tiles-fp8")
+    ckpt = make_checkpoint(root / "ckpt", model_type, seed=22, **overrides)
+    out = root / "fp8"
+    export_model(ckpt, out, fmt="openvino", block_size=BLOCK, kv_dtype="f32", weight_format="fp8")
+    return out, load_hf(ckpt)
+
+
+def test_rewritten_fp8_export_at_bf16_matches_the_exported_layout(fp8_export):
+    """An fp8 export: every fp8 MlaQLinear is rewritten (qlinear=tile16, and on its own where
+    want_tile16 says so: AVX512-BF16 + VBMI without AMX), and at bf16 its logits match the exported
+    layout's on the same steps (the same bf16 products, the f32 sums in another order)."""
+    from hf_models import PagedSession, drive_and_compare
+    from mla_export.export.quantize import FP8_BITS
+    from mla_export.runtime.qlinear_tiles import want_tile16
+    from test_export_quantized import BLOCK, NUM_BLOCKS, PROMPT_LENS, SCHEDULE
+
+    out, hf = fp8_export
+    run_t16, marked, model = _runner(out, hf.config, "bf16", True)
+    run_r4, none, _ = _runner(out, hf.config, "bf16", False)
+    ops = [op for op in model.get_ops() if op.get_type_name() == "MlaQLinear"]
+    fp8_ops = [op for op in ops if op.get_attributes()["bits"] == FP8_BITS]
+    assert len(fp8_ops) > 0 and none == 0
+    assert all(op.get_attributes()["layout"] == "tile16" for op in fp8_ops)
+    # the rest: the int8 lm_head an fp8 export keeps
+    assert marked == len([op for op in ops if op.get_attributes()["layout"] == "tile16"]) == len(ops)
+    kernel_config.configure("qlinear=auto")
+    features = kernel_config.cpu_features()
+    config = kernel_config.config()
+    expect = (config.isa == "avx512" and config.fp8_codes == "lut" and not config.amx
+              and {"avx512_bf16", "avx512vbmi"} <= features)
+    assert want_tile16("bf16", FP8_BITS) == expect
+    assert not want_tile16("f32", FP8_BITS)
+    worst = []
+
+    def both(feeds):
+        a, b = run_t16(feeds), run_r4(feeds)
+        worst.append(float(np.abs(a - b).max() / np.abs(b).max()))
+        return b
+
+    prompts = {s: np.random.default_rng(6).integers(2, hf.config.vocab_size, n) for s, n in PROMPT_LENS.items()}
+    drive_and_compare(both, hf, PagedSession(BLOCK, NUM_BLOCKS, np.random.default_rng(4)), prompts, SCHEDULE,
+                      float("inf"))
+    print(f"[qlinear tile16 fp8, bf16] max relative logits difference to the exported layout: {max(worst):.1e}")
     assert max(worst) < 1e-3, worst
 
 

@@ -4,8 +4,8 @@
 // is one entry here and there, its quantizer and its kernels.
 //
 // Every format lies in the 4-row layout (qgemm.hpp): 16-byte chunks of 4 rows interleaved, a chunk
-// holding chunk_inputs inputs of a row; int8 codes may also lie in the tile16 layout (qmatmul.hpp),
-// which the runtime writes on VNNI CPUs.
+// holding chunk_inputs inputs of a row; int8 and fp8 codes may also lie in the tile16 layout
+// (qmatmul.hpp), which the runtime writes for MlaQLinear (mla_export/runtime/qlinear_tiles.py).
 #pragma once
 
 #include <cstdint>

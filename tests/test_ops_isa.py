@@ -5,7 +5,7 @@ Per vector table (generic, avx2, avx512: the f32 and the integer-GEMM table move
 attention in both forms, decode, every cache format, sparse attention and its indexer; the fused
 MoE op; MlaQLinear on int8 activations (compute="bf16": int8 activations on AVX2 and VNNI tables,
 f32-exact on the others, which is what shows the integer table moved), in the tile16 layout, and on
-fp8 codes. Per engine of the bf16 decode rows (f32 kernels, AVX512-BF16 dots, AMX tiles, where the
+fp8 codes (in both layouts). Per engine of the bf16 decode rows (f32 kernels, AVX512-BF16 dots, AMX tiles, where the
 CPU has them): the engine that ran is the one configured. Then the switchboard itself: the default
 is the widest table, a bad setting is an error naming the key (MLA_EXPORT_KERNELS or the call), and
 the retired variables are refused with their replacement.
@@ -103,6 +103,23 @@ class TestEveryTable:
                     assert _rel(got, ref.linear(x, w, q8_group=group or k)) < 1e-4, (n, k, group, m)
                 else:
                     assert _rel(got, ref.linear(x, w)) < TOL, (n, k, group, m)
+
+    def test_qlinear_fp8_tile16(self, isa, rng):
+        """fp8 codes in the tile16 layout: the AVX-512 table's tile16 lookups where the CPU has
+        AVX512-BF16 and VBMI, the 4-row kernels of every other table (a tile rewritten back first)."""
+        from test_fp8_weights_op import _bf16_path, _bf16_reference
+        from test_moe_experts_op import _run_openvino
+        from test_qlinear_tiles import _model
+        from mla_export.runtime.qlinear_tiles import rows4_to_tile16
+
+        with running(f"isa={isa}"):
+            for n, k, m in [(64, 256, 1), (32, 512, 8), (64, 128, 19)]:
+                w32 = (rng.standard_normal((n, k)) * 0.1).astype(np.float32)
+                codes, scales, zp = fp8_operands(w32, 128)
+                x = rng.standard_normal((m, k)).astype(np.float32)
+                got = _run_openvino(_model(k, n, [rows4_to_tile16(codes), scales, zp], "bf16", bits=FP8_BITS), {"x": x})
+                want = _bf16_reference(x, [codes, scales, zp]) if _bf16_path(m) else ref.linear(x, fp8_dequantize(codes, scales))
+                assert _rel(got, want) < TOL, (n, k, m)
 
     def test_qlinear_fp8(self, isa, rng):
         """fp8 codes, f32 and compute="bf16", few rows and many: f32-exact in every table (the bf16

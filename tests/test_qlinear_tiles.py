@@ -139,19 +139,24 @@ def test_bad_layout_names_the_attribute(rng, runtime):
 
 # --------------------------------------------------------------- the runtime's rewrite of an export
 
-@pytest.fixture(scope="module")
-def int8_export(tmp_path_factory):
+def _export(tmp_path_factory, weight_format, seed):
+    """A V2-Lite-shaped tiny checkpoint exported in `weight_format`: (checkpoint, export, transformers model)."""
     from hf_models import load_hf
     from mla_export.export import export_model
     from mla_export.checkpoint.presets import make_checkpoint
     from test_export_quantized import BLOCK, CONFIGS
 
     model_type, overrides = CONFIGS["v2-lite"]
-    root = tmp_path_factory.mktemp("tiles")
-    ckpt = make_checkpoint(root / "ckpt", model_type, seed=21, **overrides)
-    out = root / "int8"
-    export_model(ckpt, out, fmt="openvino", block_size=BLOCK, kv_dtype="f32", weight_format="int8")
+    root = tmp_path_factory.mktemp(f"tiles-{weight_format}")
+    ckpt = make_checkpoint(root / "ckpt", model_type, seed=seed, **overrides)
+    out = root / weight_format
+    export_model(ckpt, out, fmt="openvino", block_size=BLOCK, kv_dtype="f32", weight_format=weight_format)
     return ckpt, out, load_hf(ckpt)
+
+
+@pytest.fixture(scope="module")
+def int8_export(tmp_path_factory):
+    return _export(tmp_path_factory, "int8", 21)
 
 
 def _runner(out, cfg, precision, tiles):
@@ -211,52 +216,47 @@ def test_rewritten_export_is_exact_at_f32(int8_export, rng):
 def test_rewritten_export_at_bf16_matches_the_exported_layout(int8_export):
     """bf16 (int8 activations): the rewritten export's logits against the exported layout's on the
     same steps: the same int32 sums, only the f32 folds in another order."""
-    from hf_models import PagedSession, drive_and_compare
-    from test_export_quantized import BLOCK, NUM_BLOCKS, PROMPT_LENS, SCHEDULE
-
     _, out, hf = int8_export
     run_t16, marked, _ = _runner(out, hf.config, "bf16", True)
     run_r4, none, _ = _runner(out, hf.config, "bf16", False)
     assert marked > 0 and none == 0
+    worst = _worst_difference(run_t16, run_r4, hf, seed=5)
+    print(f"[qlinear tile16, bf16] max relative logits difference to the exported layout: {worst:.1e}")
+    assert worst < 1e-3
+
+
+def _worst_difference(run_a, run_b, hf, seed):
+    """Both runners driven through the same steps (prompts and paging from `seed`); the largest
+    relative logits difference between them."""
+    from hf_models import PagedSession, drive_and_compare
+    from test_export_quantized import BLOCK, NUM_BLOCKS, PROMPT_LENS, SCHEDULE
+
     worst = []
 
     def both(feeds):
-        a, b = run_t16(feeds), run_r4(feeds)
+        a, b = run_a(feeds), run_b(feeds)
         worst.append(float(np.abs(a - b).max() / np.abs(b).max()))
         return b
 
-    prompts = {s: np.random.default_rng(5).integers(2, hf.config.vocab_size, n) for s, n in PROMPT_LENS.items()}
-    drive_and_compare(both, hf, PagedSession(BLOCK, NUM_BLOCKS, np.random.default_rng(3)), prompts, SCHEDULE,
+    prompts = {s: np.random.default_rng(seed).integers(2, hf.config.vocab_size, n) for s, n in PROMPT_LENS.items()}
+    drive_and_compare(both, hf, PagedSession(BLOCK, NUM_BLOCKS, np.random.default_rng(seed + 1)), prompts, SCHEDULE,
                       float("inf"))
-    print(f"[qlinear tile16, bf16] max relative logits difference to the exported layout: {max(worst):.1e}")
-    assert max(worst) < 1e-3, worst
+    return max(worst)
 
 
 @pytest.fixture(scope="module")
 def fp8_export(tmp_path_factory):
-    from hf_models import load_hf
-    from mla_export.export import export_model
-    from mla_export.checkpoint.presets import make_checkpoint
-    from test_export_quantized import BLOCK, CONFIGS
-
-    model_type, overrides = CONFIGS["v2-lite"]
-    root = tmp_path_factory.mktemp("tiles-fp8")
-    ckpt = make_checkpoint(root / "ckpt", model_type, seed=22, **overrides)
-    out = root / "fp8"
-    export_model(ckpt, out, fmt="openvino", block_size=BLOCK, kv_dtype="f32", weight_format="fp8")
-    return out, load_hf(ckpt)
+    return _export(tmp_path_factory, "fp8", 22)
 
 
 def test_rewritten_fp8_export_at_bf16_matches_the_exported_layout(fp8_export):
     """An fp8 export: every fp8 MlaQLinear is rewritten (qlinear=tile16, and on its own where
     want_tile16 says so: AVX512-BF16 + VBMI without AMX), and at bf16 its logits match the exported
     layout's on the same steps (the same bf16 products, the f32 sums in another order)."""
-    from hf_models import PagedSession, drive_and_compare
     from mla_export.export.quantize import FP8_BITS
     from mla_export.runtime.qlinear_tiles import want_tile16
-    from test_export_quantized import BLOCK, NUM_BLOCKS, PROMPT_LENS, SCHEDULE
 
-    out, hf = fp8_export
+    _, out, hf = fp8_export
     run_t16, marked, model = _runner(out, hf.config, "bf16", True)
     run_r4, none, _ = _runner(out, hf.config, "bf16", False)
     ops = [op for op in model.get_ops() if op.get_type_name() == "MlaQLinear"]
@@ -272,18 +272,9 @@ def test_rewritten_fp8_export_at_bf16_matches_the_exported_layout(fp8_export):
               and {"avx512_bf16", "avx512vbmi"} <= features)
     assert want_tile16("bf16", FP8_BITS) == expect
     assert not want_tile16("f32", FP8_BITS)
-    worst = []
-
-    def both(feeds):
-        a, b = run_t16(feeds), run_r4(feeds)
-        worst.append(float(np.abs(a - b).max() / np.abs(b).max()))
-        return b
-
-    prompts = {s: np.random.default_rng(6).integers(2, hf.config.vocab_size, n) for s, n in PROMPT_LENS.items()}
-    drive_and_compare(both, hf, PagedSession(BLOCK, NUM_BLOCKS, np.random.default_rng(4)), prompts, SCHEDULE,
-                      float("inf"))
-    print(f"[qlinear tile16 fp8, bf16] max relative logits difference to the exported layout: {max(worst):.1e}")
-    assert max(worst) < 1e-3, worst
+    worst = _worst_difference(run_t16, run_r4, hf, seed=6)
+    print(f"[qlinear tile16 fp8, bf16] max relative logits difference to the exported layout: {worst:.1e}")
+    assert worst < 1e-3
 
 
 @pytest.mark.parametrize("shared", [False, True])

@@ -14,7 +14,6 @@
 // Needs an AVX-512 CPU with VNNI, BF16 and VBMI (the entries it reads); the codes are synthetic
 // (speed does not depend on their values; both layouts read the same bytes), in 2 MiB pages.
 #include <immintrin.h>
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <chrono>
@@ -25,26 +24,15 @@
 #include <thread>
 #include <vector>
 
-#include "qgemm.hpp"
+#include "stream_bench.hpp"
 
-namespace mla::qgemm_avx512 {
-extern const QgemmIsa kQgemmIsa;
-}
 using namespace mla;
+using stream_bench::pages;
+using stream_bench::plain_read;
 
 namespace {
 
 constexpr int64_t K = 2048, kGroup = 128, kGroups = K / kGroup;
-
-void* pages(size_t n) {
-    void* p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) {
-        std::fprintf(stderr, "mmap of %zu bytes failed\n", n);
-        std::exit(2);
-    }
-    madvise(p, n, MADV_HUGEPAGE);
-    return p;
-}
 
 // Every 32-row tile of the matrix handed to `tile(first_row)`, the tiles split in contiguous halves.
 double pass(int64_t rows, int threads, const std::function<void(int64_t)>& tile) {
@@ -54,21 +42,6 @@ double pass(int64_t rows, int threads, const std::function<void(int64_t)>& tile)
     for (int t = 0; t < threads; ++t)
         ts.emplace_back([&, t] {
             for (int64_t i = tiles * t / threads; i < tiles * (t + 1) / threads; ++i) tile(32 * i);
-        });
-    for (auto& t : ts) t.join();
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-double plain_read(const uint8_t* p, size_t n, int threads) {
-    const auto t0 = std::chrono::steady_clock::now();
-    std::vector<std::thread> ts;
-    std::vector<int> sink(threads);
-    for (int t = 0; t < threads; ++t)
-        ts.emplace_back([&, t] {
-            __m512i m = _mm512_setzero_si512();
-            for (size_t i = n / 64 * t / threads * 64; i < n / 64 * (t + 1) / threads * 64; i += 64)
-                m = _mm512_max_epu8(m, _mm512_load_si512(p + i));
-            sink[t] = _mm512_reduce_add_epi32(m);
         });
     for (auto& t : ts) t.join();
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -163,11 +136,7 @@ int main(int argc, char** argv) {
     }
     std::printf("%lld x %lld, groups of %lld, %d threads, %d rounds alternated, medians\n", static_cast<long long>(rows),
                 static_cast<long long>(K), static_cast<long long>(kGroup), threads, rounds);
-    std::vector<double> med(n + 1);
-    for (size_t c = 0; c <= n; ++c) {
-        std::sort(t[c].begin(), t[c].end());
-        med[c] = t[c][t[c].size() / 2];
-    }
+    const std::vector<double> med = stream_bench::medians(t);
     const double read_gbs = rows * K / med[n] / 1e9;
     for (size_t c = 0; c < n; ++c) {
         const double int8 = med[c < 3 ? 0 : c < 5 ? 3 : 5];  // each group's int8 case

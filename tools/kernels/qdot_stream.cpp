@@ -11,7 +11,6 @@
 // Needs an AVX-512 VNNI CPU (the table it reads); weights are synthetic codes (speed does not depend
 // on their values), in 2 MiB pages where the kernel allows them.
 #include <immintrin.h>
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <chrono>
@@ -21,24 +20,13 @@
 #include <thread>
 #include <vector>
 
-#include "qgemm.hpp"
+#include "stream_bench.hpp"
 
-namespace mla::qgemm_avx512 {
-extern const QgemmIsa kQgemmIsa;
-}
 using namespace mla;
+using stream_bench::pages;
+using stream_bench::plain_read;
 
 namespace {
-
-void* pages(size_t n) {
-    void* p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) {
-        std::fprintf(stderr, "mmap of %zu bytes failed\n", n);
-        std::exit(2);
-    }
-    madvise(p, n, MADV_HUGEPAGE);
-    return p;
-}
 
 struct Weights {
     int64_t rows, K, group, groups, row_bytes;
@@ -77,21 +65,6 @@ double pass(const Weights& w, Dot dot, int nb, const QRow* x, float* out, int th
                 QBlock b[2] = {block(w, 4 * nb * c), block(w, 4 * nb * c + (nb - 1) * 4)};
                 dot(w.K, w.group, x, b, out + 4 * nb * c, w.rows);
             }
-        });
-    for (auto& t : ts) t.join();
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-double plain_read(const uint8_t* p, size_t n, int threads) {
-    const auto t0 = std::chrono::steady_clock::now();
-    std::vector<std::thread> ts;
-    std::vector<int> sink(threads);
-    for (int t = 0; t < threads; ++t)
-        ts.emplace_back([&, t] {
-            __m512i m = _mm512_setzero_si512();
-            for (size_t i = n / 64 * t / threads * 64; i < n / 64 * (t + 1) / threads * 64; i += 64)
-                m = _mm512_max_epu8(m, _mm512_load_si512(p + i));
-            sink[t] = _mm512_reduce_add_epi32(m);
         });
     for (auto& t : ts) t.join();
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -138,11 +111,7 @@ int main(int argc, char** argv) {
     }
     std::printf("%lld x %lld, %d threads, %d rounds alternated, medians\n", static_cast<long long>(rows),
                 static_cast<long long>(K), threads, rounds);
-    std::vector<double> med(kCases + 1);
-    for (int c = 0; c <= kCases; ++c) {
-        std::sort(t[c].begin(), t[c].end());
-        med[c] = t[c][t[c].size() / 2];
-    }
+    const std::vector<double> med = stream_bench::medians(t);
     const double read_gbs = rows * K / med[kCases] / 1e9;
     for (int c = 0; c < kCases; ++c) {
         const double gbs = cases[c].w->rows * cases[c].w->row_bytes / med[c] / 1e9;

@@ -249,12 +249,13 @@ void qdot_fp8_bf16(int64_t K, int64_t group, const uint16_t* const* x, const QBl
 // hold a line for two of their latencies. Every line is prefetched 4 KB ahead: the widening's
 // latency keeps too few loads in flight for the hardware prefetcher alone.
 // NB tiles of 16 rows (at q + b * 16 * K) by M tokens; s points at the first row's groups (row
-// stride `groups`); out[t * ldo + 16 * b + r]. Measured in a C++ harness (a 21888 x 2048 matrix
-// streamed, Zen 4, 2 threads, alternated in one process; int8 = qdot_q8_t16 on the same bytes):
-// 8 tokens, the 4-row lookups 1.45-1.8x int8's time, these (NB 2) 1.13-1.17x (1.25x with the 4-row
-// lookups' prefetch, 32 KB ahead every other line); 1 token 1.45-1.65x -> 0.96-1.1x (without the
-// prefetch and the second chain 1.5-1.75x). The dot products alone are 2x int8's at 8 tokens (32
-// multiply-adds an instruction against vpdpbusd's 64).
+// stride `groups`); out[t * ldo + 16 * b + r]. Measured on a 21888 x 2048 matrix streamed from
+// memory (Zen 4, 2 threads, alternated in one process, tools/kernels/fp8_tiles.cpp; int8 =
+// qdot_q8_t16 on the same bytes): 8 tokens, the 4-row lookups 1.43-1.67x int8's time, these (NB 2)
+// 1.07-1.17x (1.25x in a scratch copy with the 4-row lookups' prefetch, 32 KB ahead every other
+// line); 1 token 1.0-1.18x, as the 4-row lookups (0.92-1.15x): both are bound by the widening
+// where the memory is fast. The dot products alone are 2x int8's at 8 tokens (32 multiply-adds an
+// instruction against vpdpbusd's 64).
 template <int NB, int M>
 __attribute__((target("avx512vbmi"))) void qdot_fp8_t16(int64_t K, int64_t group, const uint16_t* const* x,
                                                         const uint8_t* q, const float* s, int64_t groups, float* out,

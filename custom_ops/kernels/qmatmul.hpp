@@ -129,7 +129,8 @@ void qtile(const QgemmIsa& isa, int bits_index, const QActs& acts, const int64_t
            const QBlock* blocks, int64_t K, int64_t group, float* c, int64_t many_from, int few_nb = 1);
 
 // The tile16 layout of int8 and fp8 codes (MlaQLinear's `layout = "tile16"`; the runtime writes it on
-// VNNI CPUs for int8, on AVX512-BF16 + VBMI CPUs without AMX for fp8: mla_export/runtime/qlinear_tiles.py): rows in tiles of 16, and within a tile the 4 codes of
+// VNNI CPUs for int8, on AVX512-BF16 + VBMI CPUs without AMX for fp8:
+// mla_export/runtime/qlinear_tiles.py): rows in tiles of 16, and within a tile the 4 codes of
 // inputs 4j..4j+3 of its 16 rows in one 64-byte line, row r at bytes 4r..4r+3: row 16i + r, input 4j + e at byte 16i * K + 64j + 4r + e. A 32-row tile of qtile() spans the
 // same bytes in either layout (32 * K from its first row), only their order differs. The 16 lines
 // of inputs 64s..64s+63 of a 16-row tile are an AMX-INT8 B tile as it lies (qmatmul_amx.hpp).

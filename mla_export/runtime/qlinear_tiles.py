@@ -17,7 +17,8 @@ them straight from the weights, where the 4-row layout is re-laid into scratch o
 fp8 (e4m3) codes take the same layout for the bf16 dots of fp8_codes=lut (qgemm_avx512_dots.hpp's
 qdot_fp8_t16): a line's 64 codes widened to bf16 are 16 rows x one pair of inputs, so each dot
 product takes the token's pair as an embedded broadcast (8 tokens, a 21888 x 2048 matrix streamed
-from memory, Zen 4, 2 threads: 1.45-1.6x int8 tile16's time in the 4-row layout, 1.25x in this one).
+from memory, Zen 4, 2 threads: 1.43-1.67x int8 tile16's time in the 4-row layout, 1.07-1.17x in this
+one; 1-2 tokens about as the 4-row layout's).
 AMX-BF16 CPUs keep fp8 codes in the 4-row layout, which their tiles read from 8 rows.
 
 So under a bf16 hint on a CPU with AVX512_VNNI (with or without AMX), the runtime rewrites each

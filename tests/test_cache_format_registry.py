@@ -27,7 +27,7 @@ WEIGHT_FORMAT_FILES = (
     "custom_ops/kernels/qgemm*", "custom_ops/kernels/fp8_bf16.hpp", "custom_ops/CMakeLists.txt",
     "mla_export/formats/weight_format.py", "custom_ops/kernels/weight_format.hpp",  # the weight-format tables
     "custom_ops/kernels/cpu_features.hpp", "custom_ops/kernels/kernel_config.*",  # which fp8-weight kernels run
-    "mla_export/ops/kernel_config.py",
+    "mla_export/ops/kernel_config.py", "mla_export/runtime/qlinear_tiles.py",  # which weight formats lie in tiles
 )
 CACHE_WORDS = re.compile(r"kv|cache|KvDtype|QUANTISED|scale_groups|SCALE_GROUPS|row_bytes", re.IGNORECASE)
 CACHE_NAME = "fp8"  # the quantised cache format the issue traces (also a weight format, hence the list above)

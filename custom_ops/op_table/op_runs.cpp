@@ -70,7 +70,7 @@ void run_qlinear(OpCall& c) {
     qlinear(q, c.i("bits"), out, c.threading, compute_from_name(c.op.name, c.s("compute")));
 }
 
-// tile16 holds the formats whose entry says so (weight_format.hpp: int8 and fp8).
+// tile16 holds the formats whose entry says so (weight_format.hpp).
 void check_qlinear(const OpSpec& op, const AttrValues& a) {
     const std::string& layout = attr_s(op, a, "layout");
     const int64_t bits = attr_i(op, a, "bits");

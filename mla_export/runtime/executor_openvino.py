@@ -63,7 +63,7 @@ class OpenVINOMLAExecutor(MLAExecutor):
         if batch_invariant:  # every chunk's attention in one form, whatever its length (batch_invariance.py)
             pin_attention_form_openvino(model)
         # VNNI CPUs (AMX or not): int8 projections in 16-row tiles; AVX512-BF16 + VBMI CPUs without
-        # AMX: fp8 ones too (qlinear_tiles.py)
+        # AMX: e4m3 ones too (qlinear_tiles.py)
         self.tiled_projections = pack_qlinear_tiles(model, self._weights_memory, precision)
         config = {"INFERENCE_PRECISION_HINT": precision, "PERFORMANCE_HINT": "LATENCY"}
         if precision == "f32":  # f32 activations throughout: no dynamic int8 quantization of the inputs
@@ -123,7 +123,7 @@ class OpenVINOMLAExecutor(MLAExecutor):
         # What the plugin really uses: a bf16 hint falls back to f32 on CPUs without bf16.
         precision = self.compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
         threads = self.compiled.get_property("INFERENCE_NUM_THREADS")
-        tiles = f", {self.tiled_projections} int8 / fp8 projections in 16-row tiles" if self.tiled_projections else ""
+        tiles = f", {self.tiled_projections} projections' codes in 16-row tiles" if self.tiled_projections else ""
         return (f"OpenVINO {ov.get_version().split('-')[0]} CPU: {self.graph_file}, inference precision {precision}, "
                 f"threads {threads or 'default'}, caches written in place{tiles}")
 

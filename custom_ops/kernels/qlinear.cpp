@@ -30,9 +30,7 @@ Dims check_all(const QLinearInputs& in, int64_t bits) {
     d.K = in.x.dim(in.x.rank() - 1);
     d.M = in.x.numel() / (d.K > 0 ? d.K : 1);
     check_rank(kOp, in.w_q, 2);
-    if (in.tile16 && !weight_format(bits)->tile16)
-        throw Error(std::string(kOp) + ": attribute 'layout' tile16 holds int8 or fp8 codes only, got bits " +
-                    std::to_string(bits));
+    check_qlinear_layout(kOp, in.tile16, bits);
     d.N = in.w_q.dim(0);
     if (d.N % kTileRows != 0)
         fail(kOp, in.w_q, "needs an output size divisible by 32, got " + std::to_string(d.N));
@@ -46,6 +44,16 @@ bool qlinear_tile16_from_name(const std::string& layout) {
     if (layout == "rows4") return false;
     if (layout == "tile16") return true;
     throw Error(std::string(kOp) + ": attribute 'layout' must be rows4 or tile16, got '" + layout + "'");
+}
+
+void check_qlinear_layout(const char* op, bool tile16, int64_t bits) {
+    const WeightFormat* format = weight_format(bits);
+    if (!tile16 || (format != nullptr && format->tile16)) return;
+    std::string allowed;
+    for (const WeightFormat& f : kWeightFormats)
+        if (f.tile16) allowed += (allowed.empty() ? "" : " or ") + std::to_string(f.bits) + " (" + f.name + ")";
+    throw Error(std::string(op) + ": attribute 'layout' must be rows4, or tile16 with bits " + allowed +
+                "; got 'tile16' with bits " + std::to_string(bits));
 }
 
 std::vector<std::pair<size_t, const char*>> int4_zero_point_inputs(int64_t bits) {

@@ -21,12 +21,16 @@ struct QLinearInputs {
     TensorView x;                 // [..., K] f32 / bf16 / f16
     TensorView w_q, w_s, w_zp;    // [N, K / per_byte] u8, [N, G] f32, [N, G] u8
     bool zero_points_checked = false;  // int4 zero points already known to be <= 15 (qmatmul.hpp)
-    bool tile16 = false;  // int8 codes in qmatmul.hpp's tile16 layout instead of the 4-row one
+    bool tile16 = false;  // int8 or fp8 codes in qmatmul.hpp's tile16 layout instead of the 4-row one
 };
 
-// The op's `layout` attribute: "rows4" (the exported layout, the default) or "tile16" (int8 only);
-// anything else is an error naming the attribute.
+// The op's `layout` attribute: "rows4" (the exported layout, the default) or "tile16" (the formats
+// whose weight_format.hpp entry says so); anything else is an error naming the attribute.
 bool qlinear_tile16_from_name(const std::string& layout);
+// Throws, naming the attribute and the formats that may lie in tiles, when tile16 is asked for
+// codes of another format (op: the message's op name). The op table's attribute check and the op
+// itself both ask it.
+void check_qlinear_layout(const char* op, bool tile16, int64_t bits);
 
 // Checks every input and the bits attribute (4 or 8), naming the bad one; returns the output
 // shape (x's leading dims, N).

@@ -56,6 +56,13 @@ const QRow* q8_rows(Scratch& s, const QActs& acts, const int64_t* rows, int64_t 
     return s.q8.data();
 }
 
+// The bf16 forms of the activation rows `rows` (the fp8 codes' bf16 dots), in this thread's scratch.
+const uint16_t* const* bf16_rows(Scratch& s, const QActs& acts, const int64_t* rows, int64_t m) {
+    s.b.resize(m);
+    for (int64_t t = 0; t < m; ++t) s.b[t] = acts.bf16(rows[t]);
+    return s.b.data();
+}
+
 void check_u8(const char* op, const TensorView& t, int64_t rank) {
     check_rank(op, t, rank);
     if (t.dtype != DType::u8) fail(op, t, std::string("must be u8, got ") + dtype_name(t.dtype));
@@ -200,8 +207,7 @@ void qtile(const QgemmIsa& isa, int bi, const QActs& acts, const int64_t* rows, 
 #endif
     if (m < many_from) {
         if (acts.has_bf16()) {  // fp8 codes on bf16 rows
-            s.b.resize(m);
-            for (int64_t t = 0; t < m; ++t) s.b[t] = acts.bf16(rows[t]);
+            const uint16_t* const* x = bf16_rows(s, acts, rows, m);
             // the codes widened by lookups (fp8_codes=lut), 8 tokens a pass, each code widened once
             // for them; else by shifts, 4 a pass
             const bool lut = kernels().fp8_lut && isa.qdot_fp8_bf16_lut[0] != nullptr;
@@ -214,7 +220,7 @@ void qtile(const QgemmIsa& isa, int bi, const QActs& acts, const int64_t* rows, 
                     isa.widen_fp8_lines(K, blocks[r0 / 4].q, s.lines.data());
                     for (int64_t t0 = 0; t0 < m; t0 += step) {
                         const int64_t mt = std::min<int64_t>(step, m - t0);
-                        isa.qdot_bf16_lines[mt - 1](K, group, s.b.data() + t0, s.lines.data(), blocks[r0 / 4],
+                        isa.qdot_bf16_lines[mt - 1](K, group, x + t0, s.lines.data(), blocks[r0 / 4],
                                                     c + t0 * kTileRows + r0, kTileRows);
                     }
                 }
@@ -224,7 +230,7 @@ void qtile(const QgemmIsa& isa, int bi, const QActs& acts, const int64_t* rows, 
                 for (int64_t t0 = 0; t0 < m; t0 += step) {
                     const int64_t mt = std::min<int64_t>(step, m - t0);
                     (lut ? isa.qdot_fp8_bf16_lut : isa.qdot_fp8_bf16)[mt - 1](
-                        K, group, s.b.data() + t0, blocks[r0 / 4], c + t0 * kTileRows + r0, kTileRows);
+                        K, group, x + t0, blocks[r0 / 4], c + t0 * kTileRows + r0, kTileRows);
                 }
             return;
         }
@@ -316,12 +322,10 @@ bool tile16_fp8_dots(const QgemmIsa& isa, const QMode& mode) {
 
 void qtile16_fp8(const QgemmIsa& isa, const QActs& acts, const int64_t* rows, int64_t m, const uint8_t* q,
                  const float* s, int64_t groups, int64_t K, int64_t group, float* c) {
-    Scratch& sc = tls;
-    sc.b.resize(m);
-    for (int64_t t = 0; t < m; ++t) sc.b[t] = acts.bf16(rows[t]);
+    const uint16_t* const* x = bf16_rows(tls, acts, rows, m);
     if (m <= 2) {  // memory-bound: one 16-row tile a call, one stream
         for (int64_t b = 0; b < kTileRows / kTile16Rows; ++b)
-            isa.qdot_fp8_t16[0][m - 1](K, group, sc.b.data(), q + b * kTile16Rows * K, s + b * kTile16Rows * groups,
+            isa.qdot_fp8_t16[0][m - 1](K, group, x, q + b * kTile16Rows * K, s + b * kTile16Rows * groups,
                                        groups, c + b * kTile16Rows, kTileRows);
         return;
     }
@@ -330,7 +334,7 @@ void qtile16_fp8(const QgemmIsa& isa, const QActs& acts, const int64_t* rows, in
     // the pass's 16 dot products)
     for (int64_t t0 = 0; t0 < m; t0 += 8) {
         const int64_t mt = std::min<int64_t>(8, m - t0);
-        isa.qdot_fp8_t16[1][mt - 1](K, group, sc.b.data() + t0, q, s, groups, c + t0 * kTileRows, kTileRows);
+        isa.qdot_fp8_t16[1][mt - 1](K, group, x + t0, q, s, groups, c + t0 * kTileRows, kTileRows);
     }
 }
 

@@ -72,16 +72,7 @@ void run_qlinear(OpCall& c) {
 
 // tile16 holds the formats whose entry says so (weight_format.hpp).
 void check_qlinear(const OpSpec& op, const AttrValues& a) {
-    const std::string& layout = attr_s(op, a, "layout");
-    const int64_t bits = attr_i(op, a, "bits");
-    const WeightFormat* format = weight_format(bits);
-    if (layout == "tile16" && (format == nullptr || !format->tile16)) {
-        std::string allowed;
-        for (const WeightFormat& f : kWeightFormats)
-            if (f.tile16) allowed += (allowed.empty() ? "" : " or ") + std::to_string(f.bits) + " (" + f.name + ")";
-        throw Error(std::string(op.name) + ": attribute 'layout' must be rows4, or tile16 with bits " + allowed +
-                    "; got '" + layout + "' with bits " + std::to_string(bits));
-    }
+    check_qlinear_layout(op.name, attr_s(op, a, "layout") == "tile16", attr_i(op, a, "bits"));
 }
 
 ZeroPointInputs moe_zero_points(const OpSpec& op, const AttrValues& a) { return int4_zero_point_inputs(moe_bits(op, a)); }

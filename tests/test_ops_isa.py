@@ -42,13 +42,16 @@ class TestEveryTable:
     def test_attention_and_cache_formats(self, isa):
         import test_ops_kv_dtypes as t
         import test_ops_sparse as sp
-        from test_ops_attention import SMALL, run_case
+        from test_ops_attention import DEEPSEEK, ODD, SMALL, run_case, test_bf16_weights_decode_runs
         from test_ops_decode import run_case as dec
 
         rng = np.random.default_rng(17)
         with running(f"isa={isa}"):
             for form in ("absorbed", "expanded"):
                 run_case(rng, [70, 9], [70, 2], SMALL, form=form)
+            for dims in (DEEPSEEK, ODD):  # bf16 up-projections of 1-3 decode rows (gemm_bf16b's row walk)
+                for seq_lens in ([70], [70, 3], [1, 130, 19]):
+                    test_bf16_weights_decode_runs(rng, dims, seq_lens)
             dec(rng, [300, 1], 4, 64, 16, 16)
             for kv in t.NEW:
                 t.test_decode(rng, t.ov_ops, kv, [300, 17], 64, 16, 4, 16)

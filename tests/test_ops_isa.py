@@ -73,6 +73,15 @@ class TestEveryTable:
         with running(f"isa={isa}"):
             assert _rel(_run_openvino(_model(128, (4, 8), weights), feeds), want) < TOL
 
+    @pytest.mark.parametrize("tokens", [2, 40])
+    def test_moe_experts_in_tiles(self, isa, rng, tokens):
+        """int8 experts in 16-row tiles, f32 and compute="bf16" (the tile16 dots on VNNI tables, a
+        rewrite back into the 4-row layout on every other), against the reference."""
+        from test_moe_tile16 import test_tile16_experts_match_reference
+
+        with running(f"isa={isa}"):
+            test_tile16_experts_match_reference(rng, "openvino", tokens)
+
     def test_qlinear_int8_activations(self, isa, rng):
         """compute="bf16": the AVX2 table's vpmaddubsw dots and the AVX-512 one's VNNI ones give the
         reference's result on int8 activations; the portable table (and AVX-512 without VNNI) stays

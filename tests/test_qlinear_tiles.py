@@ -194,7 +194,8 @@ def _runner(out, cfg, precision, tiles):
 
 
 def test_rewritten_export_is_exact_at_f32(int8_export, rng):
-    """Forced on any CPU at f32: every int8 MlaQLinear is marked and its codes rewritten in place,
+    """Forced on any CPU at f32: every int8 MlaQLinear and MlaMoeExperts is marked and its codes
+    rewritten in place (the experts' f32 dots rewrite each tile back into the 4-row layout),
     and the logits stay within 1e-4 of transformers on the weights the codes decode to (as the
     exported layout's, test_export_quantized.py)."""
     from hf_models import PagedSession, drive_and_compare, load_hf
@@ -205,8 +206,10 @@ def test_rewritten_export_is_exact_at_f32(int8_export, rng):
     hf = load_hf(ckpt)
     _quantize_like_the_export(hf, "int8")
     run, marked, model = _runner(out, hf.config, "f32", True)
-    int8_ops = [op for op in model.get_ops() if op.get_type_name() == "MlaQLinear" and op.get_attributes()["bits"] == 8]
-    assert marked == len(int8_ops) > 0
+    int8_ops = [op for op in model.get_ops()
+                if (op.get_type_name() == "MlaQLinear" and op.get_attributes()["bits"] == 8)
+                or (op.get_type_name() == "MlaMoeExperts" and op.get_attributes()["w13_bits"] == 8)]
+    assert marked == len(int8_ops) > 0 and any(op.get_type_name() == "MlaMoeExperts" for op in int8_ops)
     assert all(op.get_attributes()["layout"] == "tile16" for op in int8_ops)
     prompts = {s: np.random.default_rng(5).integers(2, hf.config.vocab_size, n) for s, n in PROMPT_LENS.items()}
     stats = drive_and_compare(run, hf, PagedSession(BLOCK, NUM_BLOCKS, rng), prompts, SCHEDULE, EXPORT_TOL)

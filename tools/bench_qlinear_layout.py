@@ -1,12 +1,15 @@
-"""One int8 MlaQLinear (default: the 102400 x 2048 lm_head) in the exported 4-row layout against the
+"""One int8 MlaQLinear (default: the 102400 x 2048 lm_head), or one MoE layer's int8 MlaMoeExperts
+(--op moe: V2-Lite's 64 experts of 2048 -> 1408, top-6), in the exported 4-row layout against the
 tile16 layout, side by side in one process: both compiled, timed alternately per row count, medians.
 
     python tools/bench_qlinear_layout.py [--n 102400] [--k 2048] [--rows 1,2,8] [--rounds 15]
+    python tools/bench_qlinear_layout.py --op moe [--k 2048] [--inter 1408] [--experts 64] [--topk 6] --rows 1,8,1024
 
 compute = bf16 (int8 activations, the runtime's mode under its bf16 hint), 2 threads. Random codes
-(the speed does not depend on their values), one scale and zero point per row. Also prints how far
-the two layouts' outputs are apart (the same int32 sums; only the f32 folds' order differs). Not a
-test; no thresholds: the machine is shared, compare the two columns of one run.
+(the speed does not depend on their values), one scale and zero point per row; the MoE's tokens
+routed to random distinct experts (rows = tokens). Also prints how far the two layouts' outputs are
+apart (the same int32 sums; only the f32 folds' order differs). Not a test; no thresholds: the
+machine is shared, compare the two columns of one run.
 """
 
 from __future__ import annotations
@@ -36,33 +39,71 @@ def qlinear_model(k: int, n: int, weights: list[np.ndarray], layout: str):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("mla_export", 1)])
 
 
+def moe_model(k: int, inter: int, weights: list[np.ndarray], layout: str):
+    names = ["w13_q", "w13_s", "w13_zp", "w2_q", "w2_s", "w2_zp"]
+    inits = [numpy_helper.from_array(np.ascontiguousarray(a), nm) for a, nm in zip(weights, names)]
+    node = helper.make_node("MlaMoeExperts", ["x", "ids", "wts"] + names, ["y"], domain="mla_export", w13_bits=8,
+                            w2_bits=8, compute="bf16", layout=layout)
+    graph = helper.make_graph(
+        [node], "moe", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, k]),
+                        helper.make_tensor_value_info("ids", TensorProto.INT64, [None, None]),
+                        helper.make_tensor_value_info("wts", TensorProto.FLOAT, [None, None])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, k])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("mla_export", 1)])
+
+
+def _int8(rng, shape):
+    """Random int8 codes [..., rows, k] (4-row layout), per-row scales and zero points."""
+    codes = rng.integers(0, 256, shape, dtype=np.uint8)
+    scales = rng.random(shape[:-1] + (1,), dtype=np.float32) * 0.01 + 0.001
+    return codes, scales, np.full(shape[:-1] + (1,), 128, np.uint8)
+
+
+def _tiled(codes: np.ndarray) -> np.ndarray:
+    return rows4_to_tile16(codes.reshape(-1, codes.shape[-1])).reshape(codes.shape)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--op", choices=["qlinear", "moe"], default="qlinear")
     ap.add_argument("--n", type=int, default=102400)
+    ap.add_argument("--inter", type=int, default=1408, help="--op moe: an expert's intermediate size")
+    ap.add_argument("--experts", type=int, default=64)
+    ap.add_argument("--topk", type=int, default=6)
     ap.add_argument("--k", type=int, default=2048)
     ap.add_argument("--rows", default="1,2,8")
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
-    if args.n % 32 or args.k % 64:
-        ap.error("--n must be a multiple of 32 and --k of 64")
+    if args.n % 32 or args.k % 64 or args.inter % 16 or not 0 < args.topk <= args.experts:
+        ap.error("--n must be a multiple of 32, --k of 64, --inter of 16; 0 < --topk <= --experts")
     rows = [int(r) for r in args.rows.split(",")]
     rng = np.random.default_rng(0)
-    print(f"seed 0, MlaQLinear int8 {args.n} x {args.k}, compute bf16, {args.threads} threads", flush=True)
-    codes = rng.integers(0, 256, (args.n, args.k), dtype=np.uint8)
-    scales = rng.random((args.n, 1), dtype=np.float32) * 0.01 + 0.001
-    zps = np.full((args.n, 1), 128, np.uint8)
     core = ov_core()
     reqs = {}
-    for layout in ("rows4", "tile16"):
-        w = [codes if layout == "rows4" else rows4_to_tile16(codes), scales, zps]
-        model = core.read_model(qlinear_model(args.k, args.n, w, layout).SerializeToString())
-        compiled = core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32",
-                                                     "INFERENCE_NUM_THREADS": args.threads})
+    if args.op == "qlinear":
+        print(f"seed 0, MlaQLinear int8 {args.n} x {args.k}, compute bf16, {args.threads} threads", flush=True)
+        codes, scales, zps = _int8(rng, (args.n, args.k))
+        models = {lay: qlinear_model(args.k, args.n, [codes if lay == "rows4" else _tiled(codes), scales, zps], lay)
+                  for lay in ("rows4", "tile16")}
+        feeds = {r: {"x": rng.standard_normal((r, args.k)).astype(np.float32)} for r in rows}
+    else:
+        print(f"seed 0, MlaMoeExperts int8, {args.experts} experts {args.k} -> {args.inter}, top-{args.topk}, "
+              f"compute bf16, {args.threads} threads", flush=True)
+        w13 = _int8(rng, (args.experts, 2 * args.inter, args.k))
+        w2 = _int8(rng, (args.experts, args.k, args.inter))
+        models = {lay: moe_model(args.k, args.inter, [w13[0] if lay == "rows4" else _tiled(w13[0]), *w13[1:],
+                                                      w2[0] if lay == "rows4" else _tiled(w2[0]), *w2[1:]], lay)
+                  for lay in ("rows4", "tile16")}
+        feeds = {r: {"x": rng.standard_normal((r, args.k)).astype(np.float32),
+                     "ids": np.stack([rng.permutation(args.experts)[:args.topk] for _ in range(r)]).astype(np.int64),
+                     "wts": rng.random((r, args.topk), dtype=np.float32)} for r in rows}
+    for layout, m in models.items():
+        compiled = core.compile_model(core.read_model(m.SerializeToString()), "CPU",
+                                      {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": args.threads})
         reqs[layout] = compiled.create_infer_request()
-    xs = {r: rng.standard_normal((r, args.k)).astype(np.float32) for r in rows}
     for r in rows:
-        out = {lay: req.infer({"x": xs[r]})[0].copy() for lay, req in reqs.items()}
+        out = {lay: req.infer(feeds[r])[0].copy() for lay, req in reqs.items()}
         diff = np.abs(out["rows4"] - out["tile16"]).max() / np.abs(out["rows4"]).max()
         print(f"rows {r}: layouts' outputs apart by {diff:.1e} (relative to the largest)")
     times = {(lay, r): [] for lay in reqs for r in rows}
@@ -70,7 +111,7 @@ def main() -> None:
         for r in rows:
             for lay, req in reqs.items():
                 t = time.perf_counter()
-                req.infer({"x": xs[r]})
+                req.infer(feeds[r])
                 times[(lay, r)].append((time.perf_counter() - t) * 1e3)
     for r in rows:
         a, b = statistics.median(times[("rows4", r)]), statistics.median(times[("tile16", r)])

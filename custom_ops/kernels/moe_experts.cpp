@@ -18,7 +18,9 @@
 #include <string>
 #include <vector>
 
+#include "aligned_vector.hpp"
 #include "kernel_config.hpp"
+#include "qlinear.hpp"
 #include "qgemm.hpp"
 #include "numeric.hpp"
 #include "qmatmul.hpp"
@@ -62,6 +64,10 @@ Dims check_all(const MoeInputs& in, MoeBits bits) {
         fail(kOp, in.w13_q, "must have 2I rows (gate then up) with I a multiple of 16, got " + std::to_string(two_i));
     d.I = two_i / 2;
     if (d.H % kPanel != 0) fail(kOp, in.x, "needs a hidden size divisible by 32, got " + std::to_string(d.H));
+    if (in.tile16) {
+        check_qlinear_layout(kOp, true, bits.w13, "w13_bits");
+        check_qlinear_layout(kOp, true, bits.w2, "w2_bits");
+    }
     d.g13 = check_qweights(kOp, in.w13_q, in.w13_s, in.w13_zp, d.E, 2 * d.I, d.H, bits.w13, in.zero_points_checked);
     d.g2 = check_qweights(kOp, in.w2_q, in.w2_s, in.w2_zp, d.E, d.H, d.I, bits.w2, in.zero_points_checked);
     for (int64_t i = 0; i < d.T * d.k; ++i) {
@@ -167,9 +173,21 @@ void moe_experts(const MoeInputs& in, MoeBits bits, const TensorView& out, const
     // Decode (no expert with many tokens): every item costs the same, and contiguous runs of items
     // are contiguous runs of each expert's rows, which the cores' prefetchers stream (split_for).
     const auto spread = some_many ? dynamic_for : split_for;
+    const bool t13 = in.tile16 && tile16_dots(isa, mode13) && xa.has_q8();
     spread(th, static_cast<int64_t>(active.size()) * col_blocks, [&](int64_t item) {
         const int64_t e = active[item / col_blocks], i0 = (item % col_blocks) * 16;
         const int64_t p0 = start[e], m = start[e + 1] - p0;
+        const int64_t gate_row = e * 2 * d.I + i0, up_row = gate_row + d.I;
+        thread_local std::vector<float> tile;
+        if (static_cast<int64_t>(tile.size()) < m * kPanel) tile.resize(m * kPanel);
+        float* c = tile.data();
+        if (t13) {  // the gate's 16-row tile and the up's, read side by side: gate at c[j], up at c[16 + j]
+            qtile16(isa, xa, pair_tok.data() + p0, m, w13.q + gate_row * w13.row_bytes, w13.s + gate_row * w13.groups,
+                    w13.zp + gate_row * w13.groups, w13.groups, d.H, d.g13, c, d.I, /*paired=*/true);
+            for (int64_t t = 0; t < m; ++t)
+                silu_mul16(c + t * kPanel, c + t * kPanel + 16, act.get() + (p0 + t) * d.I + i0);
+            return;
+        }
         // Gate and up blocks interleaved (g0 u0 g1 u1 ...), read two at a time even for 1-2 tokens:
         // the core then streams the expert's gate and up rows side by side instead of 32 KB of one,
         // then 32 KB of the other. Alone at V2-Lite dims (int8, 2 cores, Xeon, 3 alternated
@@ -177,12 +195,19 @@ void moe_experts(const MoeInputs& in, MoeBits bits, const TensorView& out, const
         // the 16 is row j % 4 of block j / 4: gate at c[8 (j / 4) + j % 4], up 4 further.
         QBlock blocks[kPanel / 4];
         for (int64_t j = 0; j < 4; ++j) {
-            blocks[2 * j] = w13.block(e * 2 * d.I + i0 + 4 * j);
-            blocks[2 * j + 1] = w13.block(e * 2 * d.I + d.I + i0 + 4 * j);
+            blocks[2 * j] = w13.block(gate_row + 4 * j);
+            blocks[2 * j + 1] = w13.block(up_row + 4 * j);
         }
-        thread_local std::vector<float> tile;
-        if (static_cast<int64_t>(tile.size()) < m * kPanel) tile.resize(m * kPanel);
-        float* c = tile.data();
+        if (in.tile16) {  // a kernel of the 4-row layout: the two tiles rewritten into it first
+            thread_local LineVector<uint8_t> rows4;
+            rows4.resize(kPanel * d.H);
+            tile16_to_rows4(w13.q + gate_row * w13.row_bytes, 16, d.H, rows4.data());
+            tile16_to_rows4(w13.q + up_row * w13.row_bytes, 16, d.H, rows4.data() + 16 * d.H);
+            for (int64_t j = 0; j < 4; ++j) {
+                blocks[2 * j].q = rows4.data() + 4 * j * d.H;
+                blocks[2 * j + 1].q = rows4.data() + (16 + 4 * j) * d.H;
+            }
+        }
         qtile(isa, bi13, xa, pair_tok.data() + p0, m, blocks, d.H, d.g13, c, many13, 2);
         for (int64_t t = 0; t < m; ++t) {
             alignas(64) float gate[16], up[16];
@@ -197,14 +222,29 @@ void moe_experts(const MoeInputs& in, MoeBits bits, const TensorView& out, const
     // Phase 2: y[t, cols] = sum over t's pairs, experts ascending, of w_p * (act_p . down rows).
     const QActs aa(act.get(), P, d.I, d.g2, mode2, min_m < many2, isa, th);
     std::fill(y, y + d.T * d.H, 0.f);
+    const bool t2 = in.tile16 && tile16_dots(isa, mode2) && aa.has_q8();
     const auto down_tile = [&](int64_t item, int64_t e) {  // expert e's share of columns item * 32 ..
-        const int64_t c0 = item * kPanel, p0 = start[e], m = start[e + 1] - p0;
+        const int64_t c0 = item * kPanel, p0 = start[e], m = start[e + 1] - p0, row = e * d.H + c0;
         thread_local std::vector<float> tile;
-        QBlock blocks[kPanel / 4];
-        for (int64_t j = 0; j < kPanel / 4; ++j) blocks[j] = w2.block(e * d.H + c0 + 4 * j);
         if (static_cast<int64_t>(tile.size()) < m * kPanel) tile.resize(m * kPanel);
         float* c = tile.data();
-        qtile(isa, bi2, aa, pair_row.data() + p0, m, blocks, d.I, d.g2, c, many2);
+        if (t2) {
+            qtile16(isa, aa, pair_row.data() + p0, m, w2.q + row * w2.row_bytes, w2.s + row * w2.groups,
+                    w2.zp + row * w2.groups, w2.groups, d.I, d.g2, c);
+        } else {
+            QWeights tw = w2;
+            int64_t first = row;
+            if (in.tile16) {  // a kernel of the 4-row layout: this tile's codes rewritten into it first
+                thread_local LineVector<uint8_t> rows4;
+                rows4.resize(kPanel * d.I);
+                tile16_to_rows4(w2.q + row * w2.row_bytes, kPanel, d.I, rows4.data());
+                tw = QWeights{rows4.data(), w2.s + row * w2.groups, w2.zp + row * w2.groups, w2.row_bytes, w2.groups};
+                first = 0;
+            }
+            QBlock blocks[kPanel / 4];
+            for (int64_t j = 0; j < kPanel / 4; ++j) blocks[j] = tw.block(first + 4 * j);
+            qtile(isa, bi2, aa, pair_row.data() + p0, m, blocks, d.I, d.g2, c, many2);
+        }
         for (int64_t t = 0; t < m; ++t) {
             float* dst = y + pair_tok[p0 + t] * d.H + c0;
             const float wt = pair_w[p0 + t];

@@ -27,6 +27,9 @@ struct MoeInputs {
     TensorView w13_q, w13_s, w13_zp;  // [E, 2I, H / per_byte] u8, [E, 2I, G13] f32, [E, 2I, G13] u8
     TensorView w2_q, w2_s, w2_zp;     // [E, H, I / per_byte] u8, [E, H, G2] f32, [E, H, G2] u8
     bool zero_points_checked = false;  // int4 zero points already known to be <= 15 (qmatmul.hpp)
+    // Both projections' codes in the tile16 layout (qmatmul.hpp; the op's `layout` attribute), the
+    // formats whose weight_format.hpp entry allows it; every other expert's matrix as exported.
+    bool tile16 = false;
 };
 
 struct MoeShapes { int64_t tokens, hidden; };

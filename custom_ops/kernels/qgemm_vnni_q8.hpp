@@ -153,13 +153,13 @@ void quantize_q8(int64_t K, int64_t group, const float* x, int8_t* q, float* d, 
 // activations broadcast to every lane adds each row's 4 products into its own lane. So one
 // accumulator carries 16 rows (the 4-row layout's carries 4, and each is converted, scaled and
 // folded per activation block), and nothing is added across lanes at the end. NB tiles of 16 rows
-// (at q + b * 16 * K) by M activation rows; s / zp point at the first row's groups (row stride
-// `groups`). Measured on the 102400 x 2048 int8 lm_head (Zen 4, 2 cores,
+// (the b-th `step` rows after the first: at q + b * step * K) by M activation rows; s / zp point at
+// the first row's groups (row stride `groups`). Measured on the 102400 x 2048 int8 lm_head (Zen 4, 2 cores,
 // a C++ harness of both kernels on the same codes in 2 MiB pages, alternated, medians of 15):
 // 1-2 rows as the 4-row kernel (memory-bound), 4 rows 8.3 -> 6.2 ms, 8 rows 9.4 -> 7.6 ms.
 template <int NB, int M>
 void qdot_q8_t16(int64_t K, int64_t group, const QRow* x, const uint8_t* q, const float* s, const uint8_t* zp,
-                 int64_t groups, float* out, int64_t ldo) {
+                 int64_t groups, int64_t step, float* out, int64_t ldo) {
     static_assert(NB * M <= 8, "accumulators beyond the registers");
     // 1-2 rows prefetch on Intel cores, as qdot_q8's: on the Xeon (lm_head, alternated with the 4-row
     // kernel) none 0.86-0.91x its time, 512 B 0.95-0.99x, 1 KB 1.04x, 2-4 KB 1.10-1.16x
@@ -174,8 +174,8 @@ void qdot_q8_t16(int64_t K, int64_t group, const QRow* x, const uint8_t* q, cons
         for (int b = 0; b < NB; ++b) {
             alignas(64) float sl[16], zl[16];
             for (int r = 0; r < 16; ++r) {
-                sl[r] = s[(16 * b + r) * groups + g];
-                zl[r] = static_cast<float>(zp[(16 * b + r) * groups + g]);
+                sl[r] = s[(step * b + r) * groups + g];
+                zl[r] = static_cast<float>(zp[(step * b + r) * groups + g]);
             }
             sv[b] = _mm512_load_ps(sl);
             szv[b] = _mm512_mul_ps(sv[b], _mm512_load_ps(zl));
@@ -188,8 +188,8 @@ void qdot_q8_t16(int64_t K, int64_t group, const QRow* x, const uint8_t* q, cons
                 __m512i w[NB];
                 if (prefetch)
                     for (int b = 0; b < NB; ++b)
-                        _mm_prefetch(reinterpret_cast<const char*>(q + b * 16 * K + k * 16 + kT16Ahead), _MM_HINT_T0);
-                for (int b = 0; b < NB; ++b) w[b] = _mm512_loadu_si512(q + b * 16 * K + k * 16);
+                        _mm_prefetch(reinterpret_cast<const char*>(q + b * step * K + k * 16 + kT16Ahead), _MM_HINT_T0);
+                for (int b = 0; b < NB; ++b) w[b] = _mm512_loadu_si512(q + b * step * K + k * 16);
                 for (int t = 0; t < M; ++t) {
                     int32_t quad;
                     std::memcpy(&quad, x[t].q + k, 4);

@@ -40,20 +40,20 @@ Dims check_all(const QLinearInputs& in, int64_t bits) {
 
 }  // namespace
 
-bool qlinear_tile16_from_name(const std::string& layout) {
+bool layout_is_tile16(const char* op, const std::string& layout) {
     if (layout == "rows4") return false;
     if (layout == "tile16") return true;
-    throw Error(std::string(kOp) + ": attribute 'layout' must be rows4 or tile16, got '" + layout + "'");
+    throw Error(std::string(op) + ": attribute 'layout' must be rows4 or tile16, got '" + layout + "'");
 }
 
-void check_qlinear_layout(const char* op, bool tile16, int64_t bits) {
+void check_qlinear_layout(const char* op, bool tile16, int64_t bits, const char* bits_attr) {
     const WeightFormat* format = weight_format(bits);
     if (!tile16 || (format != nullptr && format->tile16)) return;
     std::string allowed;
     for (const WeightFormat& f : kWeightFormats)
         if (f.tile16) allowed += (allowed.empty() ? "" : " or ") + std::to_string(f.bits) + " (" + f.name + ")";
-    throw Error(std::string(op) + ": attribute 'layout' must be rows4, or tile16 with bits " + allowed +
-                "; got 'tile16' with bits " + std::to_string(bits));
+    throw Error(std::string(op) + ": attribute 'layout' must be rows4, or tile16 with " + bits_attr + " " + allowed +
+                "; got 'tile16' with " + bits_attr + " " + std::to_string(bits));
 }
 
 std::vector<std::pair<size_t, const char*>> int4_zero_point_inputs(int64_t bits) {

@@ -24,13 +24,14 @@ struct QLinearInputs {
     bool tile16 = false;  // int8 or fp8 codes in qmatmul.hpp's tile16 layout instead of the 4-row one
 };
 
-// The op's `layout` attribute: "rows4" (the exported layout, the default) or "tile16" (the formats
-// whose weight_format.hpp entry says so); anything else is an error naming the attribute.
-bool qlinear_tile16_from_name(const std::string& layout);
-// Throws, naming the attribute and the formats that may lie in tiles, when tile16 is asked for
-// codes of another format (op: the message's op name). The op table's attribute check and the op
-// itself both ask it.
-void check_qlinear_layout(const char* op, bool tile16, int64_t bits);
+// An op's `layout` attribute (MlaQLinear's, MlaMoeExperts'): "rows4" (the exported layout, the
+// default) or "tile16" (the formats whose weight_format.hpp entry says so); anything else is an
+// error naming op and the attribute.
+bool layout_is_tile16(const char* op, const std::string& layout);
+// Throws, naming the attributes and the formats that may lie in tiles, when tile16 is asked for
+// codes of another format (op: the message's op name; bits_attr: the attribute holding bits). The
+// op table's attribute check and the ops themselves ask it.
+void check_qlinear_layout(const char* op, bool tile16, int64_t bits, const char* bits_attr = "bits");
 
 // Checks every input and the bits attribute (4 or 8), naming the bad one; returns the output
 // shape (x's leading dims, N).

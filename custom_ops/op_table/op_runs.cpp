@@ -56,7 +56,8 @@ MoeBits moe_bits(const OpSpec& op, const AttrValues& a) { return {attr_i(op, a, 
 
 void run_moe_experts(OpCall& c) {
     const auto& in = c.inputs;
-    const MoeInputs moe{in[0], in[1], in[2], in[3], in[4], in[5], in[6], in[7], in[8], c.zero_points_checked};
+    const MoeInputs moe{in[0], in[1], in[2], in[3], in[4], in[5], in[6], in[7], in[8], c.zero_points_checked,
+                        layout_is_tile16(c.op.name, c.s("layout"))};
     const MoeBits bits = moe_bits(c.op, c.attrs);
     const MoeShapes s = moe_experts_shapes(moe, bits);
     const TensorView out = c.output(0, {s.tokens, s.hidden});
@@ -65,7 +66,7 @@ void run_moe_experts(OpCall& c) {
 
 void run_qlinear(OpCall& c) {
     const auto& in = c.inputs;
-    const QLinearInputs q{in[0], in[1], in[2], in[3], c.zero_points_checked, qlinear_tile16_from_name(c.s("layout"))};
+    const QLinearInputs q{in[0], in[1], in[2], in[3], c.zero_points_checked, layout_is_tile16(c.op.name, c.s("layout"))};
     const TensorView out = c.output(0, qlinear_shape(q, c.i("bits")));
     qlinear(q, c.i("bits"), out, c.threading, compute_from_name(c.op.name, c.s("compute")));
 }
@@ -73,6 +74,12 @@ void run_qlinear(OpCall& c) {
 // tile16 holds the formats whose entry says so (weight_format.hpp).
 void check_qlinear(const OpSpec& op, const AttrValues& a) {
     check_qlinear_layout(op.name, attr_s(op, a, "layout") == "tile16", attr_i(op, a, "bits"));
+}
+void check_moe(const OpSpec& op, const AttrValues& a) {
+    const bool tile16 = attr_s(op, a, "layout") == "tile16";
+    const MoeBits bits = moe_bits(op, a);
+    check_qlinear_layout(op.name, tile16, bits.w13, "w13_bits");
+    check_qlinear_layout(op.name, tile16, bits.w2, "w2_bits");
 }
 
 ZeroPointInputs moe_zero_points(const OpSpec& op, const AttrValues& a) { return int4_zero_point_inputs(moe_bits(op, a)); }
@@ -86,7 +93,7 @@ const OpRun kRuns[] = {
     {run_attention},
     {run_indexer_topk},
     {run_step_check},
-    {run_moe_experts, nullptr, moe_zero_points},
+    {run_moe_experts, check_moe, moe_zero_points},
     {run_qlinear, check_qlinear, qlinear_zero_points},
 };
 static_assert(sizeof(kRuns) / sizeof(kRuns[0]) == kNumOps, "one run function per op of mla_export/ops/table.json");

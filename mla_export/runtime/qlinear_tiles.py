@@ -21,6 +21,13 @@ from memory, Zen 4, 2 threads: 1.43-1.67x int8 tile16's time in the 4-row layout
 one; 1-2 tokens about as the 4-row layout's).
 AMX-BF16 CPUs keep fp8 codes in the 4-row layout, which their tiles read from 8 rows.
 
+MlaMoeExperts' int8 experts (gate/up and down, both int8) take the same layout on VNNI CPUs without
+AMX: an expert's prefill tokens (tens to hundreds) run the tile16 dots, its gate and up tiles read
+side by side for 1-2 tokens as the 4-row layout's blocks were (a 2816 x 2048 int8 expert-like
+matrix, 96 tokens, Zen 4, 2 threads: 284 -> 369 GMAC/s, tools/kernels has no tool for it; the
+3-layer V2-Lite's time to first token: docs/KERNELS.md). AMX CPUs keep them as exported: their
+experts' prefill runs the 4-row blocks on AMX tiles, which the gate/up pairing would leave.
+
 So under a bf16 hint on a CPU with AVX512_VNNI (with or without AMX), the runtime rewrites each
 int8 MlaQLinear's codes in place in the weights buffer it read the IR into (weights_memory.py:
 private anonymous memory, written before compile and never after) and sets the op's `layout`
@@ -41,7 +48,7 @@ import openvino as ov
 from ..ops import kernel_config
 from ..formats.weight_format import FORMATS, TILE16_ROWS, by_name
 
-__all__ = ["rows4_to_tile16", "tile16_to_rows4", "want_tile16", "pack_qlinear_tiles"]
+__all__ = ["rows4_to_tile16", "tile16_to_rows4", "want_tile16", "want_moe_tile16", "pack_qlinear_tiles"]
 
 TILE_ROWS = TILE16_ROWS
 _TILE16_BITS = tuple(f.bits for f in FORMATS if f.tile16)
@@ -90,43 +97,71 @@ def want_tile16(precision: str, bits: int = 8) -> bool:
     return "avx512_vnni" in kernel_config.cpu_features()
 
 
+def want_moe_tile16(precision: str) -> bool:
+    """Whether this process rewrites MlaMoeExperts' int8 experts in 16-row tiles (see the module
+    doc): as MlaQLinear's int8 codes, but not on AMX CPUs."""
+    config = kernel_config.config()
+    if config.qlinear != "auto":
+        return config.qlinear == "tile16"
+    return want_tile16(precision, 8) and not config.amx
+
+
+# The codes inputs each op reads, and the bits attribute that says their format.
+_CODES = {"MlaQLinear": ((1, "bits"),), "MlaMoeExperts": ((3, "w13_bits"), (6, "w2_bits"))}
+
+
+def _codes_in(op, index: int, buf: np.ndarray) -> tuple[int, int, int] | None:
+    """(byte offset in buf, rows, inputs) of op's codes input `index` as [rows, K] (an expert axis
+    folded into the rows: tiles never cross experts, whose rows are whole tiles), when they are a
+    Constant in buf that only ops of this kind read at this input, u8 in whole tiles; else None."""
+    const = op.input_value(index).get_node()
+    if const.get_type_name() != "Constant":
+        return None
+    # codes another kind of node also reads (say, tied embeddings) keep the exported layout
+    if any(t.get_node().get_type_name() != op.get_type_name() or t.get_index() != index
+           for t in const.output(0).get_target_inputs()):
+        return None
+    codes = const.data
+    if codes.ndim == 3:
+        codes = codes.reshape(-1, codes.shape[-1])
+    try:
+        n, k = _check(codes)
+    except ValueError:  # not u8 in whole tiles: leave it as exported
+        return None
+    offset = codes.ctypes.data - buf.ctypes.data
+    if offset < 0 or offset + codes.nbytes > buf.size:  # not in our buffer: leave it as exported
+        return None
+    return offset, n, k
+
+
 def pack_qlinear_tiles(model: ov.Model, weights: mmap.mmap | None, precision: str) -> int:
     """Rewrites, in `weights` (the buffer the model's Constants point into, read_ir's), the codes of
-    every int8 MlaQLinear in the 4-row layout into 16-row tiles and marks the op; returns how many
-    ops were marked. Nothing happens without that buffer (OpenVINO's read-only file mapping) or when
-    want_tile16() says no. Codes shared by several MlaQLinear ops are rewritten once; codes any other
-    node reads too are left as exported."""
-    wanted = {bits for bits in _TILE16_BITS if want_tile16(precision, bits)}
-    if weights is None or not wanted:
+    every MlaQLinear (and MlaMoeExperts) the module doc names from the 4-row layout into 16-row
+    tiles and marks the op; returns how many ops were marked. Nothing happens without that buffer
+    (OpenVINO's read-only file mapping) or when want_tile16() / want_moe_tile16() say no. Codes
+    shared by several such ops are rewritten once; codes any other node reads too are left as
+    exported, and an MoE op is marked only when both its projections can be."""
+    wanted = {"MlaQLinear": {bits for bits in _TILE16_BITS if want_tile16(precision, bits)},
+              "MlaMoeExperts": {8} if want_moe_tile16(precision) else set()}
+    if weights is None or not any(wanted.values()):
         return 0
     buf = np.frombuffer(weights, dtype=np.uint8)
-    base, size = buf.ctypes.data, buf.size
     done: set[int] = set()
     marked = 0
     for op in model.get_ops():
-        if op.get_type_name() != "MlaQLinear":
+        kind = op.get_type_name()
+        if kind not in _CODES:
             continue
         attrs = op.get_attributes()
-        bits = attrs.get("bits")
-        if bits not in wanted or attrs.get("layout", "rows4") != "rows4":
+        if attrs.get("layout", "rows4") != "rows4" or any(attrs.get(a) not in wanted[kind] for _, a in _CODES[kind]):
             continue
-        const = op.input_value(1).get_node()
-        if const.get_type_name() != "Constant":
+        found = [_codes_in(op, index, buf) for index, _ in _CODES[kind]]
+        if any(f is None for f in found):
             continue
-        # codes another kind of node also reads (say, tied embeddings) keep the exported layout
-        if any(t.get_node().get_type_name() != "MlaQLinear" or t.get_index() != 1
-               for t in const.output(0).get_target_inputs()):
-            continue
-        codes = const.data
-        try:
-            n, k = _check(codes)
-        except ValueError:  # not u8 [N, K] in whole tiles: leave it as exported
-            continue
-        offset = codes.ctypes.data - base
-        if offset < 0 or offset + codes.nbytes > size:  # not in our buffer: leave it as exported
-            continue
-        if offset not in done:
-            target = buf[offset:offset + codes.nbytes].reshape(n, k)
+        for offset, n, k in found:
+            if offset in done:
+                continue
+            target = buf[offset:offset + n * k].reshape(n, k)
             for r0 in range(0, n, _CHUNK_ROWS):
                 r1 = min(n, r0 + _CHUNK_ROWS)
                 target[r0:r1] = rows4_to_tile16(np.array(target[r0:r1]))

@@ -167,3 +167,20 @@ class TestNewAttributeTouchesTheTableOnly:
             assert node.op_type == "MlaPagedAttention"
         finally:
             ops.table.cache_clear()
+
+
+def test_a_library_of_another_table_is_refused(monkeypatch):
+    """Loading a library built from another table (an older MLA_EXPORT_LIB_DIR) fails naming it:
+    its ops would take attributes they do not know for their defaults (an MoE's tile16 codes for
+    the 4-row layout) and answer wrong without a word."""
+    from mla_export.ops import libraries
+
+    path = libraries.extension_path()
+    stale = ops.comparable(ops.table())
+    stale["ops"] = [dict(o, attributes=[a for a in o["attributes"] if a["name"] != "layout"]) for o in stale["ops"]]
+    monkeypatch.setattr(ops, "library_table", lambda p: stale)
+    monkeypatch.setattr(libraries, "_CHECKED", set())
+    with pytest.raises(RuntimeError, match=f"{path} was built from another op table"):
+        libraries._check_table(path)
+    monkeypatch.setattr(ops, "library_table", lambda p: ops.comparable(ops.table()))
+    assert libraries._check_table(path) == path

@@ -35,6 +35,24 @@ def _find_library(stem: str) -> Path | None:
     return None
 
 
+_CHECKED: set[str] = set()
+
+
+def _check_table(path: str) -> str:
+    """path, once its library is known to be built from this package's op table (table.json): a
+    library of another build (an older MLA_EXPORT_LIB_DIR, a stale editable install) would take
+    attributes it does not know for their defaults, say an MoE's tile16 codes for the 4-row layout,
+    and compute a wrong answer without a word."""
+    if path not in _CHECKED:
+        from . import comparable, library_table, table
+
+        if library_table(path) != comparable(table()):
+            raise RuntimeError(f"{path} was built from another op table than this package's "
+                               "(mla_export/ops/table.json): rebuild it (pip install ., or cmake --build)")
+        _CHECKED.add(path)
+    return path
+
+
 def extension_path() -> str:
     """Path of the OpenVINO extension library (the three MLA ops and their ONNX mapping)."""
     p = _find_library("mla_export_ov")
@@ -46,9 +64,10 @@ def extension_path() -> str:
 
 
 def ort_ops_path() -> str | None:
-    """Path of the onnxruntime custom-op library, or None when it was not built."""
+    """Path of the onnxruntime custom-op library (checked: built from this op table), or None
+    when it was not built."""
     p = _find_library("mla_export_ort")
-    return str(p) if p else None
+    return _check_table(str(p)) if p else None
 
 
 _CORE = None
@@ -61,6 +80,6 @@ def ov_core():
         import openvino as ov
 
         core = ov.Core()
-        core.add_extension(extension_path())
+        core.add_extension(_check_table(extension_path()))  # importing openvino loaded what it links to
         _CORE = core
     return _CORE

@@ -23,10 +23,11 @@ AMX-BF16 CPUs keep fp8 codes in the 4-row layout, which their tiles read from 8 
 
 MlaMoeExperts' int8 experts (gate/up and down, both int8) take the same layout on VNNI CPUs without
 AMX: an expert's prefill tokens (tens to hundreds) run the tile16 dots, its gate and up tiles read
-side by side for 1-2 tokens as the 4-row layout's blocks were (a 2816 x 2048 int8 expert-like
-matrix, 96 tokens, Zen 4, 2 threads: 284 -> 369 GMAC/s, tools/kernels has no tool for it; the
-3-layer V2-Lite's time to first token: docs/KERNELS.md). AMX CPUs keep them as exported: their
-experts' prefill runs the 4-row blocks on AMX tiles, which the gate/up pairing would leave.
+side by side for 1-2 tokens as the 4-row layout's blocks were (one MoE layer at V2-Lite's dims,
+Zen 4, 2 threads, `tools/bench_qlinear_layout.py --op moe`: 1024 tokens 1.23x, 8 tokens 1.07-1.17x,
+1 token 1.09-1.22x; the 3-layer V2-Lite's time to first token: docs/KERNELS.md). AMX CPUs keep
+them as exported: their experts' prefill runs the 4-row blocks on AMX tiles, which reading the gate
+and up tiles side by side would leave.
 
 So under a bf16 hint on a CPU with AVX512_VNNI (with or without AMX), the runtime rewrites each
 int8 MlaQLinear's codes in place in the weights buffer it read the IR into (weights_memory.py:

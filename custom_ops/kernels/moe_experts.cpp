@@ -193,20 +193,18 @@ void moe_experts(const MoeInputs& in, MoeBits bits, const TensorView& out, const
         // then 32 KB of the other. Alone at V2-Lite dims (int8, 2 cores, Xeon, 3 alternated
         // processes): 1 token 3.1-3.2 -> 2.4-3.0 ms, 8 tokens 15.4-17.5 -> 12.4-15.5 ms. Column j of
         // the 16 is row j % 4 of block j / 4: gate at c[8 (j / 4) + j % 4], up 4 further.
+        QWeights gate = w13, up = w13;
+        int64_t g0 = gate_row, u0 = up_row;
+        if (in.tile16) {  // a kernel of the 4-row layout: the two tiles rewritten into it first
+            thread_local LineVector<uint8_t> gate_rows4, up_rows4;
+            gate = rows4_view(w13, gate_row, 16, d.H, gate_rows4);
+            up = rows4_view(w13, up_row, 16, d.H, up_rows4);
+            g0 = u0 = 0;
+        }
         QBlock blocks[kPanel / 4];
         for (int64_t j = 0; j < 4; ++j) {
-            blocks[2 * j] = w13.block(gate_row + 4 * j);
-            blocks[2 * j + 1] = w13.block(up_row + 4 * j);
-        }
-        if (in.tile16) {  // a kernel of the 4-row layout: the two tiles rewritten into it first
-            thread_local LineVector<uint8_t> rows4;
-            rows4.resize(kPanel * d.H);
-            tile16_to_rows4(w13.q + gate_row * w13.row_bytes, 16, d.H, rows4.data());
-            tile16_to_rows4(w13.q + up_row * w13.row_bytes, 16, d.H, rows4.data() + 16 * d.H);
-            for (int64_t j = 0; j < 4; ++j) {
-                blocks[2 * j].q = rows4.data() + 4 * j * d.H;
-                blocks[2 * j + 1].q = rows4.data() + (16 + 4 * j) * d.H;
-            }
+            blocks[2 * j] = gate.block(g0 + 4 * j);
+            blocks[2 * j + 1] = up.block(u0 + 4 * j);
         }
         qtile(isa, bi13, xa, pair_tok.data() + p0, m, blocks, d.H, d.g13, c, many13, 2);
         for (int64_t t = 0; t < m; ++t) {
@@ -236,9 +234,7 @@ void moe_experts(const MoeInputs& in, MoeBits bits, const TensorView& out, const
             int64_t first = row;
             if (in.tile16) {  // a kernel of the 4-row layout: this tile's codes rewritten into it first
                 thread_local LineVector<uint8_t> rows4;
-                rows4.resize(kPanel * d.I);
-                tile16_to_rows4(w2.q + row * w2.row_bytes, kPanel, d.I, rows4.data());
-                tw = QWeights{rows4.data(), w2.s + row * w2.groups, w2.zp + row * w2.groups, w2.row_bytes, w2.groups};
+                tw = rows4_view(w2, row, kPanel, d.I, rows4);
                 first = 0;
             }
             QBlock blocks[kPanel / 4];

@@ -118,9 +118,7 @@ void qlinear(const QLinearInputs& in, int64_t bits, const TensorView& out, const
             int64_t first = n0;
             if (in.tile16) {  // a kernel of the 4-row layout: this tile's codes rewritten into it first
                 thread_local LineVector<uint8_t> rows4;
-                rows4.resize(kTileRows * d.K);
-                tile16_to_rows4(w.q + n0 * w.row_bytes, kTileRows, d.K, rows4.data());
-                tw = QWeights{rows4.data(), w.s + n0 * w.groups, w.zp + n0 * w.groups, w.row_bytes, w.groups};
+                tw = rows4_view(w, n0, kTileRows, d.K, rows4);
                 first = 0;
             }
             QBlock blocks[kTileRows / 4];

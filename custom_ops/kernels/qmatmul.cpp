@@ -347,4 +347,10 @@ void tile16_to_rows4(const uint8_t* src, int64_t rows, int64_t K, uint8_t* dst) 
     }
 }
 
+QWeights rows4_view(const QWeights& w, int64_t row, int64_t rows, int64_t K, LineVector<uint8_t>& scratch) {
+    scratch.resize(rows * K);
+    tile16_to_rows4(w.q + row * w.row_bytes, rows, K, scratch.data());
+    return QWeights{scratch.data(), w.s + row * w.groups, w.zp + row * w.groups, w.row_bytes, w.groups};
+}
+
 }  // namespace mla

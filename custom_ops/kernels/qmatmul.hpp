@@ -154,5 +154,9 @@ void qtile16_fp8(const QgemmIsa& isa, const QActs& acts, const int64_t* rows, in
 // rows (a multiple of 16) of tile16 codes at src rewritten in the 4-row layout at dst (rows * K
 // bytes): where tile16 codes meet a kernel of the 4-row layout (f32, AVX2, the portable table).
 void tile16_to_rows4(const uint8_t* src, int64_t rows, int64_t K, uint8_t* dst);
+// The 4-row layout's view of w's `rows` tile16 rows from `row` (rows a multiple of 16, K inputs):
+// their codes rewritten into scratch, their scales and zero points where they lie; block(0) holds
+// rows row..row+3.
+QWeights rows4_view(const QWeights& w, int64_t row, int64_t rows, int64_t K, LineVector<uint8_t>& scratch);
 
 }  // namespace mla

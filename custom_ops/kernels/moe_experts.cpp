@@ -220,27 +220,13 @@ void moe_experts(const MoeInputs& in, MoeBits bits, const TensorView& out, const
     // Phase 2: y[t, cols] = sum over t's pairs, experts ascending, of w_p * (act_p . down rows).
     const QActs aa(act.get(), P, d.I, d.g2, mode2, min_m < many2, isa, th);
     std::fill(y, y + d.T * d.H, 0.f);
-    const bool t2 = in.tile16 && tile16_dots(isa, mode2) && aa.has_q8();
+    const bool t2 = tile16_dots(isa, mode2) && aa.has_q8();
     const auto down_tile = [&](int64_t item, int64_t e) {  // expert e's share of columns item * 32 ..
         const int64_t c0 = item * kPanel, p0 = start[e], m = start[e + 1] - p0, row = e * d.H + c0;
         thread_local std::vector<float> tile;
         if (static_cast<int64_t>(tile.size()) < m * kPanel) tile.resize(m * kPanel);
         float* c = tile.data();
-        if (t2) {
-            qtile16(isa, aa, pair_row.data() + p0, m, w2.q + row * w2.row_bytes, w2.s + row * w2.groups,
-                    w2.zp + row * w2.groups, w2.groups, d.I, d.g2, c);
-        } else {
-            QWeights tw = w2;
-            int64_t first = row;
-            if (in.tile16) {  // a kernel of the 4-row layout: this tile's codes rewritten into it first
-                thread_local LineVector<uint8_t> rows4;
-                tw = rows4_view(w2, row, kPanel, d.I, rows4);
-                first = 0;
-            }
-            QBlock blocks[kPanel / 4];
-            for (int64_t j = 0; j < kPanel / 4; ++j) blocks[j] = tw.block(first + 4 * j);
-            qtile(isa, bi2, aa, pair_row.data() + p0, m, blocks, d.I, d.g2, c, many2);
-        }
+        qtile_at(isa, bi2, aa, pair_row.data() + p0, m, w2, row, in.tile16, t2, d.I, d.g2, c, many2);
         for (int64_t t = 0; t < m; ++t) {
             float* dst = y + pair_tok[p0 + t] * d.H + c0;
             const float wt = pair_w[p0 + t];

@@ -107,26 +107,12 @@ void qlinear(const QLinearInputs& in, int64_t bits, const TensorView& out, const
         thread_local std::vector<float> tile;
         if (static_cast<int64_t>(tile.size()) < m * kTileRows) tile.resize(m * kTileRows);
         float* c = tile.data();
-        if (t16 && bits == kFp8Bits) {
+        if (t16 && bits == kFp8Bits)
             qtile16_fp8(isa, acts, rows.data() + r0, m, w.q + n0 * w.row_bytes, w.s + n0 * w.groups, w.groups, d.K,
                         d.group, c);
-        } else if (t16) {
-            qtile16(isa, acts, rows.data() + r0, m, w.q + n0 * w.row_bytes, w.s + n0 * w.groups, w.zp + n0 * w.groups,
-                    w.groups, d.K, d.group, c);
-        } else {
-            QWeights tw = w;
-            int64_t first = n0;
-            if (in.tile16) {  // a kernel of the 4-row layout: this tile's codes rewritten into it first
-                thread_local LineVector<uint8_t> rows4;
-                tw = rows4_view(w, n0, kTileRows, d.K, rows4);
-                first = 0;
-            }
-            QBlock blocks[kTileRows / 4];
-            for (int64_t j = 0; j < kTileRows / 4; ++j) blocks[j] = tw.block(first + 4 * j);
-            // every row block of a call takes the call's form (acts holds its rows for that form only;
-            // the last block may be shorter than many_from)
-            qtile(isa, bi, acts, rows.data() + r0, m, blocks, d.K, d.group, c, many ? 0 : many_from);
-        }
+        else  // every row block of a call takes the call's form (acts holds its rows for that form only;
+              // the last block may be shorter than many_from)
+            qtile_at(isa, bi, acts, rows.data() + r0, m, w, n0, in.tile16, t16, d.K, d.group, c, many ? 0 : many_from);
         for (int64_t t = 0; t < m; ++t)
             for (int64_t j = 0; j < kTileRows; ++j) y[(r0 + t) * d.N + n0 + j] = c[t * kTileRows + j];
     };

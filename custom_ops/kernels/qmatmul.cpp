@@ -353,4 +353,21 @@ QWeights rows4_view(const QWeights& w, int64_t row, int64_t rows, int64_t K, Lin
     return QWeights{scratch.data(), w.s + row * w.groups, w.zp + row * w.groups, w.row_bytes, w.groups};
 }
 
+void qtile_at(const QgemmIsa& isa, int bits_index, const QActs& acts, const int64_t* rows, int64_t m, const QWeights& w,
+              int64_t row, bool tile16, bool t16_dots, int64_t K, int64_t group, float* c, int64_t many_from) {
+    if (tile16 && t16_dots)
+        return qtile16(isa, acts, rows, m, w.q + row * w.row_bytes, w.s + row * w.groups, w.zp + row * w.groups,
+                       w.groups, K, group, c);
+    QWeights tw = w;
+    int64_t first = row;
+    if (tile16) {  // a kernel of the 4-row layout: this item's codes rewritten into it first
+        thread_local LineVector<uint8_t> rows4;
+        tw = rows4_view(w, row, kTileRows, K, rows4);
+        first = 0;
+    }
+    QBlock blocks[kTileRows / 4];
+    for (int64_t j = 0; j < kTileRows / 4; ++j) blocks[j] = tw.block(first + 4 * j);
+    qtile(isa, bits_index, acts, rows, m, blocks, K, group, c, many_from);
+}
+
 }  // namespace mla

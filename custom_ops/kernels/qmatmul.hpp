@@ -158,5 +158,11 @@ void tile16_to_rows4(const uint8_t* src, int64_t rows, int64_t K, uint8_t* dst);
 // their codes rewritten into scratch, their scales and zero points where they lie; block(0) holds
 // rows row..row+3.
 QWeights rows4_view(const QWeights& w, int64_t row, int64_t rows, int64_t K, LineVector<uint8_t>& scratch);
+// c[t * 32 + r] for the 32 rows of w from `row` (a work item) in whichever layout its codes lie:
+// tile16 (the op's layout attribute) on the tile16 dots where t16_dots (tile16_dots(), acts.has_q8()),
+// else qtile over the 4-row layout (a tile16 item through its rows4_view); bits_index and many_from
+// as qtile's.
+void qtile_at(const QgemmIsa& isa, int bits_index, const QActs& acts, const int64_t* rows, int64_t m, const QWeights& w,
+              int64_t row, bool tile16, bool t16_dots, int64_t K, int64_t group, float* c, int64_t many_from);
 
 }  // namespace mla

@@ -23,9 +23,11 @@ TOL = 2e-5  # f32 accumulation against float64, relative to the output's largest
 
 
 def _model(hidden: int, bits: tuple[int, int], weights: list[np.ndarray], x_type=TensorProto.FLOAT,
-           compute: str | None = None):
+           compute: str | None = None, layout: str | None = None):
     inits = [numpy_helper.from_array(np.ascontiguousarray(a), n) for a, n in zip(weights, NAMES)]
     extra = {} if compute is None else {"compute": compute}
+    if layout is not None:
+        extra["layout"] = layout
     node = helper.make_node("MlaMoeExperts", ["x", "ids", "wts"] + NAMES, ["y"], domain="mla_export",
                             w13_bits=bits[0], w2_bits=bits[1], **extra)
     graph = helper.make_graph(

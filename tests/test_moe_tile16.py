@@ -13,26 +13,18 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
 from mla_export.export.quantize import FP8_BITS, fp8_dequantize, fp8_operands
 from mla_export.ops import reference as ref
 from mla_export.runtime.qlinear_tiles import rows4_to_tile16
-from test_moe_experts_op import NAMES, RUNTIMES, TOL, _case_full, int8_activations_here
+from test_moe_experts_op import RUNTIMES, TOL, _case_full, int8_activations_here
+from test_moe_experts_op import _model as moe_model
 
 E, H, I, K = 6, 128, 64, 2  # experts, hidden, intermediate (whole 16-row tiles), experts per token
 
 
 def _model(weights, bits=(8, 8), compute="f32", layout="tile16"):
-    inits = [numpy_helper.from_array(np.ascontiguousarray(a), n) for a, n in zip(weights, NAMES)]
-    node = helper.make_node("MlaMoeExperts", ["x", "ids", "wts"] + NAMES, ["y"], domain="mla_export",
-                            w13_bits=bits[0], w2_bits=bits[1], compute=compute, layout=layout)
-    graph = helper.make_graph(
-        [node], "moe", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, H]),
-                        helper.make_tensor_value_info("ids", TensorProto.INT64, [None, None]),
-                        helper.make_tensor_value_info("wts", TensorProto.FLOAT, [None, None])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, H])], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("mla_export", 1)])
+    return moe_model(H, bits, weights, compute=compute, layout=layout)
 
 
 def _tiled(codes: np.ndarray) -> np.ndarray:

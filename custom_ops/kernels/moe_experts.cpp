@@ -183,7 +183,7 @@ void moe_experts(const MoeInputs& in, MoeBits bits, const TensorView& out, const
         float* c = tile.data();
         if (t13) {  // the gate's 16-row tile and the up's, read side by side: gate at c[j], up at c[16 + j]
             qtile16(isa, xa, pair_tok.data() + p0, m, w13.q + gate_row * w13.row_bytes, w13.s + gate_row * w13.groups,
-                    w13.zp + gate_row * w13.groups, w13.groups, d.H, d.g13, c, d.I, /*paired=*/true);
+                    w13.zp + gate_row * w13.groups, w13.groups, d.H, d.g13, c, d.I);
             for (int64_t t = 0; t < m; ++t)
                 silu_mul16(c + t * kPanel, c + t * kPanel + 16, act.get() + (p0 + t) * d.I + i0);
             return;

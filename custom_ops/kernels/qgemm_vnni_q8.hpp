@@ -211,7 +211,5 @@ void qdot_q8_t16(int64_t K, int64_t group, const QRow* x, const uint8_t* q, cons
     for (int t = 0; t < M; ++t)
         for (int b = 0; b < NB; ++b) _mm512_storeu_ps(out + t * ldo + 16 * b, tot[b][t]);
 }
-#define MLA_QGEMM_Q8_T16 \
-    {{qdot_q8_t16<1, 1>, qdot_q8_t16<1, 2>, qdot_q8_t16<1, 3>, qdot_q8_t16<1, 4>}, \
-     {qdot_q8_t16<2, 1>, qdot_q8_t16<2, 2>, qdot_q8_t16<2, 3>, qdot_q8_t16<2, 4>}}
+#define MLA_QGEMM_Q8_T16 {qdot_q8_t16<2, 1>, qdot_q8_t16<2, 2>, qdot_q8_t16<2, 3>, qdot_q8_t16<2, 4>}
 

@@ -13,7 +13,7 @@
 //   decode_rows=auto|f32|bf16|amx       the absorbed bf16 decode rows' engine: f32 kernels,
 //                                       AVX512-BF16 dots, or AMX tiles (shapes the tiles do not
 //                                       cover take the dots where the CPU has them)
-//   qlinear=auto|rows4|tile16           MlaQLinear's int8 layout the runtime rewrites codes into
+//   qlinear=auto|rows4|tile16           the int8 layout the runtime rewrites MlaQLinear's (and MoE) codes into
 //                                       (read by Python's qlinear_tiles.py; auto: tile16 on VNNI
 //                                       CPUs under a bf16 hint)
 //   fp8_codes=auto|shift|lut            how the fp8 bf16 dots widen e4m3 codes to bf16: bit shifts

@@ -19,6 +19,7 @@ import pytest
 from mla_export.ops import kernel_config
 from mla_export.ops import reference as ref
 from mla_export.export.quantize import FP8_BITS, fp8_dequantize, fp8_operands, interleave_rows4
+from mla_export.runtime.qlinear_tiles import rows4_to_tile16
 from test_moe_experts_op import RUNTIMES, TOL, _model as moe_model
 from test_qlinear_op import _model as qlinear_model
 
@@ -115,12 +116,15 @@ def test_moe_fp8_matches_reference(rng, runtime, bits, tokens):
     assert err < TOL, f"{runtime} {bits} T{tokens}: max rel error {err:.2e}"
 
 
+@pytest.mark.parametrize("layout", ["rows4", "tile16"])
 @pytest.mark.parametrize("runtime", list(RUNTIMES))
-@pytest.mark.parametrize("tokens", [3, 40], ids=["dots", "one-expert-40-tokens"])
-def test_moe_fp8_bf16_dots(rng, runtime, tokens):
+@pytest.mark.parametrize("tokens", [1, 3, 40], ids=["decode", "dots", "one-expert-40-tokens"])
+def test_moe_fp8_bf16_dots(rng, runtime, tokens, layout):
     """compute="bf16": both projections' fp8 codes on bf16 rows (AVX512_BF16 CPUs; an expert with
     40 tokens on AMX-BF16 tiles where the CPU has them), against the same math in numpy:
-    bf16-rounded x and silu(gate) * up, subnormal codes 0."""
+    bf16-rounded x and silu(gate) * up, subnormal codes 0. tile16: the experts' codes in 16-row
+    tiles (the runtime's rewrite on AVX512-BF16 + VBMI CPUs without AMX), on the tile16 bf16 dots
+    where they run (fp8_codes=lut), else each tile read back in the 4-row layout."""
     experts, hidden, inter, k = 6, 128, 64, 2
     if tokens >= BF16_DOT_ROWS and _bf16_dots() and not _bf16_path(tokens):
         pytest.skip("40 tokens of one expert run f32 panels here (no AMX-BF16) while the others run bf16 dots")
@@ -130,7 +134,11 @@ def test_moe_fp8_bf16_dots(rng, runtime, tokens):
     if tokens >= 16:
         ids[:, 0], ids[:, 1] = 3, np.where(ids[:, 1] == 3, 4, ids[:, 1])  # expert 3: every token
     wts = rng.random((tokens, k)).astype(np.float32)
-    got = RUNTIMES[runtime](moe_model(hidden, (FP8_BITS, FP8_BITS), w13_ops + w2_ops, compute="bf16"),
+    weights = list(w13_ops) + list(w2_ops)
+    if layout == "tile16":
+        for i in (0, 3):  # each expert's codes in 16-row tiles
+            weights[i] = rows4_to_tile16(weights[i].reshape(-1, weights[i].shape[-1])).reshape(weights[i].shape)
+    got = RUNTIMES[runtime](moe_model(hidden, (FP8_BITS, FP8_BITS), weights, compute="bf16", layout=layout),
                            {"x": x, "ids": ids, "wts": wts})
     if not _bf16_dots():
         want = ref.moe_experts(x, ids, wts, fp8_dequantize(*w13_ops[:2]), fp8_dequantize(*w2_ops[:2]))

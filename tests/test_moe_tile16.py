@@ -5,7 +5,8 @@ The op on tile16 experts against the float64 reference in both runtimes, f32 and
 1-2 tokens an expert (decode: the gate and up tiles read side by side), a few and many (prefill):
 f32 compute is exact (every kernel of the 4-row layout rewrites a tile back first); under bf16 the
 result is the reference's on int8 activations where this CPU's table runs them (the tile16 VNNI
-dots on VNNI CPUs), as the exported layout's is. fp8 experts in tiles take the rewrite-back path.
+dots on VNNI CPUs), as the exported layout's is. fp8 experts in tiles at f32 take the rewrite-back
+path (their bf16 dots: tests/test_fp8_weights_op.py::test_moe_fp8_bf16_dots).
 Formats that cannot lie in tiles fail naming the attribute.
 """
 

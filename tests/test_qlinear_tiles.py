@@ -253,18 +253,19 @@ def fp8_export(tmp_path_factory):
 
 
 def test_rewritten_fp8_export_at_bf16_matches_the_exported_layout(fp8_export):
-    """An fp8 export: every fp8 MlaQLinear is rewritten (qlinear=tile16, and on its own where
-    want_tile16 says so: AVX512-BF16 + VBMI without AMX), and at bf16 its logits match the exported
-    layout's on the same steps (the same bf16 products, the f32 sums in another order)."""
+    """An fp8 export: every fp8 MlaQLinear and MlaMoeExperts is rewritten (qlinear=tile16, and on its
+    own where want_tile16 / want_moe_tile16 say so: AVX512-BF16 + VBMI without AMX), and at bf16 its
+    logits match the exported layout's on the same steps (the same bf16 products, the f32 sums in
+    another order)."""
     from mla_export.export.quantize import FP8_BITS
-    from mla_export.runtime.qlinear_tiles import want_tile16
+    from mla_export.runtime.qlinear_tiles import want_moe_tile16, want_tile16
 
     _, out, hf = fp8_export
     run_t16, marked, model = _runner(out, hf.config, "bf16", True)
     run_r4, none, _ = _runner(out, hf.config, "bf16", False)
-    ops = [op for op in model.get_ops() if op.get_type_name() == "MlaQLinear"]
-    fp8_ops = [op for op in ops if op.get_attributes()["bits"] == FP8_BITS]
-    assert len(fp8_ops) > 0 and none == 0
+    ops = [op for op in model.get_ops() if op.get_type_name() in ("MlaQLinear", "MlaMoeExperts")]
+    fp8_ops = [op for op in ops if FP8_BITS in (op.get_attributes().get("bits"), op.get_attributes().get("w13_bits"))]
+    assert len(fp8_ops) > 0 and none == 0 and any(op.get_type_name() == "MlaMoeExperts" for op in fp8_ops)
     assert all(op.get_attributes()["layout"] == "tile16" for op in fp8_ops)
     # the rest: the int8 lm_head an fp8 export keeps
     assert marked == len([op for op in ops if op.get_attributes()["layout"] == "tile16"]) == len(ops)
@@ -273,8 +274,8 @@ def test_rewritten_fp8_export_at_bf16_matches_the_exported_layout(fp8_export):
     config = kernel_config.config()
     expect = (config.isa == "avx512" and config.fp8_codes == "lut" and not config.amx
               and {"avx512_bf16", "avx512vbmi"} <= features)
-    assert want_tile16("bf16", FP8_BITS) == expect
-    assert not want_tile16("f32", FP8_BITS)
+    assert want_tile16("bf16", FP8_BITS) == want_moe_tile16("bf16", FP8_BITS) == expect
+    assert not want_tile16("f32", FP8_BITS) and not want_moe_tile16("f32", FP8_BITS)
     worst = _worst_difference(run_t16, run_r4, hf, seed=6)
     print(f"[qlinear tile16 fp8, bf16] max relative logits difference to the exported layout: {worst:.1e}")
     assert worst < 1e-3

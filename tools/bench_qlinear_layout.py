@@ -4,6 +4,7 @@ tile16 layout, side by side in one process: both compiled, timed alternately per
 
     python tools/bench_qlinear_layout.py [--n 102400] [--k 2048] [--rows 1,2,8] [--rounds 15]
     python tools/bench_qlinear_layout.py --op moe [--k 2048] [--inter 1408] [--experts 64] [--topk 6] --rows 1,8,1024
+    ... [--format fp8]   # e4m3 codes, a scale per 128 inputs (an FP8 checkpoint's), on bf16 rows
 
 compute = bf16 (int8 activations, the runtime's mode under its bf16 hint), 2 threads. Random codes
 (the speed does not depend on their values), one scale and zero point per row; the MoE's tokens
@@ -29,21 +30,24 @@ from mla_export import ov_core  # noqa: E402
 from mla_export.runtime.qlinear_tiles import rows4_to_tile16  # noqa: E402
 
 
-def qlinear_model(k: int, n: int, weights: list[np.ndarray], layout: str):
+FP8_BITS = 43
+
+
+def qlinear_model(k: int, n: int, weights: list[np.ndarray], layout: str, bits: int = 8):
     names = ["w_q", "w_s", "w_zp"]
     inits = [numpy_helper.from_array(np.ascontiguousarray(a), nm) for a, nm in zip(weights, names)]
-    node = helper.make_node("MlaQLinear", ["x"] + names, ["y"], domain="mla_export", bits=8, compute="bf16",
+    node = helper.make_node("MlaQLinear", ["x"] + names, ["y"], domain="mla_export", bits=bits, compute="bf16",
                             layout=layout)
     graph = helper.make_graph([node], "qlinear", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, k])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, n])], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("mla_export", 1)])
 
 
-def moe_model(k: int, inter: int, weights: list[np.ndarray], layout: str):
+def moe_model(k: int, inter: int, weights: list[np.ndarray], layout: str, bits: int = 8):
     names = ["w13_q", "w13_s", "w13_zp", "w2_q", "w2_s", "w2_zp"]
     inits = [numpy_helper.from_array(np.ascontiguousarray(a), nm) for a, nm in zip(weights, names)]
-    node = helper.make_node("MlaMoeExperts", ["x", "ids", "wts"] + names, ["y"], domain="mla_export", w13_bits=8,
-                            w2_bits=8, compute="bf16", layout=layout)
+    node = helper.make_node("MlaMoeExperts", ["x", "ids", "wts"] + names, ["y"], domain="mla_export", w13_bits=bits,
+                            w2_bits=bits, compute="bf16", layout=layout)
     graph = helper.make_graph(
         [node], "moe", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, k]),
                         helper.make_tensor_value_info("ids", TensorProto.INT64, [None, None]),
@@ -52,8 +56,13 @@ def moe_model(k: int, inter: int, weights: list[np.ndarray], layout: str):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("mla_export", 1)])
 
 
-def _int8(rng, shape):
-    """Random int8 codes [..., rows, k] (4-row layout), per-row scales and zero points."""
+def _int8(rng, shape, fp8: bool = False):
+    """Random int8 codes [..., rows, k] (4-row layout), per-row scales and zero points; fp8: e4m3
+    codes (no NaN), a scale per 128 inputs, zero points 0."""
+    if fp8:
+        groups = shape[:-1] + (shape[-1] // 128,)
+        codes = rng.integers(0, 256, shape, dtype=np.uint8) & 0xF7  # 0x7F / 0xFF are NaN
+        return codes, rng.random(groups, dtype=np.float32) * 0.01 + 0.001, np.zeros(groups, np.uint8)
     codes = rng.integers(0, 256, shape, dtype=np.uint8)
     scales = rng.random(shape[:-1] + (1,), dtype=np.float32) * 0.01 + 0.001
     return codes, scales, np.full(shape[:-1] + (1,), 128, np.uint8)
@@ -70,30 +79,33 @@ def main() -> None:
     ap.add_argument("--inter", type=int, default=1408, help="--op moe: an expert's intermediate size")
     ap.add_argument("--experts", type=int, default=64)
     ap.add_argument("--topk", type=int, default=6)
+    ap.add_argument("--format", choices=["int8", "fp8"], default="int8")
     ap.add_argument("--k", type=int, default=2048)
     ap.add_argument("--rows", default="1,2,8")
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
-    if args.n % 32 or args.k % 64 or args.inter % 16 or not 0 < args.topk <= args.experts:
-        ap.error("--n must be a multiple of 32, --k of 64, --inter of 16; 0 < --topk <= --experts")
+    if args.n % 32 or args.k % 128 or args.inter % 128 or not 0 < args.topk <= args.experts:
+        ap.error("--n must be a multiple of 32, --k and --inter of 128; 0 < --topk <= --experts")
+    fp8 = args.format == "fp8"
+    bits = FP8_BITS if fp8 else 8
     rows = [int(r) for r in args.rows.split(",")]
     rng = np.random.default_rng(0)
     core = ov_core()
     reqs = {}
     if args.op == "qlinear":
-        print(f"seed 0, MlaQLinear int8 {args.n} x {args.k}, compute bf16, {args.threads} threads", flush=True)
-        codes, scales, zps = _int8(rng, (args.n, args.k))
-        models = {lay: qlinear_model(args.k, args.n, [codes if lay == "rows4" else _tiled(codes), scales, zps], lay)
-                  for lay in ("rows4", "tile16")}
+        print(f"seed 0, MlaQLinear {args.format} {args.n} x {args.k}, compute bf16, {args.threads} threads", flush=True)
+        codes, scales, zps = _int8(rng, (args.n, args.k), fp8)
+        models = {lay: qlinear_model(args.k, args.n, [codes if lay == "rows4" else _tiled(codes), scales, zps], lay,
+                                     bits) for lay in ("rows4", "tile16")}
         feeds = {r: {"x": rng.standard_normal((r, args.k)).astype(np.float32)} for r in rows}
     else:
-        print(f"seed 0, MlaMoeExperts int8, {args.experts} experts {args.k} -> {args.inter}, top-{args.topk}, "
-              f"compute bf16, {args.threads} threads", flush=True)
-        w13 = _int8(rng, (args.experts, 2 * args.inter, args.k))
-        w2 = _int8(rng, (args.experts, args.k, args.inter))
+        print(f"seed 0, MlaMoeExperts {args.format}, {args.experts} experts {args.k} -> {args.inter}, "
+              f"top-{args.topk}, compute bf16, {args.threads} threads", flush=True)
+        w13 = _int8(rng, (args.experts, 2 * args.inter, args.k), fp8)
+        w2 = _int8(rng, (args.experts, args.k, args.inter), fp8)
         models = {lay: moe_model(args.k, args.inter, [w13[0] if lay == "rows4" else _tiled(w13[0]), *w13[1:],
-                                                      w2[0] if lay == "rows4" else _tiled(w2[0]), *w2[1:]], lay)
+                                                      w2[0] if lay == "rows4" else _tiled(w2[0]), *w2[1:]], lay, bits)
                   for lay in ("rows4", "tile16")}
         feeds = {r: {"x": rng.standard_normal((r, args.k)).astype(np.float32),
                      "ids": np.stack([rng.permutation(args.experts)[:args.topk] for _ in range(r)]).astype(np.int64),

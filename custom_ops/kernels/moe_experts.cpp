@@ -173,7 +173,7 @@ void moe_experts(const MoeInputs& in, MoeBits bits, const TensorView& out, const
     // Decode (no expert with many tokens): every item costs the same, and contiguous runs of items
     // are contiguous runs of each expert's rows, which the cores' prefetchers stream (split_for).
     const auto spread = some_many ? dynamic_for : split_for;
-    const bool t13 = in.tile16 && tile16_dots(isa, mode13) && xa.has_q8();
+    const bool t13 = in.tile16 && tile16_runs(isa, bits.w13, mode13, xa);
     spread(th, static_cast<int64_t>(active.size()) * col_blocks, [&](int64_t item) {
         const int64_t e = active[item / col_blocks], i0 = (item % col_blocks) * 16;
         const int64_t p0 = start[e], m = start[e + 1] - p0;
@@ -181,9 +181,14 @@ void moe_experts(const MoeInputs& in, MoeBits bits, const TensorView& out, const
         thread_local std::vector<float> tile;
         if (static_cast<int64_t>(tile.size()) < m * kPanel) tile.resize(m * kPanel);
         float* c = tile.data();
-        if (t13) {  // the gate's 16-row tile and the up's, read side by side: gate at c[j], up at c[16 + j]
-            qtile16(isa, xa, pair_tok.data() + p0, m, w13.q + gate_row * w13.row_bytes, w13.s + gate_row * w13.groups,
-                    w13.zp + gate_row * w13.groups, w13.groups, d.H, d.g13, c, d.I);
+        if (t13) {  // the gate's 16-row tile and the up's (I rows further): gate at c[j], up at c[16 + j]
+            const uint8_t* q = w13.q + gate_row * w13.row_bytes;
+            const float* s = w13.s + gate_row * w13.groups;
+            if (bits.w13 == kFp8Bits)
+                qtile16_fp8(isa, xa, pair_tok.data() + p0, m, q, s, w13.groups, d.H, d.g13, c, d.I);
+            else
+                qtile16(isa, xa, pair_tok.data() + p0, m, q, s, w13.zp + gate_row * w13.groups, w13.groups, d.H, d.g13, c,
+                        d.I);
             for (int64_t t = 0; t < m; ++t)
                 silu_mul16(c + t * kPanel, c + t * kPanel + 16, act.get() + (p0 + t) * d.I + i0);
             return;
@@ -220,7 +225,7 @@ void moe_experts(const MoeInputs& in, MoeBits bits, const TensorView& out, const
     // Phase 2: y[t, cols] = sum over t's pairs, experts ascending, of w_p * (act_p . down rows).
     const QActs aa(act.get(), P, d.I, d.g2, mode2, min_m < many2, isa, th);
     std::fill(y, y + d.T * d.H, 0.f);
-    const bool t2 = tile16_dots(isa, mode2) && aa.has_q8();
+    const bool t2 = tile16_runs(isa, bits.w2, mode2, aa);
     const auto down_tile = [&](int64_t item, int64_t e) {  // expert e's share of columns item * 32 ..
         const int64_t c0 = item * kPanel, p0 = start[e], m = start[e + 1] - p0, row = e * d.H + c0;
         thread_local std::vector<float> tile;

@@ -115,11 +115,11 @@ struct QgemmIsa {
     void (*qdot_bf16_lines[8])(int64_t K, int64_t group, const uint16_t* const* x, const uint16_t* lines,
                                const QBlock& blk, float* out, int64_t ldo);
     // fp8 codes in 16-row tiles (qmatmul.hpp's tile16 layout) on bf16 rows, under fp8_codes=lut:
-    // [nb - 1][M - 1] runs nb tiles of 16 rows (the b-th at q + b * 16 * K) against M = 1..8 rows;
-    // s points at the first row's groups (row stride `groups`); out[t * ldo + r] for r < 16 * nb.
-    // Null where not compiled (as qdot_fp8_bf16_lut).
+    // [nb - 1][M - 1] runs nb tiles of 16 rows (the b-th `step` rows after the first, as
+    // qdot_q8_t16's) against M = 1..8 rows; s points at the first row's groups (row stride
+    // `groups`); out[t * ldo + 16 * b + r]. Null where not compiled (as qdot_fp8_bf16_lut).
     void (*qdot_fp8_t16[2][8])(int64_t K, int64_t group, const uint16_t* const* x, const uint8_t* q, const float* s,
-                               int64_t groups, float* out, int64_t ldo);
+                               int64_t groups, int64_t step, float* out, int64_t ldo);
 };
 
 }  // namespace mla

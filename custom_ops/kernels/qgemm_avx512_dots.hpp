@@ -248,8 +248,8 @@ void qdot_fp8_bf16(int64_t K, int64_t group, const uint16_t* const* x, const QBl
 // it. At 1-2 tokens `wb` sums into a second accumulator: one chain of dependent dot products would
 // hold a line for two of their latencies. Every line is prefetched 4 KB ahead: the widening's
 // latency keeps too few loads in flight for the hardware prefetcher alone.
-// NB tiles of 16 rows (at q + b * 16 * K) by M tokens; s points at the first row's groups (row
-// stride `groups`); out[t * ldo + 16 * b + r]. Measured on a 21888 x 2048 matrix streamed from
+// NB tiles of 16 rows (the b-th `step` rows after the first: at q + b * step * K) by M tokens; s
+// points at the first row's groups (row stride `groups`); out[t * ldo + 16 * b + r]. Measured on a 21888 x 2048 matrix streamed from
 // memory (Zen 4, 2 threads, alternated in one process, tools/kernels/fp8_tiles.cpp; int8 =
 // qdot_q8_t16 on the same bytes): 8 tokens, the 4-row lookups 1.43-1.67x int8's time, these (NB 2)
 // 1.07-1.17x (1.25x in a scratch copy with the 4-row lookups' prefetch, 32 KB ahead every other
@@ -258,8 +258,8 @@ void qdot_fp8_bf16(int64_t K, int64_t group, const uint16_t* const* x, const QBl
 // instruction against vpdpbusd's 64).
 template <int NB, int M>
 __attribute__((target("avx512vbmi"))) void qdot_fp8_t16(int64_t K, int64_t group, const uint16_t* const* x,
-                                                        const uint8_t* q, const float* s, int64_t groups, float* out,
-                                                        int64_t ldo) {
+                                                        const uint8_t* q, const float* s, int64_t groups, int64_t step,
+                                                        float* out, int64_t ldo) {
     constexpr int C = M <= 2 ? 2 : 1;  // accumulators a tile and token
     static_assert(NB * M * C <= 16, "accumulators beyond the registers");
     constexpr int64_t kPrefetch = 4096;
@@ -282,7 +282,7 @@ __attribute__((target("avx512vbmi"))) void qdot_fp8_t16(int64_t K, int64_t group
         for (int64_t k = g * group; k < (g + 1) * group; k += 4) {
             __m512i wa[NB], wb[NB];
             for (int b = 0; b < NB; ++b) {
-                const uint8_t* line = q + b * 16 * K + k * 16;
+                const uint8_t* line = q + b * step * K + k * 16;
                 _mm_prefetch(reinterpret_cast<const char*>(line + kPrefetch), _MM_HINT_T0);
                 lut.widen_codes(_mm512_permutexvar_epi8(pairs, _mm512_loadu_si512(line)), wa[b], wb[b]);
             }
@@ -299,7 +299,7 @@ __attribute__((target("avx512vbmi"))) void qdot_fp8_t16(int64_t K, int64_t group
         }
         for (int b = 0; b < NB; ++b) {
             alignas(64) float sl[16];  // lane r: row r's scale for this group
-            for (int r = 0; r < 16; ++r) sl[r] = s[(16 * b + r) * groups + g];
+            for (int r = 0; r < 16; ++r) sl[r] = s[(step * b + r) * groups + g];
             const __m512 sv = _mm512_load_ps(sl);
             for (int t = 0; t < M; ++t) {
                 const __m512 sum = C == 2 ? _mm512_add_ps(acc[b][t][0], acc[b][t][C - 1]) : acc[b][t][0];

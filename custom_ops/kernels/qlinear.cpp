@@ -90,8 +90,7 @@ void qlinear(const QLinearInputs& in, int64_t bits, const TensorView& out, const
     for (int64_t i = 0; i < d.M; ++i) rows[i] = i;
     const QWeights w{in.w_q.ptr<uint8_t>(), in.w_s.ptr<float>(), in.w_zp.ptr<uint8_t>(), in.w_q.dim(1), d.K / d.group};
     const int bi = weight_code_index(bits);
-    const bool t16 = in.tile16 && (bits == kFp8Bits ? tile16_fp8_dots(isa, mode) && acts.has_bf16()
-                                                    : tile16_dots(isa, mode) && acts.has_q8());
+    const bool t16 = in.tile16 && tile16_runs(isa, bits, mode, acts);
     float* y = out.ptr<float>();
     // Decode's few rows (a step's sequences): one pass over the codes, each core streaming one run
     // of them (split_for). More rows (prefill): work items are (block of rows, tile), handed out
@@ -107,12 +106,9 @@ void qlinear(const QLinearInputs& in, int64_t bits, const TensorView& out, const
         thread_local std::vector<float> tile;
         if (static_cast<int64_t>(tile.size()) < m * kTileRows) tile.resize(m * kTileRows);
         float* c = tile.data();
-        if (t16 && bits == kFp8Bits)
-            qtile16_fp8(isa, acts, rows.data() + r0, m, w.q + n0 * w.row_bytes, w.s + n0 * w.groups, w.groups, d.K,
-                        d.group, c);
-        else  // every row block of a call takes the call's form (acts holds its rows for that form only;
-              // the last block may be shorter than many_from)
-            qtile_at(isa, bi, acts, rows.data() + r0, m, w, n0, in.tile16, t16, d.K, d.group, c, many ? 0 : many_from);
+        // every row block of a call takes the call's form (acts holds its rows for that form only; the
+        // last block may be shorter than many_from)
+        qtile_at(isa, bi, acts, rows.data() + r0, m, w, n0, in.tile16, t16, d.K, d.group, c, many ? 0 : many_from);
         for (int64_t t = 0; t < m; ++t)
             for (int64_t j = 0; j < kTileRows; ++j) y[(r0 + t) * d.N + n0 + j] = c[t * kTileRows + j];
     };

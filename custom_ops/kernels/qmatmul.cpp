@@ -318,12 +318,12 @@ bool tile16_fp8_dots(const QgemmIsa& isa, const QMode& mode) {
 }
 
 void qtile16_fp8(const QgemmIsa& isa, const QActs& acts, const int64_t* rows, int64_t m, const uint8_t* q,
-                 const float* s, int64_t groups, int64_t K, int64_t group, float* c) {
+                 const float* s, int64_t groups, int64_t K, int64_t group, float* c, int64_t step) {
     const uint16_t* const* x = bf16_rows(tls, acts, rows, m);
     if (m <= 2) {  // memory-bound: one 16-row tile a call, one stream
         for (int64_t b = 0; b < kTileRows / kTile16Rows; ++b)
-            isa.qdot_fp8_t16[0][m - 1](K, group, x, q + b * kTile16Rows * K, s + b * kTile16Rows * groups,
-                                       groups, c + b * kTile16Rows, kTileRows);
+            isa.qdot_fp8_t16[0][m - 1](K, group, x, q + b * step * K, s + b * step * groups, groups, kTile16Rows,
+                                       c + b * kTile16Rows, kTileRows);
         return;
     }
     // both tiles a call (each token's pair loaded once for 32 rows), up to 8 tokens a pass; a further
@@ -331,7 +331,7 @@ void qtile16_fp8(const QgemmIsa& isa, const QActs& acts, const int64_t* rows, in
     // the pass's 16 dot products)
     for (int64_t t0 = 0; t0 < m; t0 += 8) {
         const int64_t mt = std::min<int64_t>(8, m - t0);
-        isa.qdot_fp8_t16[1][mt - 1](K, group, x + t0, q, s, groups, c + t0 * kTileRows, kTileRows);
+        isa.qdot_fp8_t16[1][mt - 1](K, group, x + t0, q, s, groups, step, c + t0 * kTileRows, kTileRows);
     }
 }
 
@@ -352,6 +352,8 @@ QWeights rows4_view(const QWeights& w, int64_t row, int64_t rows, int64_t K, Lin
 
 void qtile_at(const QgemmIsa& isa, int bits_index, const QActs& acts, const int64_t* rows, int64_t m, const QWeights& w,
               int64_t row, bool tile16, bool t16_dots, int64_t K, int64_t group, float* c, int64_t many_from) {
+    if (tile16 && t16_dots && bits_index == weight_code_index(kFp8Bits))
+        return qtile16_fp8(isa, acts, rows, m, w.q + row * w.row_bytes, w.s + row * w.groups, w.groups, K, group, c);
     if (tile16 && t16_dots)
         return qtile16(isa, acts, rows, m, w.q + row * w.row_bytes, w.s + row * w.groups, w.zp + row * w.groups,
                        w.groups, K, group, c);

@@ -16,6 +16,7 @@
 
 #include "mla_tensor.hpp"
 #include "qgemm.hpp"
+#include "weight_format.hpp"
 
 namespace mla {
 
@@ -145,9 +146,14 @@ void qtile16(const QgemmIsa& isa, const QActs& acts, const int64_t* rows, int64_
 // Whether fp8 codes in the tile16 layout run their own bf16 dots here (qdot_fp8_t16: the mode's
 // bf16 dots with the lookups, fp8_codes=lut).
 bool tile16_fp8_dots(const QgemmIsa& isa, const QMode& mode);
+// Whether codes of this format (bits) in the tile16 layout run their own dots here on acts: int8's
+// tile16_dots on int8 rows, fp8's tile16_fp8_dots on bf16 rows (else a 4-row view of each tile).
+inline bool tile16_runs(const QgemmIsa& isa, int64_t bits, const QMode& mode, const QActs& acts) {
+    return bits == kFp8Bits ? tile16_fp8_dots(isa, mode) && acts.has_bf16() : tile16_dots(isa, mode) && acts.has_q8();
+}
 // qtile16 for fp8 codes on bf16 activation rows (tile16_fp8_dots, acts.has_bf16()); no zero points.
 void qtile16_fp8(const QgemmIsa& isa, const QActs& acts, const int64_t* rows, int64_t m, const uint8_t* q,
-                 const float* s, int64_t groups, int64_t K, int64_t group, float* c);
+                 const float* s, int64_t groups, int64_t K, int64_t group, float* c, int64_t step = kTile16Rows);
 // rows (a multiple of 16) of tile16 codes at src rewritten in the 4-row layout at dst (rows * K
 // bytes): where tile16 codes meet a kernel of the 4-row layout (f32, AVX2, the portable table).
 void tile16_to_rows4(const uint8_t* src, int64_t rows, int64_t K, uint8_t* dst);
@@ -156,9 +162,9 @@ void tile16_to_rows4(const uint8_t* src, int64_t rows, int64_t K, uint8_t* dst);
 // rows row..row+3.
 QWeights rows4_view(const QWeights& w, int64_t row, int64_t rows, int64_t K, LineVector<uint8_t>& scratch);
 // c[t * 32 + r] for the 32 rows of w from `row` (a work item) in whichever layout its codes lie:
-// tile16 (the op's layout attribute) on the tile16 dots where t16_dots (tile16_dots(), acts.has_q8()),
-// else qtile over the 4-row layout (a tile16 item through its rows4_view); bits_index and many_from
-// as qtile's.
+// tile16 (the op's layout attribute) on the tile16 dots where t16_dots (int8: tile16_dots() and
+// acts.has_q8(); fp8: tile16_fp8_dots() and acts.has_bf16()), else qtile over the 4-row layout (a
+// tile16 item through its rows4_view); bits_index and many_from as qtile's.
 void qtile_at(const QgemmIsa& isa, int bits_index, const QActs& acts, const int64_t* rows, int64_t m, const QWeights& w,
               int64_t row, bool tile16, bool t16_dots, int64_t K, int64_t group, float* c, int64_t many_from);
 

@@ -21,13 +21,14 @@ from memory, Zen 4, 2 threads: 1.43-1.67x int8 tile16's time in the 4-row layout
 one; 1-2 tokens about as the 4-row layout's).
 AMX-BF16 CPUs keep fp8 codes in the 4-row layout, which their tiles read from 8 rows.
 
-MlaMoeExperts' int8 experts (gate/up and down, both int8) take the same layout on VNNI CPUs without
-AMX: an expert's prefill tokens (tens to hundreds) run the tile16 dots, its gate and up tiles read
-side by side for 1-2 tokens as the 4-row layout's blocks were (one MoE layer at V2-Lite's dims,
-Zen 4, 2 threads, `tools/bench_qlinear_layout.py --op moe`: 1024 tokens 1.23x, 8 tokens 1.07-1.17x,
-1 token 1.09-1.22x; the 3-layer V2-Lite's time to first token: docs/KERNELS.md). AMX CPUs keep
-them as exported: their experts' prefill runs the 4-row blocks on AMX tiles, which reading the gate
-and up tiles side by side would leave.
+MlaMoeExperts' experts take the same layout, int8 on VNNI CPUs without AMX, fp8 where MlaQLinear's
+fp8 codes do: an expert's prefill tokens (tens to hundreds) run the tile16 dots, its gate and up
+tiles read side by side (int8; fp8 one after the other at 1-2 tokens) as the 4-row layout's blocks
+were. One MoE layer at V2-Lite's dims (Zen 4, 2 threads, `tools/bench_qlinear_layout.py --op moe
+[--format fp8]`): int8 1024 tokens 1.23x, 8 tokens 1.07-1.17x, 1 token 1.09-1.22x; fp8 1024 tokens
+1.35-1.39x, 96 tokens 1.66-1.73x, 1-8 tokens 0.98-1.15x (the 3-layer V2-Lite's time to first token:
+docs/KERNELS.md). AMX CPUs keep them as exported: their experts' prefill runs the 4-row blocks on
+AMX tiles, which reading the gate and up tiles side by side would leave.
 
 So under a bf16 hint on a CPU with AVX512_VNNI (with or without AMX), the runtime rewrites each
 int8 MlaQLinear's codes in place in the weights buffer it read the IR into (weights_memory.py:
@@ -98,13 +99,13 @@ def want_tile16(precision: str, bits: int = 8) -> bool:
     return "avx512_vnni" in kernel_config.cpu_features()
 
 
-def want_moe_tile16(precision: str) -> bool:
-    """Whether this process rewrites MlaMoeExperts' int8 experts in 16-row tiles (see the module
-    doc): as MlaQLinear's int8 codes, but not on AMX CPUs."""
+def want_moe_tile16(precision: str, bits: int = 8) -> bool:
+    """Whether this process rewrites MlaMoeExperts' experts of this format in 16-row tiles (see the
+    module doc): as MlaQLinear's codes, but not on AMX CPUs."""
     config = kernel_config.config()
     if config.qlinear != "auto":
-        return config.qlinear == "tile16"
-    return want_tile16(precision, 8) and not config.amx
+        return config.qlinear == "tile16" and bits in _TILE16_BITS
+    return want_tile16(precision, bits) and not config.amx
 
 
 # The codes inputs each op reads, and the bits attribute that says their format.
@@ -143,7 +144,7 @@ def pack_qlinear_tiles(model: ov.Model, weights: mmap.mmap | None, precision: st
     shared by several such ops are rewritten once; codes any other node reads too are left as
     exported, and an MoE op is marked only when both its projections can be."""
     wanted = {"MlaQLinear": {bits for bits in _TILE16_BITS if want_tile16(precision, bits)},
-              "MlaMoeExperts": {8} if want_moe_tile16(precision) else set()}
+              "MlaMoeExperts": {bits for bits in _TILE16_BITS if want_moe_tile16(precision, bits)}}
     if weights is None or not any(wanted.values()):
         return 0
     buf = np.frombuffer(weights, dtype=np.uint8)

@@ -97,7 +97,7 @@ int main(int argc, char** argv) {
          }},
         {"fp8 tile16, 1 token", [&](int64_t r0) {
              for (int b = 0; b < 2; ++b)
-                 isa.qdot_fp8_t16[0][0](K, kGroup, xbr, q + (r0 + 16 * b) * K, s + (r0 + 16 * b) * kGroups, kGroups,
+                 isa.qdot_fp8_t16[0][0](K, kGroup, xbr, q + (r0 + 16 * b) * K, s + (r0 + 16 * b) * kGroups, kGroups, 16,
                                         out.data() + r0 + 16 * b, rows);
          }},
         // the MoE's gate and up: 4-row blocks of two streams (the matrix's halves), as qtile takes them
@@ -124,7 +124,7 @@ int main(int argc, char** argv) {
              for (int b = 0; b < 8; ++b) isa.qdot_fp8_bf16_lut[7](K, kGroup, xbr, rows4_block(r0 + 4 * b), out.data() + r0 + 4 * b, rows);
          }},
         {"fp8 tile16, 8 tokens", [&](int64_t r0) {
-             isa.qdot_fp8_t16[1][7](K, kGroup, xbr, q + r0 * K, s + r0 * kGroups, kGroups, out.data() + r0, rows);
+             isa.qdot_fp8_t16[1][7](K, kGroup, xbr, q + r0 * K, s + r0 * kGroups, kGroups, 16, out.data() + r0, rows);
          }},
     };
     const size_t n = cases.size();

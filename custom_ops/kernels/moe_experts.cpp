@@ -188,7 +188,7 @@ void moe_experts(const MoeInputs& in, MoeBits bits, const TensorView& out, const
                 qtile16_fp8(isa, xa, pair_tok.data() + p0, m, q, s, w13.groups, d.H, d.g13, c, d.I);
             else
                 qtile16(isa, xa, pair_tok.data() + p0, m, q, s, w13.zp + gate_row * w13.groups, w13.groups, d.H, d.g13, c,
-                        d.I);
+                        d.I, /*paired=*/true);
             for (int64_t t = 0; t < m; ++t)
                 silu_mul16(c + t * kPanel, c + t * kPanel + 16, act.get() + (p0 + t) * d.I + i0);
             return;

@@ -160,7 +160,14 @@ void quantize_q8(int64_t K, int64_t group, const float* x, int8_t* q, float* d, 
 template <int NB, int M>
 void qdot_q8_t16(int64_t K, int64_t group, const QRow* x, const uint8_t* q, const float* s, const uint8_t* zp,
                  int64_t groups, int64_t step, float* out, int64_t ldo) {
-    static_assert(NB * M <= 8, "accumulators beyond the registers");
+    // accumulator chains a tile and token: one vpdpbusd a line, so one tile at 1-2 tokens in a single
+    // chain waits on its own latency whenever the memory keeps up (the 102400 x 2048 lm_head, Zen 4,
+    // 2 threads, alternated in one process: 1 token, 4 chains 0.86-0.96 of a plain read at 48-55 GB/s
+    // against one chain's 0.75 and two tiles side by side's 0.81, level at 30-36 GB/s; 2 tokens
+    // within the noise at 30-36 GB/s). Two tiles side by side (an MoE's gate and up) keep one chain
+    // each: 2 chains a tile there measured no better.
+    constexpr int C = NB > 1 || M > 2 ? 1 : 4;
+    static_assert(NB * M * C <= 8, "accumulators beyond the registers");
     // 1-2 rows prefetch on Intel cores, as qdot_q8's: on the Xeon (lm_head, alternated with the 4-row
     // kernel) none 0.86-0.91x its time, 512 B 0.95-0.99x, 1 KB 1.04x, 2-4 KB 1.10-1.16x
     constexpr int64_t kT16Ahead = 2048;
@@ -181,26 +188,33 @@ void qdot_q8_t16(int64_t K, int64_t group, const QRow* x, const uint8_t* q, cons
             szv[b] = _mm512_mul_ps(sv[b], _mm512_load_ps(zl));
         }
         for (int64_t b0 = g * group; b0 < (g + 1) * group; b0 += block) {
-            __m512i acc[NB][M];
+            __m512i acc[NB][M][C];
             for (int b = 0; b < NB; ++b)
-                for (int t = 0; t < M; ++t) acc[b][t] = _mm512_setzero_si512();
-            for (int64_t k = b0; k < b0 + block; k += 4) {
-                __m512i w[NB];
-                if (prefetch)
-                    for (int b = 0; b < NB; ++b)
-                        _mm_prefetch(reinterpret_cast<const char*>(q + b * step * K + k * 16 + kT16Ahead), _MM_HINT_T0);
-                for (int b = 0; b < NB; ++b) w[b] = _mm512_loadu_si512(q + b * step * K + k * 16);
-                for (int t = 0; t < M; ++t) {
-                    int32_t quad;
-                    std::memcpy(&quad, x[t].q + k, 4);
-                    const __m512i xb = _mm512_set1_epi32(quad);
-                    for (int b = 0; b < NB; ++b) acc[b][t] = _mm512_dpbusd_epi32(acc[b][t], w[b], xb);
+                for (int t = 0; t < M; ++t)
+                    for (int c = 0; c < C; ++c) acc[b][t][c] = _mm512_setzero_si512();
+            for (int64_t k = b0; k < b0 + block; k += 4 * C) {  // block: a multiple of 32 inputs
+                for (int c = 0; c < C; ++c) {
+                    const int64_t kc = k + 4 * c;
+                    __m512i w[NB];
+                    if (prefetch)
+                        for (int b = 0; b < NB; ++b)
+                            _mm_prefetch(reinterpret_cast<const char*>(q + b * step * K + kc * 16 + kT16Ahead), _MM_HINT_T0);
+                    for (int b = 0; b < NB; ++b) w[b] = _mm512_loadu_si512(q + b * step * K + kc * 16);
+                    for (int t = 0; t < M; ++t) {
+                        int32_t quad;
+                        std::memcpy(&quad, x[t].q + kc, 4);
+                        const __m512i xb = _mm512_set1_epi32(quad);
+                        for (int b = 0; b < NB; ++b) acc[b][t][c] = _mm512_dpbusd_epi32(acc[b][t][c], w[b], xb);
+                    }
                 }
             }
             for (int t = 0; t < M; ++t) {
                 const __m512 d = _mm512_set1_ps(x[t].d[b0 / block]);
-                for (int b = 0; b < NB; ++b)
-                    tot[b][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[b][t]), _mm512_mul_ps(sv[b], d), tot[b][t]);
+                for (int b = 0; b < NB; ++b) {
+                    __m512i sum = acc[b][t][0];
+                    for (int c = 1; c < C; ++c) sum = _mm512_add_epi32(sum, acc[b][t][c]);
+                    tot[b][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(sv[b], d), tot[b][t]);
+                }
             }
         }
         for (int t = 0; t < M; ++t) {
@@ -211,5 +225,7 @@ void qdot_q8_t16(int64_t K, int64_t group, const QRow* x, const uint8_t* q, cons
     for (int t = 0; t < M; ++t)
         for (int b = 0; b < NB; ++b) _mm512_storeu_ps(out + t * ldo + 16 * b, tot[b][t]);
 }
-#define MLA_QGEMM_Q8_T16 {qdot_q8_t16<2, 1>, qdot_q8_t16<2, 2>, qdot_q8_t16<2, 3>, qdot_q8_t16<2, 4>}
+#define MLA_QGEMM_Q8_T16 \
+    {{qdot_q8_t16<1, 1>, qdot_q8_t16<1, 2>, qdot_q8_t16<1, 3>, qdot_q8_t16<1, 4>}, \
+     {qdot_q8_t16<2, 1>, qdot_q8_t16<2, 2>, qdot_q8_t16<2, 3>, qdot_q8_t16<2, 4>}}
 

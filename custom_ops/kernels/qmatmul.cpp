@@ -297,19 +297,22 @@ void qtile(const QgemmIsa& isa, int bi, const QActs& acts, const int64_t* rows, 
 }
 
 void qtile16(const QgemmIsa& isa, const QActs& acts, const int64_t* rows, int64_t m, const uint8_t* q, const float* s,
-             const uint8_t* zp, int64_t groups, int64_t K, int64_t group, float* c, int64_t step) {
+             const uint8_t* zp, int64_t groups, int64_t K, int64_t group, float* c, int64_t step, bool paired) {
 #if defined(MLA_HAVE_AMX)
     if (step == kTile16Rows && amx_rows(m, K, group)) return qtile16_amx(acts, rows, m, q, s, zp, groups, K, group, c);
 #endif
     const QRow* x = q8_rows(tls, acts, rows, m);
-    // Both 16-row tiles a call, 4 activation rows a call: from 3 rows the activations' broadcasts are
-    // shared and the second call finds the 32 rows' codes in cache; at 1-2 rows the two tiles stream
-    // side by side (one tile a call, one after the other, was 1.00-1.07x slower at 1 row and
-    // 0.98-1.14x at 2: Zen 4, 2 threads, int8 2048-102400 x 2048, weights cold, alternated in one
-    // process; an MoE expert's gate and up tiles likewise).
+    if (m <= 2 && !paired) {  // memory-bound: one 16-row tile a call, one stream in 4 accumulator chains
+        for (int64_t b = 0; b < kTileRows / kTile16Rows; ++b)
+            isa.qdot_q8_t16[0][m - 1](K, group, x, q + b * step * K, s + b * step * groups, zp + b * step * groups,
+                                      groups, kTile16Rows, c + b * kTile16Rows, kTileRows);
+        return;
+    }
+    // both 16-row tiles a call (the activations' broadcasts shared), 4 activation rows a call: the
+    // second call finds the 32 rows' codes in cache (1-2 rows, paired: the two tiles side by side)
     for (int64_t t0 = 0; t0 < m; t0 += 4) {
         const int64_t mt = std::min<int64_t>(4, m - t0);
-        isa.qdot_q8_t16[mt - 1](K, group, x + t0, q, s, zp, groups, step, c + t0 * kTileRows, kTileRows);
+        isa.qdot_q8_t16[1][mt - 1](K, group, x + t0, q, s, zp, groups, step, c + t0 * kTileRows, kTileRows);
     }
 }
 

@@ -137,12 +137,15 @@ void qtile(const QgemmIsa& isa, int bits_index, const QActs& acts, const int64_t
 // of inputs 64s..64s+63 of a 16-row tile are an AMX-INT8 B tile as it lies (qmatmul_amx.hpp).
 constexpr int64_t kTile16Rows = 16;
 // Whether tile16 codes run their own int8 dots here (the table has them and the mode is q8).
-inline bool tile16_dots(const QgemmIsa& isa, const QMode& mode) { return mode.q8_dots && isa.qdot_q8_t16[0] != nullptr; }
+inline bool tile16_dots(const QgemmIsa& isa, const QMode& mode) { return mode.q8_dots && isa.qdot_q8_t16[0][0] != nullptr; }
 // c[t * 32 + r] as qtile's, for 32 rows of tile16 codes: the 16-row tile at q (s, zp: its first
 // row's groups) and the one `step` rows after it (16: the next one; an MoE expert's up tile, its
 // intermediate size after the gate's), on int8 activation rows (tile16_dots, acts.has_q8()).
+// paired: 1-2 activation rows read both tiles in one pass (two streams side by side, the MoE's
+// gate and up: 1 token 1.09-1.22x the 4-row layout's paired blocks) instead of one after the other.
 void qtile16(const QgemmIsa& isa, const QActs& acts, const int64_t* rows, int64_t m, const uint8_t* q, const float* s,
-             const uint8_t* zp, int64_t groups, int64_t K, int64_t group, float* c, int64_t step = kTile16Rows);
+             const uint8_t* zp, int64_t groups, int64_t K, int64_t group, float* c, int64_t step = kTile16Rows,
+             bool paired = false);
 // Whether fp8 codes in the tile16 layout run their own bf16 dots here (qdot_fp8_t16: the mode's
 // bf16 dots with the lookups, fp8_codes=lut).
 bool tile16_fp8_dots(const QgemmIsa& isa, const QMode& mode);

@@ -137,7 +137,7 @@ def test_moe_fp8_bf16_dots(rng, runtime, tokens, layout):
     weights = list(w13_ops) + list(w2_ops)
     if layout == "tile16":
         for i in (0, 3):  # each expert's codes in 16-row tiles
-            weights[i] = rows4_to_tile16(weights[i].reshape(-1, weights[i].shape[-1])).reshape(weights[i].shape)
+            weights[i] = rows4_to_tile16(weights[i])
     got = RUNTIMES[runtime](moe_model(hidden, (FP8_BITS, FP8_BITS), weights, compute="bf16", layout=layout),
                            {"x": x, "ids": ids, "wts": wts})
     if not _bf16_dots():

@@ -28,13 +28,9 @@ def _model(weights, bits=(8, 8), compute="f32", layout="tile16"):
     return moe_model(H, bits, weights, compute=compute, layout=layout)
 
 
-def _tiled(codes: np.ndarray) -> np.ndarray:
-    """[E, rows, K] codes of the 4-row layout -> each expert's matrix in 16-row tiles."""
-    return rows4_to_tile16(codes.reshape(-1, codes.shape[-1])).reshape(codes.shape)
-
-
 def _tile16_weights(weights):
-    return [_tiled(weights[0]), weights[1], weights[2], _tiled(weights[3]), weights[4], weights[5]]
+    """Both projections' [E, rows, K] codes with each expert's matrix in 16-row tiles."""
+    return [rows4_to_tile16(weights[0]), weights[1], weights[2], rows4_to_tile16(weights[3]), weights[4], weights[5]]
 
 
 @pytest.mark.parametrize("runtime", list(RUNTIMES))

@@ -68,10 +68,6 @@ def _int8(rng, shape, fp8: bool = False):
     return codes, scales, np.full(shape[:-1] + (1,), 128, np.uint8)
 
 
-def _tiled(codes: np.ndarray) -> np.ndarray:
-    return rows4_to_tile16(codes.reshape(-1, codes.shape[-1])).reshape(codes.shape)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--op", choices=["qlinear", "moe"], default="qlinear")
@@ -96,7 +92,7 @@ def main() -> None:
     if args.op == "qlinear":
         print(f"seed 0, MlaQLinear {args.format} {args.n} x {args.k}, compute bf16, {args.threads} threads", flush=True)
         codes, scales, zps = _int8(rng, (args.n, args.k), fp8)
-        models = {lay: qlinear_model(args.k, args.n, [codes if lay == "rows4" else _tiled(codes), scales, zps], lay,
+        models = {lay: qlinear_model(args.k, args.n, [codes if lay == "rows4" else rows4_to_tile16(codes), scales, zps], lay,
                                      bits) for lay in ("rows4", "tile16")}
         feeds = {r: {"x": rng.standard_normal((r, args.k)).astype(np.float32)} for r in rows}
     else:
@@ -104,8 +100,8 @@ def main() -> None:
               f"top-{args.topk}, compute bf16, {args.threads} threads", flush=True)
         w13 = _int8(rng, (args.experts, 2 * args.inter, args.k), fp8)
         w2 = _int8(rng, (args.experts, args.k, args.inter), fp8)
-        models = {lay: moe_model(args.k, args.inter, [w13[0] if lay == "rows4" else _tiled(w13[0]), *w13[1:],
-                                                      w2[0] if lay == "rows4" else _tiled(w2[0]), *w2[1:]], lay, bits)
+        models = {lay: moe_model(args.k, args.inter, [w13[0] if lay == "rows4" else rows4_to_tile16(w13[0]), *w13[1:],
+                                                      w2[0] if lay == "rows4" else rows4_to_tile16(w2[0]), *w2[1:]], lay, bits)
                   for lay in ("rows4", "tile16")}
         feeds = {r: {"x": rng.standard_normal((r, args.k)).astype(np.float32),
                      "ids": np.stack([rng.permutation(args.experts)[:args.topk] for _ in range(r)]).astype(np.int64),

@@ -90,7 +90,7 @@ void qlinear(const QLinearInputs& in, int64_t bits, const TensorView& out, const
     for (int64_t i = 0; i < d.M; ++i) rows[i] = i;
     const QWeights w{in.w_q.ptr<uint8_t>(), in.w_s.ptr<float>(), in.w_zp.ptr<uint8_t>(), in.w_q.dim(1), d.K / d.group};
     const int bi = weight_code_index(bits);
-    const bool t16 = in.tile16 && tile16_runs(isa, bits, mode, acts);
+    const bool t16 = tile16_runs(isa, bits, mode, acts);
     float* y = out.ptr<float>();
     // Decode's few rows (a step's sequences): one pass over the codes, each core streaming one run
     // of them (split_for). More rows (prefill): work items are (block of rows, tile), handed out

@@ -59,29 +59,31 @@ _CHUNK_ROWS = 4096  # rows rewritten at a time: a bounded temporary (8 MiB at K 
 
 
 def _check(codes: np.ndarray) -> tuple[int, int]:
-    if codes.dtype != np.uint8 or codes.ndim != 2:
-        raise ValueError(f"codes must be a u8 [N, K] array, got {codes.dtype} {codes.shape}")
-    n, k = codes.shape
+    """(rows, K) of codes [..., N, K] (an MoE's experts: one matrix each) folded into [rows, K]:
+    every matrix in whole tiles, so no tile crosses two of them."""
+    if codes.dtype != np.uint8 or codes.ndim < 2:
+        raise ValueError(f"codes must be a u8 [..., N, K] array, got {codes.dtype} {codes.shape}")
+    n, k = codes.shape[-2:]
     if n % TILE_ROWS or k % 16:
-        raise ValueError(f"codes [N, K] need N % 16 == 0 and K % 16 == 0 for 16-row tiles, got {codes.shape}")
-    return n, k
+        raise ValueError(f"codes [..., N, K] need N % 16 == 0 and K % 16 == 0 for 16-row tiles, got {codes.shape}")
+    return codes.size // k, k
 
 
 def rows4_to_tile16(codes: np.ndarray) -> np.ndarray:
-    """int8 codes [N, K] in the 4-row layout (row 4b + r, input 16c + j at byte
-    b * 4K + (4c + r) * 16 + j) -> the same bytes in the tile16 layout (row 16i + r, input 4q + e
-    at byte 16i * K + 64q + 4r + e)."""
+    """int8 codes [..., N, K] in the 4-row layout (row 4b + r, input 16c + j at byte
+    b * 4K + (4c + r) * 16 + j of its matrix) -> the same bytes in the tile16 layout (row 16i + r,
+    input 4q + e at byte 16i * K + 64q + 4r + e)."""
     n, k = _check(codes)
     # a row's 4 codes of one input quad stay together in both layouts: moved as one uint32
     a = np.ascontiguousarray(codes).view(np.uint32).reshape(n // 16, 4, k // 16, 4, 4)  # [tile, block, chunk, row, quad]
-    return np.ascontiguousarray(a.transpose(0, 2, 4, 1, 3)).view(np.uint8).reshape(n, k)
+    return np.ascontiguousarray(a.transpose(0, 2, 4, 1, 3)).view(np.uint8).reshape(codes.shape)
 
 
 def tile16_to_rows4(codes: np.ndarray) -> np.ndarray:
     """The inverse of rows4_to_tile16."""
     n, k = _check(codes)
     a = np.ascontiguousarray(codes).view(np.uint32).reshape(n // 16, k // 16, 4, 4, 4)  # [tile, chunk, quad, block, row]
-    return np.ascontiguousarray(a.transpose(0, 3, 1, 4, 2)).view(np.uint8).reshape(n, k)
+    return np.ascontiguousarray(a.transpose(0, 3, 1, 4, 2)).view(np.uint8).reshape(codes.shape)
 
 
 def want_tile16(precision: str, bits: int = 8) -> bool:
@@ -101,11 +103,9 @@ def want_tile16(precision: str, bits: int = 8) -> bool:
 
 def want_moe_tile16(precision: str, bits: int = 8) -> bool:
     """Whether this process rewrites MlaMoeExperts' experts of this format in 16-row tiles (see the
-    module doc): as MlaQLinear's codes, but not on AMX CPUs."""
+    module doc): as MlaQLinear's codes, but on AMX CPUs only when the configuration forces it."""
     config = kernel_config.config()
-    if config.qlinear != "auto":
-        return config.qlinear == "tile16" and bits in _TILE16_BITS
-    return want_tile16(precision, bits) and not config.amx
+    return want_tile16(precision, bits) and (config.qlinear != "auto" or not config.amx)
 
 
 # The codes inputs each op reads, and the bits attribute that says their format.
@@ -114,8 +114,8 @@ _CODES = {"MlaQLinear": ((1, "bits"),), "MlaMoeExperts": ((3, "w13_bits"), (6, "
 
 def _codes_in(op, index: int, buf: np.ndarray) -> tuple[int, int, int] | None:
     """(byte offset in buf, rows, inputs) of op's codes input `index` as [rows, K] (an expert axis
-    folded into the rows: tiles never cross experts, whose rows are whole tiles), when they are a
-    Constant in buf that only ops of this kind read at this input, u8 in whole tiles; else None."""
+    folded into the rows, _check), when they are a Constant in buf that only ops of this kind read
+    at this input, u8 in whole tiles; else None."""
     const = op.input_value(index).get_node()
     if const.get_type_name() != "Constant":
         return None
@@ -124,8 +124,6 @@ def _codes_in(op, index: int, buf: np.ndarray) -> tuple[int, int, int] | None:
            for t in const.output(0).get_target_inputs()):
         return None
     codes = const.data
-    if codes.ndim == 3:
-        codes = codes.reshape(-1, codes.shape[-1])
     try:
         n, k = _check(codes)
     except ValueError:  # not u8 in whole tiles: leave it as exported

@@ -72,8 +72,9 @@ _VARS = [
     EnvVar("MLA_EXPORT_KERNELS", "kernels", None, _text,
            "Which kernels run, as comma-separated key=value (keys left out: the best this build and CPU run): "
            "isa=generic|avx2|avx512 (the vector tables), amx=0|1 (AMX tiles), decode_rows=f32|bf16|amx (the "
-           "absorbed bf16 decode rows' engine), qlinear=rows4|tile16 (the int8 layout of MlaQLinear and of the "
-           "MoE's experts; auto: tile16 on VNNI CPUs under a bf16 hint, the experts not on AMX CPUs). What this build or CPU cannot run is an error naming the key. "
+           "absorbed bf16 decode rows' engine), qlinear=rows4|tile16 (the layout of MlaQLinear's and the MoE "
+           "experts' integer weights; auto: tile16 under a bf16 hint where runtime/qlinear_tiles.py "
+           "has kernels for the format: VNNI CPUs, the experts and int4 not on AMX CPUs). What this build or CPU cannot run is an error naming the key. "
            "Python: mla_export.ops.kernel_config.configure() sets the same in process."),
     EnvVar("MLA_EXPORT_ORT_THREADS", "kernels", None, _text,
            "onnxruntime custom ops' thread count when the session gives none (default: the CPU's)."),

@@ -19,7 +19,7 @@ import pytest
 from mla_export.ops import kernel_config
 from mla_export.ops import reference as ref
 from mla_export.export.quantize import FP8_BITS, fp8_dequantize, fp8_operands, interleave_rows4
-from mla_export.runtime.qlinear_tiles import rows4_to_tile16
+from mla_export.runtime.qlinear_tiles import to_tile16
 from test_moe_experts_op import RUNTIMES, TOL, _model as moe_model
 from test_qlinear_op import _model as qlinear_model
 
@@ -136,8 +136,7 @@ def test_moe_fp8_bf16_dots(rng, runtime, tokens, layout):
     wts = rng.random((tokens, k)).astype(np.float32)
     weights = list(w13_ops) + list(w2_ops)
     if layout == "tile16":
-        for i in (0, 3):  # each expert's codes in 16-row tiles
-            weights[i] = rows4_to_tile16(weights[i])
+        weights = [*to_tile16(*weights[:3]), *to_tile16(*weights[3:])]  # each expert's matrices in 16-row tiles
     got = RUNTIMES[runtime](moe_model(hidden, (FP8_BITS, FP8_BITS), weights, compute="bf16", layout=layout),
                            {"x": x, "ids": ids, "wts": wts})
     if not _bf16_dots():

@@ -1,5 +1,5 @@
-"""MlaMoeExperts on codes in 16-row tiles (layout = "tile16": both projections' int8 codes rewritten by
-the runtime on VNNI CPUs without AMX; custom_ops/kernels/moe_experts.cpp, runtime/qlinear_tiles.py).
+"""MlaMoeExperts on codes in 16-row tiles (layout = "tile16": both projections' int8 or int4 codes
+rewritten by the runtime on VNNI CPUs without AMX; custom_ops/kernels/moe_experts.cpp, runtime/qlinear_tiles.py).
 
 The op on tile16 experts against the float64 reference in both runtimes, f32 and compute="bf16",
 1-2 tokens an expert (decode: the gate and up tiles read side by side), a few and many (prefill):
@@ -7,7 +7,6 @@ f32 compute is exact (every kernel of the 4-row layout rewrites a tile back firs
 result is the reference's on int8 activations where this CPU's table runs them (the tile16 VNNI
 dots on VNNI CPUs), as the exported layout's is. fp8 experts in tiles at f32 take the rewrite-back
 path (their bf16 dots: tests/test_fp8_weights_op.py::test_moe_fp8_bf16_dots).
-Formats that cannot lie in tiles fail naming the attribute.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ import pytest
 
 from mla_export.export.quantize import FP8_BITS, fp8_dequantize, fp8_operands
 from mla_export.ops import reference as ref
-from mla_export.runtime.qlinear_tiles import rows4_to_tile16
+from mla_export.runtime.qlinear_tiles import to_tile16
 from test_moe_experts_op import RUNTIMES, TOL, _case_full, int8_activations_here
 from test_moe_experts_op import _model as moe_model
 
@@ -29,29 +28,33 @@ def _model(weights, bits=(8, 8), compute="f32", layout="tile16"):
 
 
 def _tile16_weights(weights):
-    """Both projections' [E, rows, K] codes with each expert's matrix in 16-row tiles."""
-    return [rows4_to_tile16(weights[0]), weights[1], weights[2], rows4_to_tile16(weights[3]), weights[4], weights[5]]
+    """Both projections' operands with each expert's matrices in 16-row tiles."""
+    return [*to_tile16(*weights[:3]), *to_tile16(*weights[3:])]
 
 
 @pytest.mark.parametrize("runtime", list(RUNTIMES))
+@pytest.mark.parametrize("bits", [(8, 8), (4, 4), (4, 8)], ids=lambda b: "w13int{}-w2int{}".format(*b))
 @pytest.mark.parametrize("tokens", [1, 2, 5, 40, 300])
-def test_tile16_experts_match_reference(rng, runtime, tokens):
+def test_tile16_experts_match_reference(rng, runtime, tokens, bits):
     """1-2 tokens: every routed expert runs the paired decode dots; 5: a few an expert; 40 and 300:
-    many (the skewed routing of _case_full gives one expert most of them)."""
-    weights, feeds, want, (w13, w2) = _case_full(rng, E, H, I, K, tokens, (8, 8), None)
+    many (the skewed routing of _case_full gives one expert most of them). int4 codes in groups of
+    32, alone or beside int8 as a recipe's may be."""
+    weights, feeds, want, (w13, w2) = _case_full(rng, E, H, I, K, tokens, bits, 32)
+    groups = tuple(32 if b == 4 else None for b in bits)
     tiled = _tile16_weights(weights)
     scale = np.abs(want).max()
-    got = RUNTIMES[runtime](_model(tiled), feeds)
+    got = RUNTIMES[runtime](_model(tiled, bits), feeds)
     assert np.abs(got - want).max() / scale < TOL, "f32 compute on tile16 codes"
-    got = RUNTIMES[runtime](_model(tiled, compute="bf16"), feeds)
-    rows4 = RUNTIMES[runtime](_model(weights, compute="bf16", layout="rows4"), feeds)
+    got = RUNTIMES[runtime](_model(tiled, bits, compute="bf16"), feeds)
+    rows4 = RUNTIMES[runtime](_model(weights, bits, compute="bf16", layout="rows4"), feeds)
     if not int8_activations_here():
         assert np.abs(got - want).max() / scale < TOL and np.array_equal(got, rows4)
         return
     # int8 activations: the reference's on them, as the exported layout's (the down projection's
     # int8 rows are quantised from f32 gate/up results whose last bits depend on the f32 folds'
     # order: now and then one rounds to the neighbouring code, ~1e-3 of that token's row)
-    want_q8 = ref.moe_experts(feeds["x"], feeds["ids"], feeds["wts"], w13, w2, q8_groups=(H, I))
+    want_q8 = ref.moe_experts(feeds["x"], feeds["ids"], feeds["wts"], w13, w2,
+                              q8_groups=(groups[0] or H, groups[1] or I))
     for name, out in (("tile16", got), ("rows4", rows4)):
         dev = np.abs(out - want_q8).max(axis=1) / scale
         off = int((dev > 1e-4).sum())
@@ -73,11 +76,3 @@ def test_fp8_experts_in_tiles_rewrite_back(rng, runtime):
     want = ref.moe_experts(x, ids, wts, fp8_dequantize(ops13[0], ops13[1]), fp8_dequantize(ops2[0], ops2[1]))
     got = RUNTIMES[runtime](_model(weights, bits=(FP8_BITS, FP8_BITS)), {"x": x, "ids": ids, "wts": wts})
     assert np.abs(got - want).max() / np.abs(want).max() < TOL
-
-
-@pytest.mark.parametrize("runtime", list(RUNTIMES))
-@pytest.mark.parametrize("bits,attr", [((4, 8), "w13_bits"), ((8, 4), "w2_bits")])
-def test_tile16_int4_names_the_attribute(rng, runtime, bits, attr):
-    weights, feeds, _ = _case_full(rng, E, H, I, K, 3, bits, 32)[:3]
-    with pytest.raises(Exception, match=f"layout.*tile16 with {attr}"):
-        RUNTIMES[runtime](_model(weights, bits=bits), feeds)

@@ -75,12 +75,13 @@ class TestEveryTable:
 
     @pytest.mark.parametrize("tokens", [2, 40])
     def test_moe_experts_in_tiles(self, isa, rng, tokens):
-        """int8 experts in 16-row tiles, f32 and compute="bf16" (the tile16 dots on VNNI tables, a
-        rewrite back into the 4-row layout on every other), against the reference."""
+        """int8 and int4 experts in 16-row tiles, f32 and compute="bf16" (the tile16 dots on VNNI
+        tables, a rewrite back into the 4-row layout on every other), against the reference."""
         from test_moe_tile16 import test_tile16_experts_match_reference
 
         with running(f"isa={isa}"):
-            test_tile16_experts_match_reference(rng, "openvino", tokens)
+            for bits in ((8, 8), (4, 4)):
+                test_tile16_experts_match_reference(rng, "openvino", tokens, bits)
 
     def test_qlinear_int8_activations(self, isa, rng):
         """compute="bf16": the AVX2 table's vpmaddubsw dots and the AVX-512 one's VNNI ones give the
@@ -101,16 +102,17 @@ class TestEveryTable:
                     assert _rel(got, ref.linear(x, w)) < TOL, (bits, group, rows)
 
     def test_qlinear_tile16(self, isa, rng):
-        """The AVX-512 table's tile16 dots on VNNI CPUs, and the 4-row kernels of the others (a tile
+        """int8 and int4 codes in tiles: the AVX-512 table's tile16 dots on VNNI CPUs, and the 4-row kernels of the others (a tile
         rewritten back first): the reference's result, on int8 activations where the table has them."""
         from test_moe_experts_op import _run_openvino
         from test_qlinear_tiles import _case, _model
 
         with running(f"isa={isa}"):
-            for n, k, group, m in [(64, 256, None, 1), (64, 256, 64, 7), (32, 128, None, 40)]:
-                weights, w = _case(rng, n, k, group)
+            for n, k, group, m, bits in [(64, 256, None, 1, 8), (64, 256, 64, 7, 8), (32, 128, None, 40, 8),
+                                         (64, 256, 128, 1, 4), (32, 128, 32, 9, 4)]:
+                weights, w = _case(rng, n, k, group, bits)
                 x = rng.standard_normal((m, k)).astype(np.float32)
-                got = _run_openvino(_model(k, n, weights, "bf16"), {"x": x})
+                got = _run_openvino(_model(k, n, weights, "bf16", bits=bits), {"x": x})
                 if int8_activations(isa):
                     assert _rel(got, ref.linear(x, w, q8_group=group or k)) < 1e-4, (n, k, group, m)
                 else:
@@ -122,14 +124,14 @@ class TestEveryTable:
         from test_fp8_weights_op import _bf16_path, _bf16_reference
         from test_moe_experts_op import _run_openvino
         from test_qlinear_tiles import _model
-        from mla_export.runtime.qlinear_tiles import rows4_to_tile16
+        from mla_export.runtime.qlinear_tiles import to_tile16
 
         with running(f"isa={isa}"):
             for n, k, m in [(64, 256, 1), (32, 512, 8), (64, 128, 19)]:
                 w32 = (rng.standard_normal((n, k)) * 0.1).astype(np.float32)
                 codes, scales, zp = fp8_operands(w32, 128)
                 x = rng.standard_normal((m, k)).astype(np.float32)
-                got = _run_openvino(_model(k, n, [rows4_to_tile16(codes), scales, zp], "bf16", bits=FP8_BITS), {"x": x})
+                got = _run_openvino(_model(k, n, list(to_tile16(codes, scales, zp)), "bf16", bits=FP8_BITS), {"x": x})
                 want = _bf16_reference(x, [codes, scales, zp]) if _bf16_path(m) else ref.linear(x, fp8_dequantize(codes, scales))
                 assert _rel(got, want) < TOL, (n, k, m)
 

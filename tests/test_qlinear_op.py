@@ -16,7 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from mla_export.ops import reference as ref
 from mla_export.export.quantize import dequantize, moe_operands, quantize
-from mla_export.runtime.qlinear_tiles import rows4_to_tile16
+from mla_export.runtime.qlinear_tiles import to_tile16
 from test_moe_experts_op import RUNTIMES, TOL, int8_activations_here
 
 NAMES = ["w_q", "w_s", "w_zp"]
@@ -160,7 +160,7 @@ def test_amx_int8_tiles_give_the_vnni_sums(rng, rows, group, layout):
     qw = quantize(wf, 8, group)
     weights, w = list(moe_operands(qw)), dequantize(qw)
     if layout == "tile16":
-        weights[0] = rows4_to_tile16(weights[0])
+        weights = list(to_tile16(*weights))
     x = rng.standard_normal((rows, 256)).astype(np.float32)
     model = _model(256, 96, weights, 8, compute="bf16", layout=layout)
     outs, tiles = {}, False

@@ -1,4 +1,4 @@
-"""MlaQLinear's int8 and fp8 codes in 16-row tiles (layout = "tile16"; qmatmul.hpp, runtime/qlinear_tiles.py).
+"""MlaQLinear's int8, int4 and fp8 codes in 16-row tiles (layout = "tile16"; qmatmul.hpp, runtime/qlinear_tiles.py).
 
 The layout functions against an explicit index formula; the op on tile16 codes against the
 float64 reference in both runtimes (f32 compute: exact, through the 4-row kernels; compute="bf16":
@@ -18,7 +18,8 @@ from onnx import TensorProto, helper, numpy_helper
 from mla_export.ops import kernel_config
 from mla_export.ops import reference as ref
 from mla_export.export.quantize import dequantize, moe_operands, quantize
-from mla_export.runtime.qlinear_tiles import rows4_to_tile16, tile16_to_rows4
+from mla_export.runtime.qlinear_tiles import (factors_to_tile16, rows4_to_tile16, tile16_to_factors, tile16_to_rows4,
+                                               to_tile16)
 from test_moe_experts_op import RUNTIMES, TOL, int8_activations_here
 
 NAMES = ["w_q", "w_s", "w_zp"]
@@ -41,12 +42,11 @@ def _restore_kernel_config():
     kernel_config.configure(before)
 
 
-def _case(rng, n, k, group=None):
-    """int8 codes of a random [n, k] weight (per channel, or in groups), in the tile16 layout."""
+def _case(rng, n, k, group=None, bits=8):
+    """int8 (per channel, or in groups) or int4 codes of a random [n, k] weight, in the tile16 layout."""
     w = (rng.standard_normal((n, k)) * 0.1).astype(np.float32)
-    qw = quantize(w, 8, group)
-    codes, s, zp = moe_operands(qw)
-    return [rows4_to_tile16(codes), s, zp], dequantize(qw)
+    qw = quantize(w, bits, group)
+    return list(to_tile16(*moe_operands(qw))), dequantize(qw)
 
 
 def test_layout_index_formula(rng):
@@ -65,24 +65,38 @@ def test_layout_index_formula(rng):
     assert np.array_equal(tile16_to_rows4(tile16), rows4)
     with pytest.raises(ValueError, match="N % 16"):
         rows4_to_tile16(np.zeros((40, 64), np.uint8))
+    # scales and zero points [N, G]: row 16i + r, group g at 16i * G + 16g + r
+    g = 3
+    f = rng.random((n, g)).astype(np.float32)
+    tiled = np.zeros(n * g, np.float32)
+    for row in range(n):
+        for grp in range(g):
+            tiled[(row // 16) * 16 * g + 16 * grp + row % 16] = f[row, grp]
+    assert np.array_equal(factors_to_tile16(f), tiled.reshape(n, g))
+    assert np.array_equal(tile16_to_factors(tiled.reshape(n, g)), f)
+    experts = rng.integers(0, 16, (2, 32, 4), dtype=np.uint8)  # each expert's matrix its own tiles
+    assert np.array_equal(factors_to_tile16(experts), np.stack([factors_to_tile16(e) for e in experts]))
 
 
-SHAPES = [  # N, K, int8 group (None: per channel), rows of x
-    (32, 64, None, 1), (64, 256, None, 2), (96, 128, None, 3), (64, 2048, None, 4), (128, 256, 64, 5),
-    (32, 256, 128, 8), (64, 96, 32, 11), (96, 64, None, 300)]
+SHAPES = [  # N, K, group (None: per channel), rows of x, bits
+    (32, 64, None, 1, 8), (64, 256, None, 2, 8), (96, 128, None, 3, 8), (64, 2048, None, 4, 8), (128, 256, 64, 5, 8),
+    (32, 256, 128, 8, 8), (64, 96, 32, 11, 8), (96, 64, None, 300, 8),
+    # int4: a line's low nibbles and its high ones 16 inputs apart; 1-2 rows in 4 chains, groups of 32-128
+    (32, 64, 32, 1, 4), (64, 512, 128, 2, 4), (96, 128, 64, 3, 4), (64, 2048, 128, 4, 4), (32, 256, 32, 9, 4),
+    (64, 192, 64, 300, 4)]
 
 
 @pytest.mark.parametrize("runtime", list(RUNTIMES))
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "N{}-K{}-g{}-M{}".format(*s))
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "N{}-K{}-g{}-M{}-int{}".format(*s))
 def test_tile16_matches_reference(rng, runtime, shape):
-    n, k, group, m = shape
-    weights, w = _case(rng, n, k, group)
+    n, k, group, m, bits = shape
+    weights, w = _case(rng, n, k, group, bits)
     x = rng.standard_normal((m, k)).astype(np.float32)
     want = ref.linear(x, w)
     scale = np.abs(want).max()
-    got = RUNTIMES[runtime](_model(k, n, weights, "f32"), {"x": x})
+    got = RUNTIMES[runtime](_model(k, n, weights, "f32", bits=bits), {"x": x})
     assert np.abs(got - want).max() / scale < TOL
-    got = RUNTIMES[runtime](_model(k, n, weights, "bf16"), {"x": x})
+    got = RUNTIMES[runtime](_model(k, n, weights, "bf16", bits=bits), {"x": x})
     if int8_activations_here():  # every row exactly the reference on int8 activations
         row_err = np.abs(got - ref.linear(x, w, q8_group=group or k)).max(axis=1) / scale
         assert row_err.max() < 1e-4, (row_err.argmax(), row_err.max())
@@ -110,7 +124,7 @@ def test_fp8_tile16_matches_reference(rng, runtime, shape, fp8_codes):
     kernel_config.configure(f"fp8_codes={fp8_codes}")
     n, k, group, m = shape
     weights, w = _fp8(rng, (n, k), group)
-    tiled = [rows4_to_tile16(weights[0])] + weights[1:]
+    tiled = list(to_tile16(*weights))
     x = rng.standard_normal((m, k)).astype(np.float32)
     want = ref.linear(x, w)
     scale = np.abs(want).max()
@@ -132,9 +146,6 @@ def test_bad_layout_names_the_attribute(rng, runtime):
     x = np.zeros((1, 64), np.float32)
     with pytest.raises(Exception, match="layout"):
         RUNTIMES[runtime](_model(64, 32, weights, layout="cols8"), {"x": x})
-    w4 = list(moe_operands(quantize(np.ones((32, 64), np.float32), 4, 32)))
-    with pytest.raises(Exception, match="layout"):  # tile16 holds int8 and fp8 codes only
-        RUNTIMES[runtime](_model(64, 32, w4, layout="tile16", bits=4), {"x": x})
 
 
 # --------------------------------------------------------------- the runtime's rewrite of an export

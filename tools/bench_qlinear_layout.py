@@ -1,10 +1,11 @@
-"""One int8 MlaQLinear (default: the 102400 x 2048 lm_head), or one MoE layer's int8 MlaMoeExperts
+"""One MlaQLinear (default: the 102400 x 2048 lm_head, int8), or one MoE layer's MlaMoeExperts
 (--op moe: V2-Lite's 64 experts of 2048 -> 1408, top-6), in the exported 4-row layout against the
 tile16 layout, side by side in one process: both compiled, timed alternately per row count, medians.
 
     python tools/bench_qlinear_layout.py [--n 102400] [--k 2048] [--rows 1,2,8] [--rounds 15]
     python tools/bench_qlinear_layout.py --op moe [--k 2048] [--inter 1408] [--experts 64] [--topk 6] --rows 1,8,1024
     ... [--format fp8]   # e4m3 codes, a scale per 128 inputs (an FP8 checkpoint's), on bf16 rows
+    ... [--format int4]  # int4 codes, a scale and zero point per 128 inputs (the int4 export's default)
 
 compute = bf16 (int8 activations, the runtime's mode under its bf16 hint), 2 threads. Random codes
 (the speed does not depend on their values), one scale and zero point per row; the MoE's tokens
@@ -27,7 +28,7 @@ from onnx import TensorProto, helper, numpy_helper
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mla_export import ov_core  # noqa: E402
-from mla_export.runtime.qlinear_tiles import rows4_to_tile16  # noqa: E402
+from mla_export.runtime.qlinear_tiles import to_tile16  # noqa: E402
 
 
 FP8_BITS = 43
@@ -56,10 +57,15 @@ def moe_model(k: int, inter: int, weights: list[np.ndarray], layout: str, bits: 
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("mla_export", 1)])
 
 
-def _int8(rng, shape, fp8: bool = False):
+def _codes(rng, shape, fmt: str = "int8"):
     """Random int8 codes [..., rows, k] (4-row layout), per-row scales and zero points; fp8: e4m3
-    codes (no NaN), a scale per 128 inputs, zero points 0."""
-    if fp8:
+    codes (no NaN), a scale per 128 inputs, zero points 0; int4: two codes a byte, a scale and zero
+    point per 128 inputs."""
+    if fmt == "int4":
+        groups = shape[:-1] + (shape[-1] // 128,)
+        codes = rng.integers(0, 256, shape[:-1] + (shape[-1] // 2,), dtype=np.uint8)
+        return codes, rng.random(groups, dtype=np.float32) * 0.01 + 0.001, np.full(groups, 8, np.uint8)
+    if fmt == "fp8":
         groups = shape[:-1] + (shape[-1] // 128,)
         codes = rng.integers(0, 256, shape, dtype=np.uint8) & 0xF7  # 0x7F / 0xFF are NaN
         return codes, rng.random(groups, dtype=np.float32) * 0.01 + 0.001, np.zeros(groups, np.uint8)
@@ -75,7 +81,7 @@ def main() -> None:
     ap.add_argument("--inter", type=int, default=1408, help="--op moe: an expert's intermediate size")
     ap.add_argument("--experts", type=int, default=64)
     ap.add_argument("--topk", type=int, default=6)
-    ap.add_argument("--format", choices=["int8", "fp8"], default="int8")
+    ap.add_argument("--format", choices=["int8", "int4", "fp8"], default="int8")
     ap.add_argument("--k", type=int, default=2048)
     ap.add_argument("--rows", default="1,2,8")
     ap.add_argument("--rounds", type=int, default=15)
@@ -83,26 +89,25 @@ def main() -> None:
     args = ap.parse_args()
     if args.n % 32 or args.k % 128 or args.inter % 128 or not 0 < args.topk <= args.experts:
         ap.error("--n must be a multiple of 32, --k and --inter of 128; 0 < --topk <= --experts")
-    fp8 = args.format == "fp8"
-    bits = FP8_BITS if fp8 else 8
+    fmt = args.format
+    bits = {"int8": 8, "int4": 4, "fp8": FP8_BITS}[fmt]
     rows = [int(r) for r in args.rows.split(",")]
     rng = np.random.default_rng(0)
     core = ov_core()
     reqs = {}
     if args.op == "qlinear":
         print(f"seed 0, MlaQLinear {args.format} {args.n} x {args.k}, compute bf16, {args.threads} threads", flush=True)
-        codes, scales, zps = _int8(rng, (args.n, args.k), fp8)
-        models = {lay: qlinear_model(args.k, args.n, [codes if lay == "rows4" else rows4_to_tile16(codes), scales, zps], lay,
-                                     bits) for lay in ("rows4", "tile16")}
+        codes, scales, zps = _codes(rng, (args.n, args.k), fmt)
+        ops = {"rows4": [codes, scales, zps], "tile16": list(to_tile16(codes, scales, zps))}
+        models = {lay: qlinear_model(args.k, args.n, ops[lay], lay, bits) for lay in ops}
         feeds = {r: {"x": rng.standard_normal((r, args.k)).astype(np.float32)} for r in rows}
     else:
         print(f"seed 0, MlaMoeExperts {args.format}, {args.experts} experts {args.k} -> {args.inter}, "
               f"top-{args.topk}, compute bf16, {args.threads} threads", flush=True)
-        w13 = _int8(rng, (args.experts, 2 * args.inter, args.k), fp8)
-        w2 = _int8(rng, (args.experts, args.k, args.inter), fp8)
-        models = {lay: moe_model(args.k, args.inter, [w13[0] if lay == "rows4" else rows4_to_tile16(w13[0]), *w13[1:],
-                                                      w2[0] if lay == "rows4" else rows4_to_tile16(w2[0]), *w2[1:]], lay, bits)
-                  for lay in ("rows4", "tile16")}
+        w13 = _codes(rng, (args.experts, 2 * args.inter, args.k), fmt)
+        w2 = _codes(rng, (args.experts, args.k, args.inter), fmt)
+        ops = {"rows4": [*w13, *w2], "tile16": [*to_tile16(*w13), *to_tile16(*w2)]}
+        models = {lay: moe_model(args.k, args.inter, ops[lay], lay, bits) for lay in ops}
         feeds = {r: {"x": rng.standard_normal((r, args.k)).astype(np.float32),
                      "ids": np.stack([rng.permutation(args.experts)[:args.topk] for _ in range(r)]).astype(np.int64),
                      "wts": rng.random((r, args.topk), dtype=np.float32)} for r in rows}

@@ -13,9 +13,9 @@
 //   decode_rows=auto|f32|bf16|amx       the absorbed bf16 decode rows' engine: f32 kernels,
 //                                       AVX512-BF16 dots, or AMX tiles (shapes the tiles do not
 //                                       cover take the dots where the CPU has them)
-//   qlinear=auto|rows4|tile16           the int8 layout the runtime rewrites MlaQLinear's (and MoE) codes into
-//                                       (read by Python's qlinear_tiles.py; auto: tile16 on VNNI
-//                                       CPUs under a bf16 hint)
+//   qlinear=auto|rows4|tile16           the layout the runtime rewrites MlaQLinear's (and MoE) integer
+//                                       weights into (read by Python's qlinear_tiles.py; auto: tile16
+//                                       on VNNI CPUs under a bf16 hint, as that module says)
 //   fp8_codes=auto|shift|lut            how the fp8 bf16 dots widen e4m3 codes to bf16: bit shifts
 //                                       (any AVX512-BF16 CPU) or AVX512-VBMI byte-table lookups
 //                                       (fewer instructions a weight; auto: lut where the CPU has VBMI)

@@ -187,7 +187,7 @@ void moe_experts(const MoeInputs& in, MoeBits bits, const TensorView& out, const
             if (bits.w13 == kFp8Bits)
                 qtile16_fp8(isa, xa, pair_tok.data() + p0, m, q, s, w13.groups, d.H, d.g13, c, d.I);
             else
-                qtile16(isa, xa, pair_tok.data() + p0, m, q, s, w13.zp + gate_row * w13.groups, w13.groups, d.H, d.g13, c,
+                qtile16(isa, bi13, xa, pair_tok.data() + p0, m, q, s, w13.zp + gate_row * w13.groups, w13.groups, d.H, d.g13, c,
                         d.I, /*paired=*/true);
             for (int64_t t = 0; t < m; ++t)
                 silu_mul16(c + t * kPanel, c + t * kPanel + 16, act.get() + (p0 + t) * d.I + i0);
@@ -201,9 +201,9 @@ void moe_experts(const MoeInputs& in, MoeBits bits, const TensorView& out, const
         QWeights gate = w13, up = w13;
         int64_t g0 = gate_row, u0 = up_row;
         if (in.tile16) {  // a kernel of the 4-row layout: the two tiles rewritten into it first
-            thread_local LineVector<uint8_t> gate_rows4, up_rows4;
-            gate = rows4_view(w13, gate_row, 16, d.H, gate_rows4);
-            up = rows4_view(w13, up_row, 16, d.H, up_rows4);
+            thread_local Rows4Scratch gate_rows4, up_rows4;
+            gate = rows4_view(w13, gate_row, 16, gate_rows4);
+            up = rows4_view(w13, up_row, 16, up_rows4);
             g0 = u0 = 0;
         }
         QBlock blocks[kPanel / 4];

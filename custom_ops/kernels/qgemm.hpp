@@ -89,11 +89,12 @@ struct QgemmIsa {
     // quantize_row_q8, bit for bit (round to nearest even, as std::nearbyint), in vector code
     // where the table has it: prefill quantises every activation row of every integer matmul.
     void (*quantize_q8)(int64_t K, int64_t group, const float* x, int8_t* q, float* d, float* gsum);
-    // qdot_q8 on int8 codes in 16-row tiles (qmatmul.hpp's tile16 layout): [nb - 1][M - 1] runs nb
-    // tiles of 16 rows side by side, the b-th `step` rows after the first (q + b * step * K: 16 for a
-    // run of rows, more for an MoE expert's gate and up tiles), against M = 1..4 activation rows; s
-    // and zp point at the first row's groups. out[t * ldo + 16 * b + r]. Null but on VNNI CPUs.
-    void (*qdot_q8_t16[2][4])(int64_t K, int64_t group, const QRow* x, const uint8_t* q, const float* s,
+    // qdot_q8 on int8 or int4 codes in 16-row tiles (qmatmul.hpp's tile16 layout): [bits][nb - 1][M - 1]
+    // runs nb tiles of 16 rows side by side, the b-th `step` rows after the first (q + b * step * the
+    // row's bytes: 16 for a run of rows, more for an MoE expert's gate and up tiles), against M = 1..4
+    // activation rows; s and zp point at the first tile's factors (the tile16 layout's, 16 a group;
+    // the b-th tile's at b * step * groups). out[t * ldo + 16 * b + r]. Null but on VNNI CPUs.
+    void (*qdot_q8_t16[2][2][4])(int64_t K, int64_t group, const QRow* x, const uint8_t* q, const float* s,
                               const uint8_t* zp, int64_t groups, int64_t step, float* out, int64_t ldo);
     // fp8 codes against bf16 activation rows, the reduced-precision mode's fp8 dots where the CPU has
     // AVX512_BF16: each code's bf16 bits made in registers (sign, exponent + 120, mantissa: exact for
@@ -116,8 +117,8 @@ struct QgemmIsa {
                                const QBlock& blk, float* out, int64_t ldo);
     // fp8 codes in 16-row tiles (qmatmul.hpp's tile16 layout) on bf16 rows, under fp8_codes=lut:
     // [nb - 1][M - 1] runs nb tiles of 16 rows (the b-th `step` rows after the first, as
-    // qdot_q8_t16's) against M = 1..8 rows; s points at the first row's groups (row stride
-    // `groups`); out[t * ldo + 16 * b + r]. Null where not compiled (as qdot_fp8_bf16_lut).
+    // qdot_q8_t16's) against M = 1..8 rows; s points at the first tile's scales (as qdot_q8_t16's);
+    // out[t * ldo + 16 * b + r]. Null where not compiled (as qdot_fp8_bf16_lut).
     void (*qdot_fp8_t16[2][8])(int64_t K, int64_t group, const uint16_t* const* x, const uint8_t* q, const float* s,
                                int64_t groups, int64_t step, float* out, int64_t ldo);
 };

@@ -249,7 +249,7 @@ void qdot_fp8_bf16(int64_t K, int64_t group, const uint16_t* const* x, const QBl
 // hold a line for two of their latencies. Every line is prefetched 4 KB ahead: the widening's
 // latency keeps too few loads in flight for the hardware prefetcher alone.
 // NB tiles of 16 rows (the b-th `step` rows after the first: at q + b * step * K) by M tokens; s
-// points at the first row's groups (row stride `groups`); out[t * ldo + 16 * b + r]. Measured on a 21888 x 2048 matrix streamed from
+// points at the tile's scales (the tile16 layout's: 16 a group); out[t * ldo + 16 * b + r]. Measured on a 21888 x 2048 matrix streamed from
 // memory (Zen 4, 2 threads, alternated in one process, tools/kernels/fp8_tiles.cpp; int8 =
 // qdot_q8_t16 on the same bytes): 8 tokens, the 4-row lookups 1.43-1.67x int8's time, these (NB 2)
 // 1.07-1.17x (1.25x in a scratch copy with the 4-row lookups' prefetch, 32 KB ahead every other
@@ -298,9 +298,7 @@ __attribute__((target("avx512vbmi"))) void qdot_fp8_t16(int64_t K, int64_t group
             }
         }
         for (int b = 0; b < NB; ++b) {
-            alignas(64) float sl[16];  // lane r: row r's scale for this group
-            for (int r = 0; r < 16; ++r) sl[r] = s[(step * b + r) * groups + g];
-            const __m512 sv = _mm512_load_ps(sl);
+            const __m512 sv = _mm512_loadu_ps(s + step * b * groups + 16 * g);  // lane r: row r's scale
             for (int t = 0; t < M; ++t) {
                 const __m512 sum = C == 2 ? _mm512_add_ps(acc[b][t][0], acc[b][t][C - 1]) : acc[b][t][0];
                 tot[b][t] = _mm512_fmadd_ps(sum, sv, tot[b][t]);

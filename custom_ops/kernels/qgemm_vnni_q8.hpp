@@ -157,7 +157,7 @@ void quantize_q8(int64_t K, int64_t group, const float* x, int8_t* q, float* d, 
 // the first row's groups (row stride `groups`). Measured on the 102400 x 2048 int8 lm_head (Zen 4, 2 cores,
 // a C++ harness of both kernels on the same codes in 2 MiB pages, alternated, medians of 15):
 // 1-2 rows as the 4-row kernel (memory-bound), 4 rows 8.3 -> 6.2 ms, 8 rows 9.4 -> 7.6 ms.
-template <int NB, int M>
+template <int BITS, int NB, int M>
 void qdot_q8_t16(int64_t K, int64_t group, const QRow* x, const uint8_t* q, const float* s, const uint8_t* zp,
                  int64_t groups, int64_t step, float* out, int64_t ldo) {
     // accumulator chains a tile and token: one vpdpbusd a line, so one tile at 1-2 tokens in a single
@@ -165,46 +165,63 @@ void qdot_q8_t16(int64_t K, int64_t group, const QRow* x, const uint8_t* q, cons
     // 2 threads, alternated in one process: 1 token, 4 chains 0.86-0.96 of a plain read at 48-55 GB/s
     // against one chain's 0.75 and two tiles side by side's 0.81, level at 30-36 GB/s; 2 tokens
     // within the noise at 30-36 GB/s). Two tiles side by side (an MoE's gate and up) keep one chain
-    // each: 2 chains a tile there measured no better.
-    constexpr int C = NB > 1 || M > 2 ? 1 : 4;
+    // each: 2 chains a tile there measured no better for int8. int4 lines carry two products each
+    // (low and high nibbles), which take two chains where the registers allow.
+    constexpr int C = NB > 1 || M > 2 ? (BITS == 4 && NB * M <= 4 ? 2 : 1) : 4;
     static_assert(NB * M * C <= 8, "accumulators beyond the registers");
+    // A run of 32 inputs is 8 lines of int8 codes (line l: inputs 4l..4l+3), or 4 lines of int4
+    // codes: the tile16 layout keeps the 4-row layout's bytes whole, so line l's low nibbles are
+    // inputs 4l..4l+3 and its high ones 16 + 4l..16 + 4l + 3 (qgemm.hpp's int4 chunk).
+    constexpr int kLines = BITS == 8 ? 8 : 4;
+    const int64_t row_bytes = K * BITS / 8;
+    const __m512i nibble = _mm512_set1_epi8(0x0F);
     // 1-2 rows prefetch on Intel cores, as qdot_q8's: on the Xeon (lm_head, alternated with the 4-row
     // kernel) none 0.86-0.91x its time, 512 B 0.95-0.99x, 1 KB 1.04x, 2-4 KB 1.10-1.16x
-    constexpr int64_t kT16Ahead = 2048;
-    const bool prefetch = M <= 2 && prefetch_few_rows();
+    // int4 codes prefetch MLA_PF bytes ahead at every row count on every core, as qdot_q8's int4 do
+    constexpr int64_t kT16Ahead = BITS == 4 ? MLA_PF : 2048;
+    const bool prefetch = BITS == 4 || (M <= 2 && prefetch_few_rows());
     const int64_t block = x[0].block;
     __m512 tot[NB][M];
     for (int b = 0; b < NB; ++b)
         for (int t = 0; t < M; ++t) tot[b][t] = _mm512_setzero_ps();
     for (int64_t g = 0; g < groups; ++g) {
-        __m512 sv[NB], szv[NB];  // per lane: the row's scale, and scale x zero point
+        __m512 sv[NB], szv[NB];  // per lane: the row's scale, and scale x zero point (the tile's 16 a group)
         for (int b = 0; b < NB; ++b) {
-            alignas(64) float sl[16], zl[16];
-            for (int r = 0; r < 16; ++r) {
-                sl[r] = s[(step * b + r) * groups + g];
-                zl[r] = static_cast<float>(zp[(step * b + r) * groups + g]);
-            }
-            sv[b] = _mm512_load_ps(sl);
-            szv[b] = _mm512_mul_ps(sv[b], _mm512_load_ps(zl));
+            sv[b] = _mm512_loadu_ps(s + step * b * groups + 16 * g);
+            const __m128i z = _mm_loadu_si128(reinterpret_cast<const __m128i*>(zp + step * b * groups + 16 * g));
+            szv[b] = _mm512_mul_ps(sv[b], _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(z)));
         }
         for (int64_t b0 = g * group; b0 < (g + 1) * group; b0 += block) {
             __m512i acc[NB][M][C];
             for (int b = 0; b < NB; ++b)
                 for (int t = 0; t < M; ++t)
                     for (int c = 0; c < C; ++c) acc[b][t][c] = _mm512_setzero_si512();
-            for (int64_t k = b0; k < b0 + block; k += 4 * C) {  // block: a multiple of 32 inputs
-                for (int c = 0; c < C; ++c) {
-                    const int64_t kc = k + 4 * c;
-                    __m512i w[NB];
+            for (int64_t k = b0; k < b0 + block; k += 32) {  // block: a multiple of 32 inputs
+                const uint8_t* run = q + k * BITS * 2;  // the lines of inputs k..k+31
+                for (int l = 0; l < kLines; ++l) {
+                    const int c = (BITS == 8 ? l : 2 * l) % C, ch = (2 * l + 1) % C;  // int4: ch for the high nibbles
+                    __m512i w[NB], wh[NB];
                     if (prefetch)
                         for (int b = 0; b < NB; ++b)
-                            _mm_prefetch(reinterpret_cast<const char*>(q + b * step * K + kc * 16 + kT16Ahead), _MM_HINT_T0);
-                    for (int b = 0; b < NB; ++b) w[b] = _mm512_loadu_si512(q + b * step * K + kc * 16);
+                            _mm_prefetch(reinterpret_cast<const char*>(run + b * step * row_bytes + 64 * l + kT16Ahead),
+                                         _MM_HINT_T0);
+                    for (int b = 0; b < NB; ++b) {
+                        w[b] = _mm512_loadu_si512(run + b * step * row_bytes + 64 * l);
+                        if (BITS == 4) {
+                            wh[b] = _mm512_and_si512(_mm512_srli_epi16(w[b], 4), nibble);
+                            w[b] = _mm512_and_si512(w[b], nibble);
+                        }
+                    }
                     for (int t = 0; t < M; ++t) {
                         int32_t quad;
-                        std::memcpy(&quad, x[t].q + kc, 4);
+                        std::memcpy(&quad, x[t].q + k + 4 * l, 4);
                         const __m512i xb = _mm512_set1_epi32(quad);
                         for (int b = 0; b < NB; ++b) acc[b][t][c] = _mm512_dpbusd_epi32(acc[b][t][c], w[b], xb);
+                        if (BITS == 4) {
+                            std::memcpy(&quad, x[t].q + k + 16 + 4 * l, 4);
+                            const __m512i xh = _mm512_set1_epi32(quad);
+                            for (int b = 0; b < NB; ++b) acc[b][t][ch] = _mm512_dpbusd_epi32(acc[b][t][ch], wh[b], xh);
+                        }
                     }
                 }
             }
@@ -225,7 +242,8 @@ void qdot_q8_t16(int64_t K, int64_t group, const QRow* x, const uint8_t* q, cons
     for (int t = 0; t < M; ++t)
         for (int b = 0; b < NB; ++b) _mm512_storeu_ps(out + t * ldo + 16 * b, tot[b][t]);
 }
-#define MLA_QGEMM_Q8_T16 \
-    {{qdot_q8_t16<1, 1>, qdot_q8_t16<1, 2>, qdot_q8_t16<1, 3>, qdot_q8_t16<1, 4>}, \
-     {qdot_q8_t16<2, 1>, qdot_q8_t16<2, 2>, qdot_q8_t16<2, 3>, qdot_q8_t16<2, 4>}}
+#define MLA_Q8_T16_BITS(B) \
+    {{qdot_q8_t16<B, 1, 1>, qdot_q8_t16<B, 1, 2>, qdot_q8_t16<B, 1, 3>, qdot_q8_t16<B, 1, 4>}, \
+     {qdot_q8_t16<B, 2, 1>, qdot_q8_t16<B, 2, 2>, qdot_q8_t16<B, 2, 3>, qdot_q8_t16<B, 2, 4>}}
+#define MLA_QGEMM_Q8_T16 {MLA_Q8_T16_BITS(8), MLA_Q8_T16_BITS(4)}  // [bits index: int8, int4]
 

@@ -296,23 +296,26 @@ void qtile(const QgemmIsa& isa, int bi, const QActs& acts, const int64_t* rows, 
     }
 }
 
-void qtile16(const QgemmIsa& isa, const QActs& acts, const int64_t* rows, int64_t m, const uint8_t* q, const float* s,
-             const uint8_t* zp, int64_t groups, int64_t K, int64_t group, float* c, int64_t step, bool paired) {
+void qtile16(const QgemmIsa& isa, int bi, const QActs& acts, const int64_t* rows, int64_t m, const uint8_t* q,
+             const float* s, const uint8_t* zp, int64_t groups, int64_t K, int64_t group, float* c, int64_t step,
+             bool paired) {
 #if defined(MLA_HAVE_AMX)
-    if (step == kTile16Rows && amx_rows(m, K, group)) return qtile16_amx(acts, rows, m, q, s, zp, groups, K, group, c);
+    if (bi == 0 && step == kTile16Rows && amx_rows(m, K, group))
+        return qtile16_amx(acts, rows, m, q, s, zp, groups, K, group, c);
 #endif
     const QRow* x = q8_rows(tls, acts, rows, m);
     if (m <= 2 && !paired) {  // memory-bound: one 16-row tile a call, one stream in 4 accumulator chains
+        const int64_t tile_bytes = step * K / kWeightFormats[bi].codes_per_byte;
         for (int64_t b = 0; b < kTileRows / kTile16Rows; ++b)
-            isa.qdot_q8_t16[0][m - 1](K, group, x, q + b * step * K, s + b * step * groups, zp + b * step * groups,
-                                      groups, kTile16Rows, c + b * kTile16Rows, kTileRows);
+            isa.qdot_q8_t16[bi][0][m - 1](K, group, x, q + b * tile_bytes, s + b * step * groups, zp + b * step * groups,
+                                          groups, kTile16Rows, c + b * kTile16Rows, kTileRows);
         return;
     }
     // both 16-row tiles a call (the activations' broadcasts shared), 4 activation rows a call: the
     // second call finds the 32 rows' codes in cache (1-2 rows, paired: the two tiles side by side)
     for (int64_t t0 = 0; t0 < m; t0 += 4) {
         const int64_t mt = std::min<int64_t>(4, m - t0);
-        isa.qdot_q8_t16[1][mt - 1](K, group, x + t0, q, s, zp, groups, step, c + t0 * kTileRows, kTileRows);
+        isa.qdot_q8_t16[bi][1][mt - 1](K, group, x + t0, q, s, zp, groups, step, c + t0 * kTileRows, kTileRows);
     }
 }
 
@@ -338,19 +341,29 @@ void qtile16_fp8(const QgemmIsa& isa, const QActs& acts, const int64_t* rows, in
     }
 }
 
-void tile16_to_rows4(const uint8_t* src, int64_t rows, int64_t K, uint8_t* dst) {
+void tile16_to_rows4(const uint8_t* src, int64_t rows, int64_t row_bytes, uint8_t* dst) {
+    const int64_t B = row_bytes;
     for (int64_t r = 0; r < rows; ++r) {
-        const uint8_t* tile = src + (r / kTile16Rows) * kTile16Rows * K + 4 * (r % kTile16Rows);
-        uint8_t* block = dst + (r / 4) * 4 * K + 16 * (r % 4);  // chunk c of the row at block + 64c
-        for (int64_t k = 0; k < K; k += 4)
-            std::memcpy(block + (k / 16) * 64 + k % 16, tile + 16 * k, 4);
+        const uint8_t* tile = src + (r / kTile16Rows) * kTile16Rows * B + 4 * (r % kTile16Rows);
+        uint8_t* block = dst + (r / 4) * 4 * B + 16 * (r % 4);  // chunk c of the row at block + 64c
+        for (int64_t j = 0; j < B; j += 4)
+            std::memcpy(block + (j / 16) * 64 + j % 16, tile + 16 * j, 4);
     }
 }
 
-QWeights rows4_view(const QWeights& w, int64_t row, int64_t rows, int64_t K, LineVector<uint8_t>& scratch) {
-    scratch.resize(rows * K);
-    tile16_to_rows4(w.q + row * w.row_bytes, rows, K, scratch.data());
-    return QWeights{scratch.data(), w.s + row * w.groups, w.zp + row * w.groups, w.row_bytes, w.groups};
+QWeights rows4_view(const QWeights& w, int64_t row, int64_t rows, Rows4Scratch& scratch) {
+    scratch.q.resize(rows * w.row_bytes);
+    tile16_to_rows4(w.q + row * w.row_bytes, rows, w.row_bytes, scratch.q.data());
+    scratch.s.resize(rows * w.groups);
+    scratch.zp.resize(rows * w.groups);
+    const float* s = w.s + row * w.groups;  // the first tile's factors
+    const uint8_t* zp = w.zp + row * w.groups;
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t g = 0; g < w.groups; ++g) {
+            scratch.s[r * w.groups + g] = s[tile16_factor(r, g, w.groups)];
+            scratch.zp[r * w.groups + g] = zp[tile16_factor(r, g, w.groups)];
+        }
+    return QWeights{scratch.q.data(), scratch.s.data(), scratch.zp.data(), w.row_bytes, w.groups};
 }
 
 void qtile_at(const QgemmIsa& isa, int bits_index, const QActs& acts, const int64_t* rows, int64_t m, const QWeights& w,
@@ -358,13 +371,13 @@ void qtile_at(const QgemmIsa& isa, int bits_index, const QActs& acts, const int6
     if (tile16 && t16_dots && bits_index == weight_code_index(kFp8Bits))
         return qtile16_fp8(isa, acts, rows, m, w.q + row * w.row_bytes, w.s + row * w.groups, w.groups, K, group, c);
     if (tile16 && t16_dots)
-        return qtile16(isa, acts, rows, m, w.q + row * w.row_bytes, w.s + row * w.groups, w.zp + row * w.groups,
+        return qtile16(isa, bits_index, acts, rows, m, w.q + row * w.row_bytes, w.s + row * w.groups, w.zp + row * w.groups,
                        w.groups, K, group, c);
     QWeights tw = w;
     int64_t first = row;
     if (tile16) {  // a kernel of the 4-row layout: this item's codes rewritten into it first
-        thread_local LineVector<uint8_t> rows4;
-        tw = rows4_view(w, row, kTileRows, K, rows4);
+        thread_local Rows4Scratch rows4;
+        tw = rows4_view(w, row, kTileRows, rows4);
         first = 0;
     }
     QBlock blocks[kTileRows / 4];

@@ -129,43 +129,62 @@ void split_ranges(const Threading& th, int64_t n, const std::function<void(int64
 void qtile(const QgemmIsa& isa, int bits_index, const QActs& acts, const int64_t* rows, int64_t m,
            const QBlock* blocks, int64_t K, int64_t group, float* c, int64_t many_from, int few_nb = 1);
 
-// The tile16 layout of int8 and fp8 codes (MlaQLinear's `layout = "tile16"`; the runtime writes it on
-// VNNI CPUs for int8, on AVX512-BF16 + VBMI CPUs without AMX for fp8:
-// mla_export/runtime/qlinear_tiles.py): rows in tiles of 16, and within a tile the 4 codes of
-// inputs 4j..4j+3 of its 16 rows in one 64-byte line, row r at bytes 4r..4r+3: row 16i + r, input 4j + e at byte 16i * K + 64j + 4r + e. A 32-row tile of qtile() spans the
-// same bytes in either layout (32 * K from its first row), only their order differs. The 16 lines
-// of inputs 64s..64s+63 of a 16-row tile are an AMX-INT8 B tile as it lies (qmatmul_amx.hpp).
+// The tile16 layout of int8, int4 and fp8 codes (MlaQLinear's and MlaMoeExperts' `layout = "tile16"`;
+// the runtime writes it on VNNI CPUs for int8 and int4, on AVX512-BF16 + VBMI CPUs without AMX for
+// fp8: mla_export/runtime/qlinear_tiles.py): rows in tiles of 16, and within a tile bytes 4j..4j+3
+// of its 16 rows in one 64-byte line, row r at bytes 4r..4r+3: row 16i + r, byte 4j + e of the row
+// at byte 16i * B + 64j + 4r + e (B: a row's bytes, K or K / 2). For int8 and fp8 a line holds
+// inputs 4j..4j+3; int4 bytes keep their 4-row layout's pairs (qgemm.hpp: byte j of a 16-byte chunk
+// holds inputs j and 16 + j), so a line's low nibbles are 4 inputs and its high ones the 4 inputs 16
+// further. A 32-row tile of qtile() spans the same bytes in either layout (32 * B from its first
+// row), only their order differs. The 16 lines of inputs 64s..64s+63 of a 16-row int8 tile are an
+// AMX-INT8 B tile as it lies (qmatmul_amx.hpp).
+// The per-group scales and zero points ([rows, groups]) lie in tiles too: a tile's 16 factors of
+// group g side by side (tile16_factor), so a kernel loads a group's 16 with one load where row-major
+// factors took 16 scalar loads a group and tile (int4 in groups of 128, 1 token: 0.83-0.97x the 4-row
+// layout's time with them, level without). A tile's factors start where its first row's did
+// (row * groups); per-channel factors (one group) are the same in both orders.
+inline int64_t tile16_factor(int64_t row, int64_t g, int64_t groups) {
+    return (row / 16) * 16 * groups + 16 * g + row % 16;
+}
 constexpr int64_t kTile16Rows = 16;
 // Whether tile16 codes run their own int8 dots here (the table has them and the mode is q8).
-inline bool tile16_dots(const QgemmIsa& isa, const QMode& mode) { return mode.q8_dots && isa.qdot_q8_t16[0][0] != nullptr; }
-// c[t * 32 + r] as qtile's, for 32 rows of tile16 codes: the 16-row tile at q (s, zp: its first
-// row's groups) and the one `step` rows after it (16: the next one; an MoE expert's up tile, its
-// intermediate size after the gate's), on int8 activation rows (tile16_dots, acts.has_q8()).
+inline bool tile16_dots(const QgemmIsa& isa, const QMode& mode) { return mode.q8_dots && isa.qdot_q8_t16[0][0][0] != nullptr; }
+// c[t * 32 + r] as qtile's, for 32 rows of tile16 int8 (bits_index 0) or int4 (1) codes: the 16-row
+// tile at q (s, zp: its first row's groups) and the one `step` rows after it (16: the next one; an
+// MoE expert's up tile, its intermediate size after the gate's), on int8 activation rows
+// (tile16_dots, acts.has_q8()).
 // paired: 1-2 activation rows read both tiles in one pass (two streams side by side, the MoE's
 // gate and up: 1 token 1.09-1.22x the 4-row layout's paired blocks) instead of one after the other.
-void qtile16(const QgemmIsa& isa, const QActs& acts, const int64_t* rows, int64_t m, const uint8_t* q, const float* s,
+void qtile16(const QgemmIsa& isa, int bits_index, const QActs& acts, const int64_t* rows, int64_t m, const uint8_t* q, const float* s,
              const uint8_t* zp, int64_t groups, int64_t K, int64_t group, float* c, int64_t step = kTile16Rows,
              bool paired = false);
 // Whether fp8 codes in the tile16 layout run their own bf16 dots here (qdot_fp8_t16: the mode's
 // bf16 dots with the lookups, fp8_codes=lut).
 bool tile16_fp8_dots(const QgemmIsa& isa, const QMode& mode);
 // Whether codes of this format (bits) in the tile16 layout run their own dots here on acts: int8's
-// tile16_dots on int8 rows, fp8's tile16_fp8_dots on bf16 rows (else a 4-row view of each tile).
+// and int4's tile16_dots on int8 rows, fp8's tile16_fp8_dots on bf16 rows (else a 4-row view of each tile).
 inline bool tile16_runs(const QgemmIsa& isa, int64_t bits, const QMode& mode, const QActs& acts) {
     return bits == kFp8Bits ? tile16_fp8_dots(isa, mode) && acts.has_bf16() : tile16_dots(isa, mode) && acts.has_q8();
 }
 // qtile16 for fp8 codes on bf16 activation rows (tile16_fp8_dots, acts.has_bf16()); no zero points.
 void qtile16_fp8(const QgemmIsa& isa, const QActs& acts, const int64_t* rows, int64_t m, const uint8_t* q,
                  const float* s, int64_t groups, int64_t K, int64_t group, float* c, int64_t step = kTile16Rows);
-// rows (a multiple of 16) of tile16 codes at src rewritten in the 4-row layout at dst (rows * K
-// bytes): where tile16 codes meet a kernel of the 4-row layout (f32, AVX2, the portable table).
-void tile16_to_rows4(const uint8_t* src, int64_t rows, int64_t K, uint8_t* dst);
-// The 4-row layout's view of w's `rows` tile16 rows from `row` (rows a multiple of 16, K inputs):
-// their codes rewritten into scratch, their scales and zero points where they lie; block(0) holds
-// rows row..row+3.
-QWeights rows4_view(const QWeights& w, int64_t row, int64_t rows, int64_t K, LineVector<uint8_t>& scratch);
+// rows (a multiple of 16) of tile16 codes at src, row_bytes each, rewritten in the 4-row layout at dst
+// (rows * row_bytes bytes): where tile16 codes meet a kernel of the 4-row layout (f32, AVX2, the
+// portable table).
+void tile16_to_rows4(const uint8_t* src, int64_t rows, int64_t row_bytes, uint8_t* dst);
+// Scratch of a rows4_view: the codes, scales and zero points of the rows it views.
+struct Rows4Scratch {
+    LineVector<uint8_t> q;
+    std::vector<float> s;
+    std::vector<uint8_t> zp;
+};
+// The 4-row layout's view of w's `rows` tile16 rows from `row` (rows a multiple of 16): their codes,
+// scales and zero points rewritten into scratch (factors row-major); block(0) holds rows row..row+3.
+QWeights rows4_view(const QWeights& w, int64_t row, int64_t rows, Rows4Scratch& scratch);
 // c[t * 32 + r] for the 32 rows of w from `row` (a work item) in whichever layout its codes lie:
-// tile16 (the op's layout attribute) on the tile16 dots where t16_dots (int8: tile16_dots() and
+// tile16 (the op's layout attribute) on the tile16 dots where t16_dots (int8, int4: tile16_dots() and
 // acts.has_q8(); fp8: tile16_fp8_dots() and acts.has_bf16()), else qtile over the 4-row layout (a
 // tile16 item through its rows4_view); bits_index and many_from as qtile's.
 void qtile_at(const QgemmIsa& isa, int bits_index, const QActs& acts, const int64_t* rows, int64_t m, const QWeights& w,

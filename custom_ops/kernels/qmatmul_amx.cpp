@@ -140,8 +140,8 @@ struct Tile16B {
     const float* s;
     const uint8_t* zp;
     int64_t groups, K;
-    float scale(int64_t row, int64_t g) const { return s[row * groups + g]; }
-    uint8_t zero_point(int64_t row, int64_t g) const { return zp[row * groups + g]; }
+    float scale(int64_t row, int64_t g) const { return s[tile16_factor(row, g, groups)]; }
+    uint8_t zero_point(int64_t row, int64_t g) const { return zp[tile16_factor(row, g, groups)]; }
     void begin() const {}
     const uint8_t* tile(int h, int64_t k, bool first) const {
         const uint8_t* t = q + h * 16 * K + 16 * k;

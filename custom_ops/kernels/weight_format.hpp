@@ -4,8 +4,9 @@
 // is one entry here and there, its quantizer and its kernels.
 //
 // Every format lies in the 4-row layout (qgemm.hpp): 16-byte chunks of 4 rows interleaved, a chunk
-// holding chunk_inputs inputs of a row; int8 and fp8 codes may also lie in the tile16 layout
-// (qmatmul.hpp), which the runtime writes for MlaQLinear (mla_export/runtime/qlinear_tiles.py).
+// holding chunk_inputs inputs of a row; codes whose entry says tile16 may also lie in the tile16
+// layout (qmatmul.hpp), which the runtime writes for MlaQLinear and MlaMoeExperts
+// (mla_export/runtime/qlinear_tiles.py).
 #pragma once
 
 #include <cstdint>
@@ -33,7 +34,7 @@ struct WeightFormat {
 inline constexpr WeightFormat kWeightFormats[] = {
     // name   bits      index  per byte  zp max  group multiple  chunk inputs  tile16
     {"int8", 8, 0, 1, 255, 32, 16, true},
-    {"int4", 4, 1, 2, 15, 32, 32, false},
+    {"int4", 4, 1, 2, 15, 32, 32, true},
     {"fp8", kFp8Bits, 2, 1, 0, 32, 16, true},
 };
 constexpr int kWeightCodes = sizeof(kWeightFormats) / sizeof(kWeightFormats[0]);

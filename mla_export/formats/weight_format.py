@@ -17,7 +17,7 @@ __all__ = ["WeightFormat", "FORMATS", "CODE_BITS", "by_bits", "by_name", "ROWS4_
 # of row 4b + r at ((b * chunks + c) * 4 + r) * 16), so the kernels read 4 rows as one stream.
 ROWS4_BLOCK_ROWS = 4
 ROWS4_CHUNK_BYTES = 16
-TILE16_ROWS = 16  # rows of a tile in the tile16 layout (qmatmul.hpp; int8 and fp8)
+TILE16_ROWS = 16  # rows of a tile in the tile16 layout (qmatmul.hpp; int8, int4 and fp8)
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class WeightFormat:
 
 FORMATS = (
     WeightFormat("int8", 8, 0, 1, 255, 32, 16, True),
-    WeightFormat("int4", 4, 1, 2, 15, 32, 32, False),
+    WeightFormat("int4", 4, 1, 2, 15, 32, 32, True),
     # float8 e4m3fn codes (DeepSeek-V3 / R1 and Kimi K2 checkpoints' own), the ops' `bits` = 43 ("e4m3")
     WeightFormat("fp8", 43, 2, 1, 0, 32, 16, True),
 )

@@ -2,7 +2,7 @@
 
 One configuration decides which code every kernel call runs: the vector table (isa: generic,
 avx2, avx512; the f32 and the integer-GEMM table together), AMX tiles on or off, the engine of the
-absorbed bf16 decode rows (f32, bf16 dots, amx) and MlaQLinear's preferred int8 layout. The library
+absorbed bf16 decode rows (f32, bf16 dots, amx) and the integer weights' preferred layout. The library
 reads it once from MLA_EXPORT_KERNELS (docs/ENVIRONMENT.md) and `configure()` replaces it in
 process, in the OpenVINO extension and the onnxruntime op library alike (each holds its own copy of
 the kernels). The CPU's features come from the library's own probe, the one the kernels choose by,

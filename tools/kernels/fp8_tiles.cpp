@@ -90,7 +90,7 @@ int main(int argc, char** argv) {
     const std::vector<Case> cases = {
         {"int8 tile16, 1 token", [&](int64_t r0) {
              for (int b = 0; b < 2; ++b)
-                 isa.qdot_q8_t16[0][0](K, kGroup, xqr, q + (r0 + 16 * b) * K, s + (r0 + 16 * b) * kGroups,
+                 isa.qdot_q8_t16[0][0][0](K, kGroup, xqr, q + (r0 + 16 * b) * K, s + (r0 + 16 * b) * kGroups,
                                        zp + (r0 + 16 * b) * kGroups, kGroups, 16, out.data() + r0 + 16 * b, rows);
          }},
         {"fp8 4-row lookups, 1 token", [&](int64_t r0) {
@@ -118,7 +118,7 @@ int main(int argc, char** argv) {
          }},
         {"int8 tile16, 8 tokens", [&](int64_t r0) {
              for (int t0 = 0; t0 < 8; t0 += 4)
-                 isa.qdot_q8_t16[1][3](K, kGroup, xqr + t0, q + r0 * K, s + r0 * kGroups, zp + r0 * kGroups, kGroups, 16,
+                 isa.qdot_q8_t16[0][1][3](K, kGroup, xqr + t0, q + r0 * K, s + r0 * kGroups, zp + r0 * kGroups, kGroups, 16,
                                        out.data() + t0 * rows + r0, rows);
          }},
         {"fp8 4-row lookups, 8 tokens", [&](int64_t r0) {

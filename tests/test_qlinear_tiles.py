@@ -11,6 +11,8 @@ the same logits as the exported layout up to the f32 folds' order (an fp8 export
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -170,6 +172,11 @@ def int8_export(tmp_path_factory):
     return _export(tmp_path_factory, "int8", 21)
 
 
+@pytest.fixture(scope="module")
+def int4_export(tmp_path_factory):
+    return _export(tmp_path_factory, "int4", 23)
+
+
 def _runner(out, cfg, precision, tiles):
     """The export compiled as the runtime's executor does (weights read into its buffer, the ops'
     compute set, the codes rewritten or not); returns run(feeds) -> logits and how many ops were
@@ -237,6 +244,35 @@ def test_rewritten_export_at_bf16_matches_the_exported_layout(int8_export):
     worst = _worst_difference(run_t16, run_r4, hf, seed=5)
     print(f"[qlinear tile16, bf16] max relative logits difference to the exported layout: {worst:.1e}")
     assert worst < 1e-3
+
+
+def test_rewritten_int4_export(int4_export, rng):
+    """An int4 export (groups of 128 and int8 head / embedding): every integer op is rewritten when
+    forced (codes, and the grouped scales and zero points in tile order), f32 stays within the
+    export's tolerance of transformers on the decoded weights, and at bf16 the logits match the
+    exported layout's on the same steps (the same int32 sums, the f32 folds in another order)."""
+    from hf_models import PagedSession, drive_and_compare
+    from test_export_quantized import PROMPT_LENS, SCHEDULE, BLOCK, NUM_BLOCKS, _quantize_like_the_export
+    from test_export_quantized import TOL as EXPORT_TOL
+
+    ckpt, out, hf = int4_export
+    run_t16, marked, model = _runner(out, hf.config, "bf16", True)
+    run_r4, none, _ = _runner(out, hf.config, "bf16", False)
+    ops = [op for op in model.get_ops() if op.get_type_name() in ("MlaQLinear", "MlaMoeExperts")]
+    int4 = [op for op in ops if 4 in (op.get_attributes().get("bits"), op.get_attributes().get("w13_bits"))]
+    assert int4 and none == 0 and marked == len(ops)
+    assert all(op.get_attributes()["layout"] == "tile16" for op in ops)
+    worst = _worst_difference(run_t16, run_r4, hf, seed=7)
+    print(f"[qlinear tile16 int4, bf16] max relative logits difference to the exported layout: {worst:.1e}")
+    assert worst < 1e-3
+    from hf_models import load_hf
+
+    exact = load_hf(ckpt)
+    _quantize_like_the_export(exact, "int4")
+    run, _, _ = _runner(out, exact.config, "f32", True)
+    prompts = {s: np.random.default_rng(8).integers(2, exact.config.vocab_size, n) for s, n in PROMPT_LENS.items()}
+    stats = drive_and_compare(run, exact, PagedSession(BLOCK, NUM_BLOCKS, rng), prompts, SCHEDULE, EXPORT_TOL)
+    assert stats["agree"] == stats["total"]
 
 
 def _worst_difference(run_a, run_b, hf, seed):
@@ -330,6 +366,61 @@ def test_rewrite_in_an_ir_and_codes_read_elsewhere(tmp_path, rng, shared):
     got = core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"}).create_infer_request().infer({"x": x})
     want = ref.linear(x, dequantize(quantize(w, 8)))
     assert np.abs(got["y"] - want).max() / np.abs(want).max() < TOL
+
+
+@pytest.mark.parametrize("shared", ["scales-elsewhere", "scales-by-two-ops", "scales-by-a-blocked-op"])
+def test_rewrite_of_shared_scales(tmp_path, rng, shared):
+    """Scales and zero points move to tile order with their codes, once however many ops read their
+    bytes (OpenVINO's IR stores identical constants once); an op whose scales another node reads
+    (a ReduceMax here), or an op that stays as exported (its codes read elsewhere), keeps every op
+    reading the same bytes as exported. The products stay the reference's at f32 either way."""
+    import openvino as ov
+
+    from mla_export import ov_core
+    from mla_export.runtime.qlinear_tiles import pack_qlinear_tiles
+    from mla_export.runtime.weights_memory import read_ir
+
+    n, k, group = 32, 256, 64
+    q0 = quantize((rng.standard_normal((n, k)) * 0.1).astype(np.float32), 4, group)
+    # a second projection: other codes, the same scales and zero points (stored once in the IR)
+    qs = [q0, dataclasses.replace(q0, q=rng.integers(0, 16, q0.q.shape).astype(np.uint8))]
+    operands = [list(moe_operands(q)) for q in qs]
+    inits, nodes, outputs = [], [], []
+    for i, ops in enumerate(operands):
+        names = [f"{nm}{i}" for nm in NAMES]
+        inits += [numpy_helper.from_array(np.ascontiguousarray(a), nm) for a, nm in zip(ops, names)]
+        nodes.append(helper.make_node("MlaQLinear", ["x"] + names, [f"y{i}"], domain="mla_export", bits=4,
+                                      compute="f32"))
+        outputs.append(helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, [None, n]))
+    if shared == "scales-elsewhere":
+        nodes.append(helper.make_node("ReduceMax", ["w_s0"], ["top"], keepdims=0))
+    if shared == "scales-by-a-blocked-op":
+        nodes.append(helper.make_node("ReduceMax", ["w_q1"], ["top"], keepdims=0))
+    if shared != "scales-by-two-ops":
+        outputs.append(helper.make_tensor_value_info("top", TensorProto.FLOAT if shared == "scales-elsewhere"
+                                                     else TensorProto.UINT8, []))
+    graph = helper.make_graph(nodes, "q", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, k])],
+                              outputs, inits)
+    onnx_model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                         helper.make_opsetid("mla_export", 1)])
+    core = ov_core()
+    ov.save_model(core.read_model(onnx_model.SerializeToString()), tmp_path / "m.xml", compress_to_fp16=False)
+    kernel_config.configure("qlinear=tile16")
+    model, buf = read_ir(core, tmp_path / "m.xml", tmp_path / "m.bin")
+    marked = pack_qlinear_tiles(model, buf, "f32")
+    qops = sorted((o for o in model.get_ops() if o.get_type_name() == "MlaQLinear"), key=lambda o: o.get_friendly_name())
+    layouts = [o.get_attributes()["layout"] for o in qops]
+    if shared == "scales-by-two-ops":
+        assert marked == 2 and layouts == ["tile16", "tile16"]
+        assert np.array_equal(qops[0].input_value(2).get_node().data, factors_to_tile16(operands[0][1]))
+    else:
+        assert marked == 0 and layouts == ["rows4", "rows4"]
+        assert np.array_equal(qops[0].input_value(2).get_node().data, operands[0][1])
+    x = rng.standard_normal((3, k)).astype(np.float32)
+    got = core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"}).create_infer_request().infer({"x": x})
+    for i, q in enumerate(qs):
+        want = ref.linear(x, dequantize(q))
+        assert np.abs(got[f"y{i}"] - want).max() / np.abs(want).max() < TOL, (shared, i)
 
 
 @pytest.mark.parametrize("tiles", ["0", "1"])

@@ -10,8 +10,10 @@ tile16 layout, side by side in one process: both compiled, timed alternately per
 compute = bf16 (int8 activations, the runtime's mode under its bf16 hint), 2 threads. Random codes
 (the speed does not depend on their values), one scale and zero point per row; the MoE's tokens
 routed to random distinct experts (rows = tokens). Also prints how far the two layouts' outputs are
-apart (the same int32 sums; only the f32 folds' order differs). Not a test; no thresholds: the
-machine is shared, compare the two columns of one run.
+apart (the same int32 sums; only the f32 folds' order differs), and for 1-8 rows the weight bytes
+a call reads (the MoE: its tokens' experts) over its time, as a share of a plain 2-thread read
+measured before and after the timed rounds (mla_export/bench/bandwidth.py). Not a test; no
+thresholds: the machine is shared, compare the two columns of one run.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from onnx import TensorProto, helper, numpy_helper
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mla_export import ov_core  # noqa: E402
+from mla_export.bench.bandwidth import read_gbps  # noqa: E402
 from mla_export.runtime.qlinear_tiles import to_tile16  # noqa: E402
 
 
@@ -119,6 +122,14 @@ def main() -> None:
         out = {lay: req.infer(feeds[r])[0].copy() for lay, req in reqs.items()}
         diff = np.abs(out["rows4"] - out["tile16"]).max() / np.abs(out["rows4"]).max()
         print(f"rows {r}: layouts' outputs apart by {diff:.1e} (relative to the largest)")
+    weight_bytes = {}  # the bytes a call at r rows reads: every weight (MlaQLinear), its tokens' experts (MoE)
+    for r in rows:
+        arrays = [a for a in ops["rows4"] if a.ndim >= 2]
+        per_matrix = sum(a.nbytes for a in arrays)
+        if args.op == "moe":
+            per_matrix = per_matrix * len(np.unique(feeds[r]["ids"])) // args.experts
+        weight_bytes[r] = per_matrix
+    read_before = read_gbps(args.threads)
     times = {(lay, r): [] for lay in reqs for r in rows}
     for _ in range(args.rounds):
         for r in rows:
@@ -126,9 +137,15 @@ def main() -> None:
                 t = time.perf_counter()
                 req.infer(feeds[r])
                 times[(lay, r)].append((time.perf_counter() - t) * 1e3)
+    read = (read_before + read_gbps(args.threads)) / 2
+    print(f"plain {args.threads}-thread read: {read:.1f} GB/s (mean of before and after)")
     for r in rows:
         a, b = statistics.median(times[("rows4", r)]), statistics.median(times[("tile16", r)])
-        print(f"rows {r}: rows4 {a:.2f} ms, tile16 {b:.2f} ms ({a / b:.2f}x)")
+        share = ""
+        if r <= 8:
+            gbs = [weight_bytes[r] / (t * 1e6) for t in (a, b)]
+            share = f"; weights {gbs[0]:.1f} / {gbs[1]:.1f} GB/s = {gbs[0] / read:.2f} / {gbs[1] / read:.2f} of the read"
+        print(f"rows {r}: rows4 {a:.2f} ms, tile16 {b:.2f} ms ({a / b:.2f}x){share}")
 
 
 if __name__ == "__main__":

@@ -140,6 +140,40 @@ def test_bf16_compute_decode_rows(rng, runtime, h, cache_dtype):
         np.testing.assert_array_equal(decode_rows, exact[:5])
 
 
+def _bf16_prefill_expected() -> bool:
+    """Whether the expanded form's products take AVX512-BF16 dots here under compute="bf16"
+    (prefill_bf16.hpp): a bf16 or AMX decode-rows engine on a CPU with AVX512-BF16."""
+    return kernel_config.config().decode_rows != "f32" and "avx512_bf16" in kernel_config.cpu_features()
+
+
+@pytest.mark.parametrize("runtime", [rt for rt in kernels.RUNTIMES if kernels.available(rt)])
+@pytest.mark.parametrize("dims,seq_lens,qlens", [
+    (DEEPSEEK, [1, 2, 3, 63, 64, 65, 131], [1, 2, 3, 63, 64, 65, 131]),  # odd rows on the diagonal
+    (DEEPSEEK, [600, 63], [600, 23]),  # two spans of 512 keys, and a prefix (40 cached, 23 new)
+    (dict(DEEPSEEK, h=4, dv=48, dn=64, dr=32), [97, 150], [97, 70]),  # value width 48: 3 column blocks
+    (SMALL, [80, 33], [80, 4]),  # value width 20: not in 16-column blocks, the f32 products
+])
+def test_bf16_compute_expanded_prefill(rng, runtime, dims, seq_lens, qlens):
+    """compute="bf16": the expanded form (long prefills) scores and sums in AVX512-BF16 dots where
+    the CPU has them, the keys and values of each span rounded to bf16 once. Against the float64
+    reference at the bf16 tolerance, NaN in every unowned cache row; the first rows of a sequence
+    see 1-3 keys, so a dropped or doubled key is an O(1) error there. Shapes whose value width is
+    not in 16-column blocks, and CPUs without the dots, give the f32 result bit for bit."""
+    p = make_problem(rng, seq_lens, qlens, dims["r"] + dims["dr"], 16, "f16", r=dims["r"])
+    t = int(p.qlens.sum())
+    args = attention_args(rng, p, dims, "f32", "f32")
+    exact = kernels.paged_attention(*args, form="expanded", num_threads=2, runtime=runtime)
+    got = kernels.paged_attention(*args, form="expanded", num_threads=2, compute="bf16", runtime=runtime)
+    assert got.shape == (t, dims["h"], dims["dv"]) and not np.isnan(got).any(), "read a NaN-poisoned row"
+    expected = ref.paged_attention_expanded(*args)
+    worst = max(rel_err(got[i], expected[i]) for i in range(t))  # each token's heads on their own scale
+    assert worst <= 2 * TOL["bf16"], f"compute=bf16 expanded: worst token's relative error {worst:.3g}"
+    if _bf16_prefill_expected() and dims["dv"] % 16 == 0:
+        assert not np.array_equal(got, exact), "the bf16 expanded products did not run on this CPU"
+    else:
+        np.testing.assert_array_equal(got, exact)
+
+
 @pytest.mark.parametrize("block_size", [8, 32, 48])
 def test_bf16_compute_decode_rows_block_sizes(rng, block_size):
     """The AMX path reads a bf16 cache's 16-row groups where they lie when the 16 rows are one

@@ -14,6 +14,7 @@
 #include <limits>
 #include <vector>
 
+#include "cpu_features.hpp"
 #include "kernel_config.hpp"
 #include "mla_kernels.hpp"
 #if defined(MLA_HAVE_AMX)
@@ -22,6 +23,7 @@
 #endif
 #include "attention_bf16.hpp"
 #include "numeric.hpp"
+#include "prefill_bf16.hpp"
 #include "validate.hpp"
 
 namespace mla {
@@ -54,8 +56,12 @@ SeqCache seq_cache(const CacheRows& cache, const TensorView& bt, int64_t b) {
 // Per-thread scratch, grown on demand and reused across calls.
 struct Scratch {
     std::vector<float> kr, s, krow, v, qh, wk, wv;
+    // expanded_task's bf16 products (prefill_bf16.hpp): query, key, value, probability, latent and
+    // the head's two weights' pairs
+    std::vector<uint32_t> qpairs, kpairs, vpairs, ppairs, lpairs, wkpairs, wvpairs;
     std::vector<int64_t> cursor;  // expanded_sparse_task: each token's next selected position
-    static float* get(std::vector<float>& buf, int64_t n) {
+    template <class T>
+    static T* get(std::vector<T>& buf, int64_t n) {
         if (static_cast<int64_t>(buf.size()) < n) buf.resize(static_cast<size_t>(n));
         return buf.data();
     }
@@ -241,6 +247,21 @@ DecodeRows decode_rows_path(bool bf16_products, int64_t w, int64_t r) {
     return DecodeRows::f32;
 }
 
+// Whether the expanded form's scores and weighted sums take AVX512-BF16 dots (prefill_bf16.hpp):
+// under compute "bf16" where the decode_rows engine allows bf16 products (bf16 or amx: AMX CPUs
+// have AVX512-BF16 too) and the shapes pair up (the latent and key widths even, q_nope's and the
+// values' widths in 16-column blocks).
+// Measured: docs/KERNELS.md, "The expanded form in bf16 dots".
+bool expanded_bf16(bool bf16_products, int64_t r, int64_t dn, int64_t dr, int64_t dv) {
+#if defined(MLA_HAVE_AVX512BF16)
+    return bf16_products && kernels().decode_rows >= DecodeRowsEngine::bf16 && cpu_features().avx512_bf16 &&
+           r % 2 == 0 && dn % 16 == 0 && dr % 2 == 0 && dv % 16 == 0;
+#else
+    (void)bf16_products, (void)r, (void)dn, (void)dr, (void)dv;
+    return false;
+#endif
+}
+
 // The AMX up-projection of a decode run (C[m, n] = A[m, k] . W[k, n], W bf16): its shape
 // condition, and the call (never reached without MLA_HAVE_AMX: amx_decode is false there).
 bool amx_up_fits(int64_t n, int64_t k) {
@@ -379,10 +400,12 @@ int64_t panels(int64_t n) { return (n + 15) / 16; }
 // up-projected once (K_nope = kv_c W_UK^T, V = kv_c W_UV), then every tile of new tokens that
 // sees the span attends to it chunk by chunk, with its online-softmax state kept across spans.
 // Keys are rows [K_nope | k_pe] read by row_dot (no transposes); V and the head's weights are
-// packed in panels for gemm_packed.
+// packed in panels for gemm_packed. bf16 (expanded_bf16): the up-projections, the scores and the
+// weighted sums take AVX512-BF16 dots (prefill_bf16.hpp: the latent rows and the head's weights,
+// then the span's keys and values, rounded to bf16 once); the online softmax stays f32.
 void expanded_task(const IsaKernels& K, const ExpandedSeq& s, int64_t h, int64_t heads, const float* qn,
                    const float* qp, const float* wuk, const float* wuv, int64_t r, int64_t dn, int64_t dr,
-                   int64_t dv, float scale, float* out /*[T, H, dv]*/) {
+                   int64_t dv, float scale, float* out /*[T, H, dv]*/, bool bf16) {
     const int64_t w = s.cache.width, dk = dn + dr;
     Scratch& sc = tls;
     float* kr = Scratch::get(sc.kr, kChunk * w);
@@ -399,23 +422,59 @@ void expanded_task(const IsaKernels& K, const ExpandedSeq& s, int64_t h, int64_t
     std::fill(mx, mx + s.qlen, kNegInf);
     std::fill(l, l + s.qlen, 0.f);
     if (dv % 16) std::fill(v, v + panels(dv) * kSpan * 16, 0.f);  // padding columns stay finite
-    pack_panels(wuk + h * dn * r, 1, r, r, dn, wk);   // B[p, j] = W_UK[h, j, p]
-    pack_panels(wuv + h * r * dv, dv, 1, r, dv, wv);  // B[p, j] = W_UV[h, p, j]
+    uint32_t *lpairs = nullptr, *wkpairs = nullptr, *wvpairs = nullptr;
+    if (bf16) {  // B[p, j] as pairs along p: W_UK[h]^T read as r rows of dn, W_UV[h] as r rows of dv
+        lpairs = Scratch::get(sc.lpairs, kChunk * r / 2);
+        wkpairs = Scratch::get(sc.wkpairs, r / 2 * dn);
+        wvpairs = Scratch::get(sc.wvpairs, r / 2 * dv);
+        std::vector<float>& t = sc.wk;  // W_UK[h]^T [r, dn] row-major, then the pairs
+        Scratch::get(t, r * dn);
+        for (int64_t p = 0; p < r; ++p)
+            for (int64_t j = 0; j < dn; ++j) t[p * dn + j] = wuk[(h * dn + j) * r + p];
+        bf16_value_pairs(r, dn, t.data(), dn, 16, wkpairs);
+        bf16_value_pairs(r, dv, wuv + h * r * dv, dv, 16, wvpairs);
+    } else {
+        pack_panels(wuk + h * dn * r, 1, r, r, dn, wk);   // B[p, j] = W_UK[h, j, p]
+        pack_panels(wuv + h * r * dv, dv, 1, r, dv, wv);  // B[p, j] = W_UV[h, p, j]
+    }
     for (int64_t t = 0; t < s.qlen; ++t) {
         std::copy_n(qn + ((s.start + t) * heads + h) * dn, dn, qh + t * dk);
         std::copy_n(qp + ((s.start + t) * heads + h) * dr, dr, qh + t * dk + dn);
     }
     const float* key_rows[kSpan];
     for (int64_t j = 0; j < kSpan; ++j) key_rows[j] = krow + j * dk;
+    const int64_t pairs = dk / 2;
+    uint32_t *qpairs = nullptr, *kpairs = nullptr, *vpairs = nullptr, *ppairs = nullptr;
+    if (bf16) {
+        qpairs = Scratch::get(sc.qpairs, s.qlen * pairs);
+        kpairs = Scratch::get(sc.kpairs, kSpan * pairs);   // [kSpan / 16][pairs][16]
+        vpairs = Scratch::get(sc.vpairs, kSpan / 2 * dv);  // [kSpan / 2][dv]
+        ppairs = Scratch::get(sc.ppairs, kQTile * kChunk / 2);
+        bf16_row_pairs(s.qlen, dk, qh, dk, qpairs, pairs);
+    }
     const int64_t past = s.seq_len - s.qlen;  // new token t sees positions <= past + t
     for (int64_t s0 = 0; s0 < s.seq_len; s0 += kSpan) {
         const int64_t ns = std::min(kSpan, s.seq_len - s0);
         for (int64_t c = 0; c < ns; c += kChunk) {
             const int64_t n = std::min(kChunk, ns - c);
             gather_chunk(K, s.cache, s0 + c, n, kr);
-            K.gemm_packed(n, dn, r, kr, w, wk, r * 16, krow + c * dk, dk, 16, false);           // K_nope
+            if (bf16) {  // V row-major into v: [kSpan, dv]
+                bf16_row_pairs(n, r, kr, w, lpairs, r / 2);
+                for (int64_t j = 0; j < n; ++j) {
+                    std::fill_n(krow + (c + j) * dk, dn, 0.f);
+                    std::fill_n(v + (c + j) * dv, dv, 0.f);
+                }
+                bf16_weighted_sum(n, r, lpairs, r / 2, wkpairs, dn, krow + c * dk, dk);  // K_nope
+                bf16_weighted_sum(n, r, lpairs, r / 2, wvpairs, dv, v + c * dv, dv);     // V
+            } else {
+                K.gemm_packed(n, dn, r, kr, w, wk, r * 16, krow + c * dk, dk, 16, false);       // K_nope
+                K.gemm_packed(n, dv, r, kr, w, wv, r * 16, v + c * 16, 16, kSpan * 16, false);  // V
+            }
             for (int64_t j = 0; j < n; ++j) std::copy_n(kr + j * w + r, dr, krow + (c + j) * dk + dn);
-            K.gemm_packed(n, dv, r, kr, w, wv, r * 16, v + c * 16, 16, kSpan * 16, false);      // V
+        }
+        if (bf16) {  // the span's keys and values rounded to bf16 once, for every tile of queries
+            bf16_key_pairs(ns, dk, krow, dk, kpairs);
+            bf16_value_pairs(ns, dv, v, dv, 16, vpairs);
         }
         for (int64_t q0 = std::max<int64_t>(0, s0 - past); q0 < s.qlen; q0 += kQTile) {
             const int64_t rows = std::min(kQTile, s.qlen - q0);
@@ -424,7 +483,10 @@ void expanded_task(const IsaKernels& K, const ExpandedSeq& s, int64_t h, int64_t
                 const int64_t i0 = std::max<int64_t>(0, pos0 - past - q0);  // first row of the tile that sees it
                 if (i0 >= rows) break;  // later chunks are later still
                 const int64_t t = q0 + i0, rr = rows - i0;
-                K.row_dot(rr, n, dk, qh + t * dk, dk, key_rows + c, sbuf, kChunk, nullptr);
+                if (bf16)
+                    bf16_scores(rr, n, pairs, qpairs + t * pairs, pairs, kpairs + c * pairs, sbuf, kChunk);
+                else
+                    K.row_dot(rr, n, dk, qh + t * dk, dk, key_rows + c, sbuf, kChunk, nullptr);
                 auto visible = [&](int64_t i) { return std::clamp<int64_t>(past + t + i + 1 - pos0, 0, n); };
                 softmax_step(K, sbuf, rr, scale, visible, mx + t, l + t, o + t * dv, dv, dv);
                 // Rows whose causal limit falls inside this chunk sum only their visible keys (a
@@ -432,6 +494,17 @@ void expanded_task(const IsaKernels& K, const ExpandedSeq& s, int64_t h, int64_t
                 // for the rows that see the whole chunk, one per row on the diagonal.
                 int64_t full = rr;
                 while (full > 0 && visible(full - 1) == n) --full;
+                if (bf16) {
+                    bf16_row_pairs(rr, n + n % 2, sbuf, kChunk, ppairs, kChunk / 2);  // 0 past each row's visible keys
+                    for (int64_t i = 0; i < full; ++i)
+                        if (visible(i) > 0)
+                            bf16_weighted_sum(1, visible(i), ppairs + i * (kChunk / 2), kChunk / 2, vpairs + c / 2 * dv,
+                                              dv, o + (t + i) * dv, dv);
+                    if (full < rr)
+                        bf16_weighted_sum(rr - full, n, ppairs + full * (kChunk / 2), kChunk / 2, vpairs + c / 2 * dv,
+                                          dv, o + (t + full) * dv, dv);
+                    continue;
+                }
                 for (int64_t i = 0; i < full; ++i) {
                     const int64_t vis = visible(i);
                     if (vis > 0)
@@ -803,12 +876,13 @@ void run_attention(const AttentionPlan& plan, const TensorView& out, const Threa
         std::stable_sort(expanded.begin(), expanded.end(), [](const ExpandedSeq& a, const ExpandedSeq& b) {
             return a.qlen * a.seq_len > b.qlen * b.seq_len;
         });
+        const bool bf16x = expanded_bf16(plan.bf16_products, r, dn, dr, dv);
         dynamic_for(th, n_exp * heads, [&](int64_t k) {
             const ExpandedSeq& e = expanded[k / heads];
             if (e.pos)
                 expanded_sparse_task(K, e, k % heads, heads, qn, qp, wuk, wuv, r, dn, dr, dv, scale, of);
             else
-                expanded_task(K, e, k % heads, heads, qn, qp, wuk, wuv, r, dn, dr, dv, scale, of);
+                expanded_task(K, e, k % heads, heads, qn, qp, wuk, wuv, r, dn, dr, dv, scale, of, bf16x);
         });
     }
     if (out.dtype != DType::f32) from_f32(of, out.dtype, out.data, shp.tokens * heads * dv);

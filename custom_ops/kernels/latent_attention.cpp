@@ -8,7 +8,8 @@
 // every (token, head); scores = rows . cache rows; the latent output (first r columns) is
 // up-projected by W_UV at the end. All heads of a sequence share each gathered cache chunk.
 // Expanded form (long prefills): per head, the chunk's latent rows are up-projected once to
-// K_nope = W_UK kv_c and V = kv_c W_UV, then ordinary causal attention with 192/128-wide dots.
+// K_nope = W_UK kv_c and V = kv_c W_UV, then ordinary causal attention with 192/128-wide dots
+// (AVX512-BF16 dots under compute "bf16": prefill_bf16.hpp).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -251,7 +252,7 @@ DecodeRows decode_rows_path(bool bf16_products, int64_t w, int64_t r) {
 // under compute "bf16" where the decode_rows engine allows bf16 products (bf16 or amx: AMX CPUs
 // have AVX512-BF16 too) and the shapes pair up (the latent and key widths even, q_nope's and the
 // values' widths in 16-column blocks).
-// Measured: docs/KERNELS.md, "The expanded form in bf16 dots".
+// Measured: docs/KERNELS.md, "The expanded form (long prefills) in AVX512-BF16 dots".
 bool expanded_bf16(bool bf16_products, int64_t r, int64_t dn, int64_t dr, int64_t dv) {
 #if defined(MLA_HAVE_AVX512BF16)
     return bf16_products && kernels().decode_rows >= DecodeRowsEngine::bf16 && cpu_features().avx512_bf16 &&

@@ -328,17 +328,31 @@ def test_rewritten_fp8_export_at_bf16_matches_the_exported_layout(fp8_export):
     assert worst < 1e-3
 
 
-@pytest.mark.parametrize("shared", [False, True])
-def test_rewrite_in_an_ir_and_codes_read_elsewhere(tmp_path, rng, shared):
-    """An IR saved by OpenVINO and read into the runtime's buffer: its int8 MlaQLinear is rewritten
-    (same products at f32, through the 4-row kernels); codes another node also reads (here a
-    ReduceMax over them, as tied embeddings would) are left as exported and the op unmarked."""
+def _rewritten_ir(tmp_path, nodes, outputs, inits, k):
+    """The graph saved as an IR by OpenVINO, read into the runtime's buffer and rewritten with the
+    tiles forced: (core, model, buffer, ops marked)."""
     import openvino as ov
 
     from mla_export import ov_core
     from mla_export.runtime.qlinear_tiles import pack_qlinear_tiles
     from mla_export.runtime.weights_memory import read_ir
 
+    graph = helper.make_graph(nodes, "q", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, k])],
+                              outputs, inits)
+    onnx_model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                         helper.make_opsetid("mla_export", 1)])
+    core = ov_core()
+    ov.save_model(core.read_model(onnx_model.SerializeToString()), tmp_path / "m.xml", compress_to_fp16=False)
+    kernel_config.configure("qlinear=tile16")
+    model, buf = read_ir(core, tmp_path / "m.xml", tmp_path / "m.bin")
+    return core, model, buf, pack_qlinear_tiles(model, buf, "f32")
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_rewrite_in_an_ir_and_codes_read_elsewhere(tmp_path, rng, shared):
+    """An IR saved by OpenVINO and read into the runtime's buffer: its int8 MlaQLinear is rewritten
+    (same products at f32, through the 4-row kernels); codes another node also reads (here a
+    ReduceMax over them, as tied embeddings would) are left as exported and the op unmarked."""
     n, k = 64, 128
     w = (rng.standard_normal((n, k)) * 0.1).astype(np.float32)
     codes, s, zp = moe_operands(quantize(w, 8))
@@ -348,15 +362,7 @@ def test_rewrite_in_an_ir_and_codes_read_elsewhere(tmp_path, rng, shared):
     if shared:
         nodes.append(helper.make_node("ReduceMax", ["w_q"], ["top"], keepdims=0))
         outputs.append(helper.make_tensor_value_info("top", TensorProto.UINT8, []))
-    graph = helper.make_graph(nodes, "q", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, k])],
-                              outputs, inits)
-    onnx_model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
-                                                         helper.make_opsetid("mla_export", 1)])
-    core = ov_core()
-    ov.save_model(core.read_model(onnx_model.SerializeToString()), tmp_path / "m.xml", compress_to_fp16=False)
-    kernel_config.configure("qlinear=tile16")
-    model, buf = read_ir(core, tmp_path / "m.xml", tmp_path / "m.bin")
-    marked = pack_qlinear_tiles(model, buf, "f32")
+    core, model, buf, marked = _rewritten_ir(tmp_path, nodes, outputs, inits, k)
     op = next(o for o in model.get_ops() if o.get_type_name() == "MlaQLinear")
     assert marked == (0 if shared else 1)
     assert op.get_attributes()["layout"] == ("rows4" if shared else "tile16")
@@ -374,12 +380,6 @@ def test_rewrite_of_shared_scales(tmp_path, rng, shared):
     bytes (OpenVINO's IR stores identical constants once); an op whose scales another node reads
     (a ReduceMax here), or an op that stays as exported (its codes read elsewhere), keeps every op
     reading the same bytes as exported. The products stay the reference's at f32 either way."""
-    import openvino as ov
-
-    from mla_export import ov_core
-    from mla_export.runtime.qlinear_tiles import pack_qlinear_tiles
-    from mla_export.runtime.weights_memory import read_ir
-
     n, k, group = 32, 256, 64
     q0 = quantize((rng.standard_normal((n, k)) * 0.1).astype(np.float32), 4, group)
     # a second projection: other codes, the same scales and zero points (stored once in the IR)
@@ -399,15 +399,7 @@ def test_rewrite_of_shared_scales(tmp_path, rng, shared):
     if shared != "scales-by-two-ops":
         outputs.append(helper.make_tensor_value_info("top", TensorProto.FLOAT if shared == "scales-elsewhere"
                                                      else TensorProto.UINT8, []))
-    graph = helper.make_graph(nodes, "q", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, k])],
-                              outputs, inits)
-    onnx_model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
-                                                         helper.make_opsetid("mla_export", 1)])
-    core = ov_core()
-    ov.save_model(core.read_model(onnx_model.SerializeToString()), tmp_path / "m.xml", compress_to_fp16=False)
-    kernel_config.configure("qlinear=tile16")
-    model, buf = read_ir(core, tmp_path / "m.xml", tmp_path / "m.bin")
-    marked = pack_qlinear_tiles(model, buf, "f32")
+    core, model, buf, marked = _rewritten_ir(tmp_path, nodes, outputs, inits, k)
     qops = sorted((o for o in model.get_ops() if o.get_type_name() == "MlaQLinear"), key=lambda o: o.get_friendly_name())
     layouts = [o.get_attributes()["layout"] for o in qops]
     if shared == "scales-by-two-ops":

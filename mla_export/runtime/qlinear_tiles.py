@@ -147,6 +147,9 @@ def want_moe_tile16(precision: str, bits: int = 8) -> bool:
 # Each projection an op reads: its codes, scales and zero points inputs, and the bits attribute that
 # says their format.
 _OPERANDS = {"MlaQLinear": ((1, 2, 3, "bits"),), "MlaMoeExperts": ((3, 4, 5, "w13_bits"), (6, 7, 8, "w2_bits"))}
+# What each of those inputs holds: "codes" or "factors" (scales, zero points), by (op type, input).
+_ROLE = {(kind, i): ("codes" if i == codes else "factors")
+         for kind, projections in _OPERANDS.items() for codes, s, zp, _ in projections for i in (codes, s, zp)}
 
 
 def _constants_in(model: ov.Model, buf: np.ndarray) -> dict[int, list]:
@@ -197,7 +200,7 @@ def pack_qlinear_tiles(model: ov.Model, weights: mmap.mmap | None, precision: st
     if weights is None or not any(wanted.values()):
         return 0
     buf = np.frombuffer(weights, dtype=np.uint8)
-    candidates = {}  # op node -> its arrays (_operands)
+    candidates = {}  # op name -> (op, its arrays: _operands)
     for op in model.get_ops():
         kind = op.get_type_name()
         if kind not in _OPERANDS:
@@ -210,17 +213,20 @@ def pack_qlinear_tiles(model: ov.Model, weights: mmap.mmap | None, precision: st
             candidates[op.get_name()] = (op, found)
     constants = _constants_in(model, buf)
 
-    def readers_agree(offset: int, index: int) -> bool:
-        """Every reader of these bytes is a candidate op at this input."""
-        return all(t.get_index() == index and t.get_node().get_name() in candidates
-                   and t.get_node().get_type_name() in _OPERANDS
-                   for const in constants.get(offset, ()) for t in const.output(0).get_target_inputs())
+    def readers_agree(op, offset: int, index: int, role: str) -> bool:
+        """Every Constant at these bytes has op's shape, and every node reading one is a candidate
+        reading it as the same role (codes or factors)."""
+        shape = op.input_value(index).get_node().data.shape
+        return all(const.data.shape == shape and all(
+                   t.get_node().get_name() in candidates
+                   and _ROLE.get((t.get_node().get_type_name(), t.get_index())) == role
+                   for t in const.output(0).get_target_inputs()) for const in constants.get(offset, ()))
 
     changed = True
     while changed:  # dropping one op may leave arrays it shared with another read in two layouts
         changed = False
         for name, (op, found) in list(candidates.items()):
-            if not all(readers_agree(offset, index) for offset, index, _ in found):
+            if not all(readers_agree(op, offset, index, role) for offset, index, role in found):
                 del candidates[name]
                 changed = True
     done: set[int] = set()

@@ -166,8 +166,15 @@ def test_bf16_compute_expanded_prefill(rng, runtime, dims, seq_lens, qlens):
     got = kernels.paged_attention(*args, form="expanded", num_threads=2, compute="bf16", runtime=runtime)
     assert got.shape == (t, dims["h"], dims["dv"]) and not np.isnan(got).any(), "read a NaN-poisoned row"
     expected = ref.paged_attention_expanded(*args)
-    worst = max(rel_err(got[i], expected[i]) for i in range(t))  # each token's heads on their own scale
-    assert worst <= 2 * TOL["bf16"], f"compute=bf16 expanded: worst token's relative error {worst:.3g}"
+    # Two roundings to bf16 on the way (the latent rows and weights of the up-projections, then the
+    # keys and values they give), as a bf16 matmul chain rounds: twice the single-rounding tolerance
+    # of the decode rows (the worst of 40 seeds: 0.013)
+    err = rel_err(got, expected)
+    assert err <= 2 * TOL["bf16"], f"compute=bf16 expanded: relative error {err:.3g}"
+    # each token on its own scale: bf16 rounding stays within a few percent (0.028 the worst seen),
+    # a key dropped or counted twice among a first row's 1-3 visible keys moves it by a third or more
+    worst = max(rel_err(got[i], expected[i]) for i in range(t))
+    assert worst <= 0.1, f"compute=bf16 expanded: worst token's relative error {worst:.3g}"
     if _bf16_prefill_expected() and dims["dv"] % 16 == 0:
         assert not np.array_equal(got, exact), "the bf16 expanded products did not run on this CPU"
     else:

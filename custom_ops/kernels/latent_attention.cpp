@@ -496,11 +496,19 @@ void expanded_task(const IsaKernels& K, const ExpandedSeq& s, int64_t h, int64_t
                 int64_t full = rr;
                 while (full > 0 && visible(full - 1) == n) --full;
                 if (bf16) {
-                    bf16_row_pairs(rr, n + n % 2, sbuf, kChunk, ppairs, kChunk / 2);  // 0 past each row's visible keys
-                    for (int64_t i = 0; i < full; ++i)
-                        if (visible(i) > 0)
-                            bf16_weighted_sum(1, visible(i), ppairs + i * (kChunk / 2), kChunk / 2, vpairs + c / 2 * dv,
-                                              dv, o + (t + i) * dv, dv);
+                    constexpr int64_t lp = kChunk / 2;  // a probability row's pairs
+                    const uint32_t* vc = vpairs + c / 2 * dv;
+                    bf16_row_pairs(rr, n + n % 2, sbuf, kChunk, ppairs, lp);  // 0 past each row's visible keys
+                    // The diagonal's rows 4 at a time over the keys all 4 see (their first row's
+                    // visible count, even), then each row alone over the rest of its own.
+                    for (int64_t g = 0; g < full; g += 4) {
+                        const int64_t m = std::min<int64_t>(4, full - g), common = visible(g) & ~int64_t(1);
+                        if (common > 0) bf16_weighted_sum(m, common, ppairs + g * lp, lp, vc, dv, o + (t + g) * dv, dv);
+                        for (int64_t i = g; i < g + m; ++i)
+                            if (visible(i) > common)
+                                bf16_weighted_sum(1, visible(i) - common, ppairs + i * lp + common / 2, lp,
+                                                  vc + common / 2 * dv, dv, o + (t + i) * dv, dv);
+                    }
                     if (full < rr)
                         bf16_weighted_sum(rr - full, n, ppairs + full * (kChunk / 2), kChunk / 2, vpairs + c / 2 * dv,
                                           dv, o + (t + full) * dv, dv);

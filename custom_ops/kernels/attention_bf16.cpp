@@ -14,21 +14,11 @@
 namespace mla {
 namespace {
 
-// 16 f32 lanes -> 16 bf16 values zero-extended into 16 dwords (the low half of each).
-inline __m512i bf16_dwords(__m512 v) { return _mm512_cvtepu16_epi32(to_bf16(v)); }
-
-inline __m512bh as_bh(__m512i v) {
-    __m512bh b;
-    std::memcpy(&b, &v, sizeof b);
-    return b;
-}
-inline __m512 dp(__m512 acc, __m512i a, __m512i b) { return _mm512_dpbf16_ps(acc, as_bh(a), as_bh(b)); }
 inline __m512i bcast_pair(const uint16_t* p) {
     int32_t v;
     std::memcpy(&v, p, 4);
     return _mm512_set1_epi32(v);
 }
-inline __m512i bcast_dword(const uint32_t* p) { return _mm512_set1_epi32(static_cast<int32_t>(*p)); }
 
 // The row pairs of V interleave two rows' 32-column groups with unpacklo/hi_epi16, which work
 // within 128-bit lanes: dword d of a group (d < 16 from unpacklo, then unpackhi) holds column

@@ -22,6 +22,19 @@ inline __m256i to_bf16(__m512 v) {
     return out;
 }
 
+// 16 f32 lanes -> 16 bf16 values zero-extended into 16 dwords (the low half of each).
+inline __m512i bf16_dwords(__m512 v) { return _mm512_cvtepu16_epi32(to_bf16(v)); }
+
+// vdpbf16ps on integer vectors holding bf16 pairs: acc + a.lo * b.lo + a.hi * b.hi in each lane.
+inline __m512bh as_bh(__m512i v) {
+    __m512bh b;
+    std::memcpy(&b, &v, sizeof b);
+    return b;
+}
+inline __m512 dp(__m512 acc, __m512i a, __m512i b) { return _mm512_dpbf16_ps(acc, as_bh(a), as_bh(b)); }
+// One bf16 pair (a dword) broadcast to every lane.
+inline __m512i bcast_dword(const uint32_t* p) { return _mm512_set1_epi32(static_cast<int32_t>(*p)); }
+
 // 32 values of a row from column c, as bf16 (round to nearest even) in one zmm.
 inline __m512i load32_bf16(const void* row, DecodeRowKind kind, int64_t c) {
     __m512 lo, hi;

@@ -412,7 +412,7 @@ void expanded_task(const IsaKernels& K, const ExpandedSeq& s, int64_t h, int64_t
     float* kr = Scratch::get(sc.kr, kChunk * w);
     float* krow = Scratch::get(sc.krow, kSpan * dk);                // [kSpan, dk]: key rows of the span
     float* v = Scratch::get(sc.v, panels(dv) * kSpan * 16);         // V [kSpan, dv] in panels
-    float* wk = Scratch::get(sc.wk, panels(dn) * r * 16);           // W_UK_h^T [r, dn] in panels
+    float* wk = Scratch::get(sc.wk, panels(dn) * r * 16);           // W_UK_h^T [r, dn] in panels (bf16: row-major)
     float* wv = Scratch::get(sc.wv, panels(dv) * r * 16);           // W_UV_h [r, dv] in panels
     float* qh = Scratch::get(sc.qh, s.qlen * dk);                   // [q_nope | q_pe] of this head
     float* sbuf = Scratch::get(sc.s, kQTile * kChunk + s.qlen * (dv + 2));
@@ -428,11 +428,9 @@ void expanded_task(const IsaKernels& K, const ExpandedSeq& s, int64_t h, int64_t
         lpairs = Scratch::get(sc.lpairs, kChunk * r / 2);
         wkpairs = Scratch::get(sc.wkpairs, r / 2 * dn);
         wvpairs = Scratch::get(sc.wvpairs, r / 2 * dv);
-        std::vector<float>& t = sc.wk;  // W_UK[h]^T [r, dn] row-major, then the pairs
-        Scratch::get(t, r * dn);
-        for (int64_t p = 0; p < r; ++p)
-            for (int64_t j = 0; j < dn; ++j) t[p * dn + j] = wuk[(h * dn + j) * r + p];
-        bf16_value_pairs(r, dn, t.data(), dn, 16, wkpairs);
+        for (int64_t p = 0; p < r; ++p)  // W_UK[h]^T [r, dn] row-major in wk's scratch, then the pairs
+            for (int64_t j = 0; j < dn; ++j) wk[p * dn + j] = wuk[(h * dn + j) * r + p];
+        bf16_value_pairs(r, dn, wk, dn, 16, wkpairs);
         bf16_value_pairs(r, dv, wuv + h * r * dv, dv, 16, wvpairs);
     } else {
         pack_panels(wuk + h * dn * r, 1, r, r, dn, wk);   // B[p, j] = W_UK[h, j, p]

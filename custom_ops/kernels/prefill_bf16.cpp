@@ -15,14 +15,6 @@
 namespace mla {
 namespace {
 
-inline __m512bh as_bh(__m512i v) {
-    __m512bh b;
-    std::memcpy(&b, &v, sizeof b);
-    return b;
-}
-inline __m512 dp(__m512 acc, __m512i a, __m512i b) { return _mm512_dpbf16_ps(acc, as_bh(a), as_bh(b)); }
-inline __m512i bcast(const uint32_t* p) { return _mm512_set1_epi32(static_cast<int32_t>(*p)); }
-
 // R query rows x G groups of 16 keys: R x G accumulators, each pair's G key lines loaded once for
 // the R rows (4 x 4: 16 products a pair against 4 loads and 4 broadcasts).
 template <int R, int G>
@@ -34,7 +26,7 @@ void scores_tile(int64_t pairs, const uint32_t* qp, int64_t ldqp, const uint32_t
         __m512i k[G];
         for (int g = 0; g < G; ++g) k[g] = _mm512_loadu_si512(kt + (g * pairs + p) * 16);
         for (int r = 0; r < R; ++r) {
-            const __m512i q = bcast(qp + r * ldqp + p);
+            const __m512i q = bcast_dword(qp + r * ldqp + p);
             for (int g = 0; g < G; ++g) acc[r][g] = dp(acc[r][g], q, k[g]);
         }
     }
@@ -58,7 +50,7 @@ void wsum_tile(int64_t npairs, bool mask_last, const uint32_t* pp, int64_t ldpp,
             if (mask_last && j == npairs - 1) v[c] = _mm512_and_si512(v[c], low);
         }
         for (int r = 0; r < R; ++r) {
-            const __m512i p = bcast(pp + r * ldpp + j);
+            const __m512i p = bcast_dword(pp + r * ldpp + j);
             for (int c = 0; c < CB; ++c) acc[r][c] = dp(acc[r][c], p, v[c]);
         }
     }
@@ -108,9 +100,8 @@ void bf16_value_pairs(int64_t n, int64_t dv, const float* v, int64_t rs, int64_t
         const bool second = 2 * j + 1 < n;
         for (int64_t c = 0; c < dv; c += 16) {
             const float* panel = v + (c / 16) * ps;
-            const __m512i lo = _mm512_cvtepu16_epi32(to_bf16(_mm512_loadu_ps(panel + 2 * j * rs)));
-            const __m512i hi = second ? _mm512_cvtepu16_epi32(to_bf16(_mm512_loadu_ps(panel + (2 * j + 1) * rs)))
-                                      : _mm512_setzero_si512();
+            const __m512i lo = bf16_dwords(_mm512_loadu_ps(panel + 2 * j * rs));
+            const __m512i hi = second ? bf16_dwords(_mm512_loadu_ps(panel + (2 * j + 1) * rs)) : _mm512_setzero_si512();
             _mm512_storeu_si512(vt + j * dv + c, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
         }
     }

@@ -342,11 +342,10 @@ void qtile16_fp8(const QgemmIsa& isa, const QActs& acts, const int64_t* rows, in
 }
 
 void tile16_to_rows4(const uint8_t* src, int64_t rows, int64_t row_bytes, uint8_t* dst) {
-    const int64_t B = row_bytes;
     for (int64_t r = 0; r < rows; ++r) {
-        const uint8_t* tile = src + (r / kTile16Rows) * kTile16Rows * B + 4 * (r % kTile16Rows);
-        uint8_t* block = dst + (r / 4) * 4 * B + 16 * (r % 4);  // chunk c of the row at block + 64c
-        for (int64_t j = 0; j < B; j += 4)
+        const uint8_t* tile = src + (r / kTile16Rows) * kTile16Rows * row_bytes + 4 * (r % kTile16Rows);
+        uint8_t* block = dst + (r / 4) * 4 * row_bytes + 16 * (r % 4);  // chunk c of the row at block + 64c
+        for (int64_t j = 0; j < row_bytes; j += 4)
             std::memcpy(block + (j / 16) * 64 + j % 16, tile + 16 * j, 4);
     }
 }

@@ -152,6 +152,12 @@ _ROLE = {(kind, i): ("codes" if i == codes else "factors")
          for kind, projections in _OPERANDS.items() for codes, s, zp, _ in projections for i in (codes, s, zp)}
 
 
+def _offset_in(data: np.ndarray, buf: np.ndarray) -> int | None:
+    """data's byte offset in buf, or None when it does not lie in it (not read into our buffer)."""
+    offset = data.ctypes.data - buf.ctypes.data
+    return offset if 0 <= offset and offset + data.nbytes <= buf.size else None
+
+
 def _constants_in(model: ov.Model, buf: np.ndarray) -> dict[int, list]:
     """Every Constant whose data lies in buf, by byte offset (OpenVINO's IR stores identical
     constants once, so several Constants may point at the same bytes)."""
@@ -159,9 +165,8 @@ def _constants_in(model: ov.Model, buf: np.ndarray) -> dict[int, list]:
     for node in model.get_ops():
         if node.get_type_name() != "Constant":
             continue
-        data = node.data
-        offset = data.ctypes.data - buf.ctypes.data
-        if 0 <= offset and offset + data.nbytes <= buf.size:
+        offset = _offset_in(node.data, buf)
+        if offset is not None:
             at.setdefault(offset, []).append(node)
     return at
 
@@ -180,8 +185,8 @@ def _operands(op, kind: str, buf: np.ndarray) -> list[tuple[int, int, str]] | No
                 _check(data) if role == "codes" else _check_factors(data)
             except ValueError:  # not in whole tiles: leave it as exported
                 return None
-            offset = data.ctypes.data - buf.ctypes.data
-            if offset < 0 or offset + data.nbytes > buf.size:  # not in our buffer: leave it as exported
+            offset = _offset_in(data, buf)
+            if offset is None:  # not in our buffer: leave it as exported
                 return None
             found.append((offset, index, role))
     return found

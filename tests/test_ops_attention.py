@@ -11,6 +11,7 @@ TOL = {"f32": 2e-5, "f16": 2e-3, "bf16": 1e-2}
 DEEPSEEK = dict(h=16, dn=128, dr=64, r=512, dv=128)
 SMALL = dict(h=3, dn=24, dr=16, r=32, dv=20)
 ODD = dict(h=5, dn=10, dr=6, r=20, dv=12)
+MINICPM3 = dict(h=40, dn=64, dr=32, r=256, dv=64)
 
 
 def attention_args(rng, p, dims, act="f32", weight_dtype="f32") -> tuple:
@@ -109,17 +110,19 @@ def _bf16_decode_expected() -> bool:
 
 
 @pytest.mark.parametrize("runtime", [rt for rt in kernels.RUNTIMES if kernels.available(rt)])
-@pytest.mark.parametrize("h,cache_dtype", [(16, "f16"), (16, "bf16"), (16, "f32"), (16, "int8"), (20, "f16"),
-                                           (128, "f16")])
-def test_bf16_compute_decode_rows(rng, runtime, h, cache_dtype):
+@pytest.mark.parametrize("h,cache_dtype,dims", [(16, "f16", DEEPSEEK), (16, "bf16", DEEPSEEK), (16, "f32", DEEPSEEK),
+                                                (16, "int8", DEEPSEEK), (20, "f16", DEEPSEEK), (128, "f16", DEEPSEEK),
+                                                (40, "f16", MINICPM3), (40, "bf16", MINICPM3)])
+def test_bf16_compute_decode_rows(rng, runtime, h, cache_dtype, dims):
     """compute="bf16" (the runtime's bf16 hint): single-token rows multiply in bf16 with f32 sums
     on AMX tiles where the CPU has them (attention_amx.cpp), else in AVX512-BF16 dots where it has
     those (attention_bf16.cpp), every other row as under f32. Against the float64 reference at a
     bf16 tolerance: lengths around the 64-row chunk (odd ones: a row pair's lone last row) and a
     long one (split across threads), head counts that fill 16-row groups or not (20) and V3's 128,
     shuffled tables, NaN in every unowned row, one multi-token row run in the same call. Without
-    either unit the result is the f32 one, bit for bit; with one, it must differ (the bf16 path ran)."""
-    dims = dict(DEEPSEEK, h=h)
+    either unit the result is the f32 one, bit for bit; with one, it must differ (the bf16 path ran).
+    MiniCPM3's rows (256 + 32 wide) take the score tiles' runtime stride, DeepSeek's 576 its constant one."""
+    dims = dict(dims, h=h)
     dr, r, dv = dims["dr"], dims["r"], dims["dv"]
     seq_lens, qlens = [1, 63, 64, 65, 1000, 37], [1, 1, 1, 1, 1, 4]
     p = make_problem(rng, seq_lens, qlens, r + dr, 16, cache_dtype, r=r)

@@ -92,6 +92,8 @@ SHAPES = [  # experts, hidden, inter, k, tokens, bits (w13, w2), int4 group
     (6, 96, 64, 2, 23, (8, 4), 32),
     (4, 256, 96, 2, 70, (4, 8), 32),
     (16, 128, 32, 4, 3, (8, 8), None),
+    (4, 64, 32, 2, 600, (8, 8), None),  # ~300 pairs an expert: runs of 256 (kQLinearRowBlock) and the rest
+    (3, 64, 64, 2, 500, (4, 4), 32),
 ]
 
 

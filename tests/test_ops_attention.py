@@ -78,12 +78,14 @@ def test_bf16_weights_f32_exact(rng, dims, form):
     assert err <= TOL["f32"], f"{form}: relative error {err:.3g}"
 
 
-@pytest.mark.parametrize("dims", [DEEPSEEK, ODD], ids=["deepseek", "odd"])
+@pytest.mark.parametrize("dims", [DEEPSEEK, ODD, dict(MINICPM3, h=4, dv=84)], ids=["deepseek", "odd", "minicpm3-dv84"])
 @pytest.mark.parametrize("seq_lens", [[70], [70, 3], [1, 130, 19]], ids=["1seq", "2seqs", "3seqs"])
 def test_bf16_weights_decode_runs(rng, dims, seq_lens):
     """A decode batch of 1-3 sequences is a run of 1-3 rows per head: its bf16 up-projections walk
-    W_UK / W_UV row by row (gemm_bf16b below a register tile's rows), ODD's widths leave a scalar
-    tail. f32 activations and cache, NaN-poisoned free slots, against the float64 reference."""
+    W_UK / W_UV row by row (gemm_bf16b below a register tile's rows; one row on AVX-512 with the
+    columns in register panels of 256, 128, 64 and 16, then scalars: 512 = 2 x 256, 256, 84 = 64 +
+    16 + 4), ODD's widths leave a scalar tail. f32 activations and cache, NaN-poisoned free slots,
+    against the float64 reference."""
     p = make_problem(rng, seq_lens, [1] * len(seq_lens), dims["r"] + dims["dr"], 16, "f32")
     args = attention_args(rng, p, dims, "f32", "bf16")
     out = kernels.paged_attention(*args, form="absorbed")

@@ -624,6 +624,43 @@ static void bf16b_row_walk(int64_t n, int64_t k, const float* a, int64_t lda, co
     }
 }
 
+// One row of A against bf16 B in column panels of NV vectors held in registers down all k rows of
+// B (bf16b_walk1).
+template <int NV>
+static inline int64_t bf16b_panels1(int64_t j, int64_t n, int64_t k, const float* a, const uint16_t* b,
+                                    int64_t ldb, float* c, bool accumulate) {
+    for (; j + NV * L <= n; j += NV * L) {
+        vf acc[NV];
+        for (int v = 0; v < NV; ++v) acc[v] = accumulate ? loadu(c + j + v * L) : vf{};
+        for (int64_t p = 0; p < k; ++p) {
+            const vf av = splat(a[p]);
+            const uint16_t* row = b + p * ldb + j;
+#pragma GCC unroll 16
+            for (int v = 0; v < NV; ++v) acc[v] += av * load_b(row + v * L);
+        }
+        for (int v = 0; v < NV; ++v) storeu(c + j + v * L, acc[v]);
+    }
+    return j;
+}
+
+// A decode token's row against bf16 B on AVX-512: the walk of bf16b_row_walk<1> (B's rows in
+// order, the same sums in the same order), with C's columns in registers, 256 at a time (W_UK's
+// 512 in two passes over its rows, W_UV's 128 in one), instead of loading and storing C's row for
+// every row of B. The up-projections alone (tools/kernels/up_stream.cpp's shapes, alternated in a
+// scratch copy, Zen 4, 2 threads): 2.38-2.86 -> 2.06-2.50 ms (1.12-1.2x), 0.6-0.7 of a plain read.
+static void bf16b_walk1(int64_t n, int64_t k, const float* a, const uint16_t* b, int64_t ldb, float* c,
+                        bool accumulate) {
+    int64_t j = bf16b_panels1<16>(0, n, k, a, b, ldb, c, accumulate);
+    j = bf16b_panels1<8>(j, n, k, a, b, ldb, c, accumulate);
+    j = bf16b_panels1<4>(j, n, k, a, b, ldb, c, accumulate);
+    j = bf16b_panels1<1>(j, n, k, a, b, ldb, c, accumulate);
+    for (; j < n; ++j) {
+        float s = accumulate ? c[j] : 0.f;
+        for (int64_t p = 0; p < k; ++p) s += a[p] * bf16_to_f32(b[p * ldb + j]);
+        c[j] = s;
+    }
+}
+
 // C[m, n] (+)= A[m, k] . B[k, n] with B bf16 (the absorbed form's W_UK / W_UV as a bf16 export
 // stores them): rows of A in blocks of kBf16Rows, so one pass over B serves that many rows (a
 // decode batch's rows of one head share its weights); fewer rows walk B in order (bf16b_row_walk).
@@ -631,7 +668,9 @@ constexpr int kBf16Rows = L == 16 ? 4 : 2;  // x 4 vectors of accumulators + 4 o
 static void gemm_bf16b(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const uint16_t* b,
                        int64_t ldb, float* c, int64_t ldc, bool accumulate) {
     switch (m < kBf16Rows ? m : 0) {
-        case 1: return bf16b_row_walk<1>(n, k, a, lda, b, ldb, c, ldc, accumulate);
+        case 1:
+            if (L == 16) return bf16b_walk1(n, k, a, b, ldb, c, accumulate);
+            return bf16b_row_walk<1>(n, k, a, lda, b, ldb, c, ldc, accumulate);
         case 2: return bf16b_row_walk<2>(n, k, a, lda, b, ldb, c, ldc, accumulate);
         case 3: return bf16b_row_walk<3>(n, k, a, lda, b, ldb, c, ldc, accumulate);
         default: break;

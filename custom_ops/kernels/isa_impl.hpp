@@ -646,8 +646,9 @@ static inline int64_t bf16b_panels1(int64_t j, int64_t n, int64_t k, const float
 // A decode token's row against bf16 B on AVX-512: the walk of bf16b_row_walk<1> (B's rows in
 // order, the same sums in the same order), with C's columns in registers, 256 at a time (W_UK's
 // 512 in two passes over its rows, W_UV's 128 in one), instead of loading and storing C's row for
-// every row of B. The up-projections alone (tools/kernels/up_stream.cpp's shapes, alternated in a
-// scratch copy, Zen 4, 2 threads): 2.38-2.86 -> 2.06-2.50 ms (1.12-1.2x), 0.6-0.7 of a plain read.
+// every row of B. The up-projections alone (tools/kernels/up_stream.cpp's shapes, Zen 4, 2 threads,
+// in one process against a register-panel copy): the row walk took 1.10-1.30x the copy's time,
+// this 0.98-1.02x (docs/KERNELS.md, "Streaming the weights at read speed").
 static void bf16b_walk1(int64_t n, int64_t k, const float* a, const uint16_t* b, int64_t ldb, float* c,
                         bool accumulate) {
     int64_t j = bf16b_panels1<16>(0, n, k, a, b, ldb, c, accumulate);

@@ -196,6 +196,29 @@ class TestHeldBlockDefersSignalsFromAnyThread:
                     steps.append("the held step finished")
             assert steps == ["the held step finished"] and state.fired
 
+    def test_a_signal_inside_the_import_machinery_fires_just_after(self):
+        """A signal that lands inside importlib's frames is not raised there (the exception could
+        leave the import lock held, and the process hang at its next import: CI once saw an export
+        finish and never exit); it is delivered again shortly and raises outside them."""
+        import signal as sig
+        import sys
+        import time
+
+        from mla_export.export import signals as es
+
+        code = compile("def where():\n    return sys._getframe()\n", "<frozen importlib._bootstrap>", "exec")
+        space = {"sys": sys}
+        exec(code, space)
+        inside = space["where"]()
+        with es.export_signals() as state:
+            state.armed = True
+            state.on_signal(sig.SIGINT, inside)  # deferred: nothing raised here
+            assert not state.raised
+            with pytest.raises(KeyboardInterrupt):
+                time.sleep(5)  # the re-delivered SIGINT arrives outside the import machinery
+            assert state.raised and state.interrupted
+            state.on_signal(sig.SIGINT, sys._getframe())  # raised once only
+
     def test_no_signal_after_completion(self):
         import signal as sig
 

@@ -53,12 +53,43 @@ class SignalState:
             # handler in the main thread anyway, inside the block. So the block defers it here too.
             self.pending = self.pending or signum
             return
+        if self.armed and not self.complete and not self.raised and _in_import_machinery(frame):
+            # Raised there, the exception can land between the import machinery taking its global
+            # lock and the `try` that releases it (importlib's module-lock weakref callback): it is
+            # swallowed ("Exception ignored in ... _get_module_lock.<locals>.cb"), the lock stays
+            # held and the process hangs at its next import (CI: an export that finished, then
+            # never exited). The same signal is delivered again shortly, outside it.
+            _redeliver(signum)
+            return
         self.fire(signum)
 
     def fire(self, signum):
         if self.armed and not self.complete and not self.raised:
             self.raised = True
             raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+
+def _in_import_machinery(frame) -> bool:
+    """Whether the interrupted code is inside importlib's own frames (frozen bootstrap modules)."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _redeliver(signum: int, delay: float = 0.01) -> None:
+    """Send signum to the main thread again after `delay` seconds (from a daemon thread: the
+    handler runs in the main thread, at its next bytecode outside whatever it is in then)."""
+    main = threading.main_thread().ident
+
+    def again():
+        with contextlib.suppress(OSError):  # the main thread (the process) ended meanwhile
+            signal.pthread_kill(main, signum)
+
+    timer = threading.Timer(delay, again)
+    timer.daemon = True
+    timer.start()
 
 
 _ACTIVE: SignalState | None = None

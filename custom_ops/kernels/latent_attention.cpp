@@ -507,9 +507,7 @@ void expanded_task(const IsaKernels& K, const ExpandedSeq& s, int64_t h, int64_t
                                 bf16_weighted_sum(1, visible(i) - common, ppairs + i * lp + common / 2, lp,
                                                   vc + common / 2 * dv, dv, o + (t + i) * dv, dv);
                     }
-                    if (full < rr)
-                        bf16_weighted_sum(rr - full, n, ppairs + full * (kChunk / 2), kChunk / 2, vpairs + c / 2 * dv,
-                                          dv, o + (t + full) * dv, dv);
+                    if (full < rr) bf16_weighted_sum(rr - full, n, ppairs + full * lp, lp, vc, dv, o + (t + full) * dv, dv);
                     continue;
                 }
                 for (int64_t i = 0; i < full; ++i) {

@@ -147,7 +147,9 @@ void Bf16DecodeRows::chunk(const void* const* rows, Rows kind, int64_t n, float 
                 }
             }
             for (int k = 0; k < nk; ++k) _mm512_store_ps(st + 16 * (j0 + k), _mm512_mul_ps(acc[k], vscale));
-            if (g == 0 && j0 + kKeys >= n) prefetch(lines);  // what the tiles left
+            // Catch up to this tile's share (all of it at the last tile): the spaced tiles issued
+            // theirs as they went, the others issue it here.
+            if (g == 0) prefetch(std::min(lines, (j0 / kKeys + 1) * per_tile) - (pr * row_lines + pl));
         }
         // Online softmax with the 16 heads in the lanes.
         float* mxg = mx_.data() + 16 * g;

@@ -151,17 +151,26 @@ def worker_profile(spec: dict) -> dict:
         return r
 
     ex.run = timed_run
-    # The CPU plugin reports each node's AVERAGE over every inference since compilation (the
-    # start-up sentinel step, the prefill chunks, ...): per-step times are differences of
-    # average x number of inferences (exact for nodes that run at every inference).
-    n_infer = [1]  # the executor's start-up sentinel step
+    # The CPU plugin reports each node's AVERAGE over every inference of its request since
+    # compilation (the start-up sentinel steps, the prefill chunks, ...): per-step times are
+    # differences of average x number of inferences (exact for nodes that run at every
+    # inference), summed over the executor's graphs (the dynamic one and the static decode
+    # graphs, whose nodes have the same names). The sentinel step ran once on the dynamic graph
+    # and once on the batch-1 static graph.
+    graphs = ex.compiled_graphs
+    static1 = ex.decode_graphs.graphs.get(1) if ex.decode_graphs is not None else None
+    n_infer = {id(g.request): 1 if i == 0 or g is static1 else 0 for i, g in enumerate(graphs)}
 
     def cumulative():
-        return {(pi.node_name, pi.node_type): pi.real_time.total_seconds() * 1e6 * n_infer[0]
-                for pi in ex.request.profiling_info}
+        total: dict[tuple[str, str], float] = {}
+        for g in graphs:
+            for pi in g.request.profiling_info:
+                key = (pi.node_name, pi.node_type)
+                total[key] = total.get(key, 0.0) + pi.real_time.total_seconds() * 1e6 * n_infer[id(g.request)]
+        return total
 
     def counted_run():
-        n_infer[0] += 1
+        n_infer[id(ex.request)] += 1  # the request of the step just bound
         return timed_run()
 
     ex.run = counted_run

@@ -52,7 +52,6 @@ HINTS: dict[str, dict[str, str]] = {
         "-q": "weights are compressed at export: `mla-export export --weight-format {int8,int4,bf16,...}`",
         "--block-size": "the cache block size is fixed at export: `mla-export export --block-size N`",
         "--swap-space": "preempted requests are recomputed, nothing is swapped; drop it",
-        "--enforce-eager": "there are no CUDA graphs here; drop it",
         "--seed": "pass 'seed' in each request instead",
         "--max-logprobs": "logprobs are not returned by this server",
         "--load-format": "the model is the export directory's OpenVINO IR; drop it",

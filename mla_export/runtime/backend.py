@@ -53,13 +53,16 @@ class MLABackend:
     """The caches of an exported model, its metadata builder and the executor of one runtime."""
 
     def __init__(self, contract: Contract, num_blocks: int, *, runtime: str = "openvino", precision: str = "bf16",
-                 num_threads: int | None = None, batch_invariant: bool = False, mtp_draft: bool = False):
+                 num_threads: int | None = None, batch_invariant: bool = False, mtp_draft: bool = False,
+                 decode_graph_batches: Sequence[int] = (), max_model_len: int | None = None):
         """batch_invariant: each sequence's logits the same whatever else is in the step and however its
         prompt was cut into chunks (batch_invariance.py says what that pins and what it refuses).
         mtp_draft: also compile the export's MTP draft graph (mtp_draft.py) on a latent cache of its
         own, shaped as a main layer's (and, for a sparse-attention model, an indexer-key cache shaped
         as a main indexer layer's): its rows sit at the main cache's slots, so every block id the
-        KVCacheManager hands out serves both and block copies are applied to it too."""
+        KVCacheManager hands out serves both and block copies are applied to it too.
+        decode_graph_batches (OpenVINO): the batch sizes whose decode steps run on graphs compiled
+        with static shapes (decode_graphs.py), block tables padded to max_model_len's blocks."""
         if not isinstance(batch_invariant, bool):
             raise ValueError(f"batch_invariant must be True or False, got {batch_invariant!r}")
         if batch_invariant and (why := batch_invariance.problem(contract, precision, runtime)):
@@ -71,8 +74,16 @@ class MLABackend:
         self.builder = MLAMetadataBuilder(cache["block_size"], num_blocks, model["max_position_embeddings"],
                                           model["vocab_size"])
         self.batch_invariant = batch_invariant
+        static = {}
+        if decode_graph_batches:
+            if runtime != "openvino":
+                raise ValueError(f"decode_graph_batches: static decode graphs are OpenVINO's; {runtime} runs every "
+                                 f"step without per-node shape inference already (pass none)")
+            if batch_invariant:
+                raise ValueError("decode_graph_batches: batch-invariant mode runs every step on one graph (pass none)")
+            static = {"decode_graph_batches": tuple(decode_graph_batches), "max_model_len": max_model_len}
         self.executor = impl(contract, self.kv_caches, precision=precision, num_threads=num_threads,
-                             batch_invariant=batch_invariant)
+                             batch_invariant=batch_invariant, **static)
         self.draft, self.draft_cache, self.draft_caches = None, None, []
         if mtp_draft:
             from .mtp_draft import MTPDraftRunner

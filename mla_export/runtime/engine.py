@@ -21,6 +21,7 @@ import numpy as np
 from .. import envs
 from .backend import RUNTIMES, MLABackend
 from .cache_layout import CacheLayout
+from .decode_graphs import default_batches, parse_batches
 from .detokenizer import IncrementalDetokenizer
 from .kv_cache import KVCacheManager
 from .model_dir import ModelFacts, load_model_dir
@@ -101,6 +102,8 @@ class LLMEngine:
         batch_invariant: bool | None = None,
         verify: str | None = None,
         speculative_config: dict | str | SpeculativeConfig | None = None,
+        enforce_eager: bool = False,
+        decode_graph_batches: Sequence[int] | str | None = None,
     ):
         """`max_model_len`: the longest sequence (prompt + output) served. Default: the model's
         max_position_embeddings, or less when the KV cache holds fewer tokens (one sequence must
@@ -113,12 +116,24 @@ class LLMEngine:
         $MLA_EXPORT_VERIFY, else sampled (docs/SAFETY.md has the costs).
         `speculative_config`: vLLM's, e.g. {"method": "ngram", "num_speculative_tokens": 3,
         "prompt_lookup_max": 4} (runtime/spec_decode.py), or {"method": "mtp", "num_speculative_tokens": 1}
-        for an export with an MTP draft (runtime/mtp_propose.py; docs/SERVING.md "Speculative decoding")."""
+        for an export with an MTP draft (runtime/mtp_propose.py; docs/SERVING.md "Speculative decoding").
+        `decode_graph_batches` (OpenVINO): the decode batch sizes compiled once more with static shapes, as
+        vLLM captures CUDA graphs (runtime/decode_graphs.py: each of our ops then skips the plugin's
+        per-call shape inference); default 1..min(8, max_num_seqs), none with `enforce_eager` (vLLM's
+        switch), in batch-invariant mode or on onnxruntime."""
         self.speculative_config = SpeculativeConfig.parse(speculative_config)
         if runtime not in RUNTIMES:
             raise ValueError(f"runtime must be one of {RUNTIMES}, got {runtime!r}")
         if batch_invariant is None:
             batch_invariant = envs.VLLM_BATCH_INVARIANT
+        if not isinstance(enforce_eager, bool):
+            raise ValueError(f"enforce_eager must be True or False, got {enforce_eager!r}")
+        graph_batches = parse_batches(decode_graph_batches)
+        if graph_batches is None:  # the default: every small decode batch, where it applies
+            graph_batches = () if enforce_eager or batch_invariant or runtime != "openvino" else \
+                default_batches(max_num_seqs if isinstance(max_num_seqs, int) else 1)
+        elif graph_batches and enforce_eager:
+            raise ValueError("decode_graph_batches and enforce_eager=True contradict each other: give one")
         self.contract, facts = load_model_dir(out_dir, verify)
         self.facts: ModelFacts = facts
         mtp = self.speculative_config is not None and self.speculative_config.method == "mtp"
@@ -146,7 +161,8 @@ class LLMEngine:
         self.kv_cache = KVCacheManager(num_blocks, facts.block_size, enable_prefix_caching=enable_prefix_caching,
                                        block_order_seed=block_order_seed, draft_rows=mtp)
         self.backend = MLABackend(self.contract, num_blocks, runtime=runtime, precision=precision,
-                                  num_threads=num_threads, batch_invariant=batch_invariant, mtp_draft=mtp)
+                                  num_threads=num_threads, batch_invariant=batch_invariant, mtp_draft=mtp,
+                                  decode_graph_batches=graph_batches, max_model_len=self.max_model_len)
         self._mtp = MTPProposer(self.backend, self.kv_cache) if mtp else None
         self.scheduler = Scheduler(self.kv_cache, max_num_seqs, max_num_batched_tokens)
         self.sampler = Sampler()

@@ -63,15 +63,17 @@ def check_cache_bindings(contract: Contract, bound_caches: Sequence[np.ndarray],
 
 
 def check_cache_written_in_place(execute: Callable[[MLAMetadata], np.ndarray], kv_caches: Sequence[np.ndarray],
-                                 who: str, binding_of: Callable[[int], str], names: Sequence[str] | None = None) -> None:
+                                 who: str, binding_of: Callable[[int], str], names: Sequence[str] | None = None,
+                                 out: MetadataBuffers | None = None) -> None:
     """Sentinel step: fill block 0 with a sentinel, run one token at slot 0, read the row back
     from every layer's numpy array. The block is zeroed again afterwards (it must be free).
-    `who` names the runtime; `binding_of(i)` describes how layer i's cache is bound."""
+    `who` names the runtime; `binding_of(i)` describes how layer i's cache is bound; `out`: the
+    buffers the step is built into (an executor's own: the graph it picks for a one-token step)."""
     sentinel = [_SENTINEL_BYTE if c.dtype == np.uint8 else _SENTINEL for c in kv_caches]
     for cache, value in zip(kv_caches, sentinel):
         cache[0] = value
     nb, bs, _ = kv_caches[0].shape
-    step = MLAMetadataBuilder(bs, nb, max_model_len=1).build([1], [1], [[0]], np.zeros(1, np.int32))
+    step = MLAMetadataBuilder(bs, nb, max_model_len=1).build([1], [1], [[0]], np.zeros(1, np.int32), out=out)
     logits = execute(step)
     stale = [i for i, c in enumerate(kv_caches) if np.all(c[0, 0] == sentinel[i])]
     for cache in kv_caches:
@@ -100,6 +102,13 @@ class MetadataTensors(MetadataBuffers):
     def __init__(self):
         self._stores: dict[str, np.ndarray] = {}
         self._last: dict[str, np.ndarray] = {}
+        # (num_seqs, num_tokens, needed) -> the block-table width the executor's graph for such a
+        # step takes, or None: as needed (decode_graphs.py: static decode graphs)
+        self.width_rule: Callable[[int, int, int], int | None] | None = None
+
+    def table_width(self, num_seqs: int, num_tokens: int, needed: int) -> int:
+        width = None if self.width_rule is None else self.width_rule(num_seqs, num_tokens, needed)
+        return needed if width is None else width
 
     def array(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
         last = self._last.get(name)

@@ -25,10 +25,10 @@ from .. import ops
 from ..ops.libraries import ov_core
 from ..ops.ov_op_errors import checked_infer, step_check
 from ..ops.cache_binding import cache_binding
-from ..ops.ov_tensors import shared_tensor
 from ..formats.contract import Contract
 from .batch_invariance import pin_attention_form_openvino
-from .executor_common import CacheNotInPlaceError, MLAExecutor, check_cache_bindings
+from .decode_graphs import CompiledGraph, DecodeGraphs
+from .executor_common import CacheNotInPlaceError, MLAExecutor, check_cache_bindings, check_cache_written_in_place
 from ..ops.memory_plan import check_fits
 from .metadata import MLAMetadata
 from .model_dir import graph_path
@@ -44,7 +44,11 @@ class OpenVINOMLAExecutor(MLAExecutor):
     who = "the OpenVINO plugin"
 
     def __init__(self, contract: Contract, kv_caches: Sequence[np.ndarray], *, precision: str = "bf16",
-                 num_threads: int | None = None, device: str = "CPU", batch_invariant: bool = False):
+                 num_threads: int | None = None, device: str = "CPU", batch_invariant: bool = False,
+                 decode_graph_batches: Sequence[int] = (), max_model_len: int | None = None):
+        """decode_graph_batches: the batch sizes whose pure decode steps run on a graph compiled with
+        static shapes (decode_graphs.py), their block tables padded to the blocks of max_model_len
+        tokens (default: the model's positions), at most the cache's blocks."""
         super().__init__(contract, kv_caches, precision, num_threads)
         core = ov_core()
         path = graph_path(contract)
@@ -71,13 +75,16 @@ class OpenVINOMLAExecutor(MLAExecutor):
         if num_threads is not None:
             config["INFERENCE_NUM_THREADS"] = num_threads
         self.compiled = core.compile_model(model, device, config)
-        self.request = self.compiled.create_infer_request()
-        for name, arr in zip(self.cache_names, self._bound):
-            self.request.set_tensor(name, shared_tensor(arr))
-        self._meta_bound: dict[str, np.ndarray] = {}  # metadata input -> the array its tensor wraps
-        self._logits = self.compiled.output("logits")
-        outputs = {name for port in self.compiled.outputs for name in port.get_names()}
-        self._hidden = self.compiled.output("hidden_states") if "hidden_states" in outputs else None
+        self._dynamic = CompiledGraph(self.compiled, self.cache_names, self._bound)
+        self._active = self._dynamic  # the graph of the last step bound
+        self.decode_graphs = None
+        if decode_graph_batches:
+            blocks, block_size = self._kv_caches[0].shape[:2]
+            tokens = max_model_len or contract.model["max_position_embeddings"]
+            width = min(blocks, -(-tokens // block_size))
+            self.decode_graphs = DecodeGraphs(core, model, device, config, decode_graph_batches, width,
+                                              self.cache_names, self._bound)
+            self.metadata_tensors.width_rule = self.decode_graphs.table_width
         # On one thread the CPU plugin loses a node's exception and a later single-thread infer()
         # crashed the process (OpenVINO 2026.4.1): there the graph's step check is also run
         # before infer(), so a rejected step never throws inside the plugin.
@@ -102,30 +109,50 @@ class OpenVINOMLAExecutor(MLAExecutor):
         feeds = self.metadata_tensors.take(metadata)
         if self._precheck is not None:  # one thread: a bad step must never reach infer()
             step_check(feeds, **self._precheck)
-        bound = self._meta_bound
-        for name, arr in feeds.items():
-            if bound.get(name) is not arr:
-                self.request.set_tensor(name, shared_tensor(arr))
-                bound[name] = arr
+        graph = self.decode_graphs.pick(feeds) if self.decode_graphs is not None else None
+        self._active = graph or self._dynamic
+        self._active.bind(feeds)
+
+    @property
+    def compiled_graphs(self) -> list[CompiledGraph]:
+        """The dynamic graph, then the static decode graphs (profilers read every one's counters)."""
+        return [self._dynamic, *(self.decode_graphs.graphs.values() if self.decode_graphs is not None else ())]
+
+    @property
+    def request(self) -> ov.InferRequest:
+        """The infer request of the last step bound (a static decode graph's or the dynamic graph's)."""
+        return self._active.request
 
     def run(self) -> np.ndarray:
         """The graph alone, on the inputs bound last."""
-        checked_infer(self.request)  # raises even where the plugin loses an op's exception
-        return self.request.get_tensor(self._logits).data
+        checked_infer(self._active.request)  # raises even where the plugin loses an op's exception
+        return self._active.request.get_tensor(self._active.logits).data
 
     def hidden_states(self) -> np.ndarray:
         """The last run's hidden_states output (exports with an MTP draft), a view valid until the next run."""
-        if self._hidden is None:
+        if self._active.hidden is None:
             raise RuntimeError(f"{self.graph_file} has no hidden_states output (the export has no MTP draft)")
-        return self.request.get_tensor(self._hidden).data
+        return self._active.request.get_tensor(self._active.hidden).data
+
+    def check_cache_written_in_place(self) -> None:
+        """The sentinel step on the dynamic graph, and again on the batch-1 static decode graph
+        (its own compiled model binds the same arrays)."""
+        super().check_cache_written_in_place()
+        if self.decode_graphs is not None and 1 in self.decode_graphs.batches:
+            check_cache_written_in_place(self.execute, self._kv_caches, self.who, self.binding_note, self.cache_names,
+                                         out=self.metadata_tensors)
+            assert self._active is self.decode_graphs.graphs[1], "the one-token sentinel step ran the batch-1 graph"
 
     def describe(self) -> str:
         # What the plugin really uses: a bf16 hint falls back to f32 on CPUs without bf16.
         precision = self.compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
         threads = self.compiled.get_property("INFERENCE_NUM_THREADS")
         tiles = f", {self.tiled_projections} projections' codes in 16-row tiles" if self.tiled_projections else ""
+        graphs = self.decode_graphs.batches if self.decode_graphs is not None else ()
+        static = (f", static decode graphs for batch {','.join(map(str, graphs))}" if graphs
+                  else ", every step on the dynamic graph")
         return (f"OpenVINO {ov.get_version().split('-')[0]} CPU: {self.graph_file}, inference precision {precision}, "
-                f"threads {threads or 'default'}, caches written in place{tiles}")
+                f"threads {threads or 'default'}, caches written in place{tiles}{static}")
 
     def binding_note(self, layer: int) -> str:
         return (f"the bound array must be C-contiguous with exactly the graph input's element type (f32, or any "

@@ -31,7 +31,7 @@ _VLLM_ARGS = {"model": None, "tokenizer": None, "dtype": None, "max_model_len": 
               "max_num_seqs": "max_num_seqs", "max_num_batched_tokens": "max_num_batched_tokens",
               "enable_prefix_caching": "enable_prefix_caching", "trust_remote_code": None, "seed": None,
               "tensor_parallel_size": None, "generation_config": None,
-              "speculative_config": "speculative_config"}
+              "speculative_config": "speculative_config", "enforce_eager": "enforce_eager"}
 _DTYPES = {"auto": "bf16", "bfloat16": "bf16", "bf16": "bf16", "float32": "f32", "float": "f32", "f32": "f32"}
 
 

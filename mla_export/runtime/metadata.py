@@ -12,7 +12,8 @@ From these it derives every index the graph needs (see docs/MLA.md, "The paged l
   slot_mapping[t] = block_table[b][pos // BS] * BS + pos % BS
   logits_indices  = query_start_loc[1:] - 1                (the last new token of each sequence;
                     with num_logits[b] > 1 its last num_logits[b] new tokens: prompt logprobs)
-  block_tables    = the tables padded with 0 to the batch's widest needed width
+  block_tables    = the tables padded with 0 to the batch's widest needed width (or to the
+                    fixed width of the executor's static decode graphs, `table_width`)
 Everything is computed with whole-array numpy operations; the only Python loop runs over the
 B sequences (to pack their ragged tables), never over tokens.
 
@@ -78,6 +79,12 @@ class MetadataBuffers:
 
     def array(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
         return np.empty(shape, dtype=np.int32)
+
+    def table_width(self, num_seqs: int, num_tokens: int, needed: int) -> int:
+        """The block_tables width of a step whose widest sequence needs `needed` blocks: that
+        width here; an executor with graphs of a fixed width answers theirs for the steps
+        those graphs run (the extra columns are 0, a block id no kernel reads)."""
+        return needed
 
 
 _FRESH = MetadataBuffers()
@@ -169,16 +176,20 @@ class MLAMetadataBuilder:
         buf = _FRESH if out is None else out
         # Block tables padded with 0 to the widest (a valid block id the kernels never read,
         # since they stop at seq_len).
+        num_tokens = sum(query_lens)
         width, total = max(needed), sum(needed)
+        width = max(width, buf.table_width(num_seqs, num_tokens, width))
         flat = _int32_from(chain.from_iterable(t[:n] for t, n in zip(block_tables, needed)), total,
                            "block_tables", f"block ids must lie in [0, {self.num_blocks})")
         if _out_of_range(flat, self.num_blocks):
             raise ValueError(f"block ids must lie in [0, {self.num_blocks}); got {flat.min()}..{flat.max()}")
-        num_tokens = sum(query_lens)
         input_ids = self._pack_token_ids(new_token_ids, query_lens, num_tokens, buf)
         tables = buf.array("block_tables", (num_seqs, width))
         if total == num_seqs * width:  # every table has the same width: no padding
             tables.reshape(-1)[:] = flat
+        elif num_seqs == 1:
+            tables[0, :total] = flat
+            tables[0, total:] = 0
         else:
             tables.fill(0)
             tables[np.arange(width) < np.array(needed)[:, None]] = flat

@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from mla_export.cli.engine_flags import decode_graph_kwargs
+
 COMMANDS_HELP = "/exit (or Ctrl-D) leaves, /clear starts a new conversation, /help shows this"
 
 
@@ -49,7 +51,7 @@ def run(args, stdin=None, stdout=None) -> int:
                                 top_k=args.top_k, seed=args.seed, output_kind="delta", stop=tuple(args.stop or ()))
         engine = LLMEngine(out_dir, runtime=args.runtime, precision=args.precision, num_threads=args.threads,
                            max_num_seqs=1, max_model_len=args.max_model_len, verify=args.verify,
-                           speculative_config=args.speculative_config)
+                           speculative_config=args.speculative_config, **decode_graph_kwargs(args))
         from mla_export.runtime.chat_prompt import ChatPrompter
 
         prompter = ChatPrompter(engine, args.chat_template)

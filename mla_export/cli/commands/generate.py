@@ -13,6 +13,8 @@ import json
 import sys
 import time
 
+from mla_export.cli.engine_flags import add_decode_graph_flags, decode_graph_kwargs
+
 # vLLM's --dtype values -> the precision hint (no f16 compute on this CPU path).
 DTYPES = {"auto": "bf16", "bfloat16": "bf16", "bf16": "bf16", "float32": "f32", "float": "f32", "f32": "f32"}
 
@@ -45,6 +47,7 @@ def add_run_options(p, max_model_len_what: str) -> None:
     from mla_export.cli.commands.verify import add_verify_flag
 
     add_verify_flag(p)
+    add_decode_graph_flags(p)
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -154,7 +157,7 @@ def run(args, stdout=None) -> int:
                                 stop=tuple(args.stop or ()))
         engine = LLMEngine(out_dir, runtime=args.runtime, precision=args.precision, num_threads=args.threads,
                            max_num_seqs=1, max_model_len=args.max_model_len, verify=args.verify,
-                           speculative_config=args.speculative_config)
+                           speculative_config=args.speculative_config, **decode_graph_kwargs(args))
         if engine.max_model_len < engine.facts.max_model_len:
             print(f"mla-export generate: max_model_len {engine.max_model_len} tokens (the model has "
                   f"{engine.facts.max_model_len})", file=sys.stderr)

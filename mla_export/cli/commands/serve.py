@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from mla_export import envs
+from mla_export.cli.engine_flags import add_decode_graph_flags, decode_graph_kwargs
 
 from .serve_ray import parser_settings
 
@@ -83,6 +84,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     from mla_export.cli.commands.verify import add_verify_flag
 
     add_verify_flag(p)
+    add_decode_graph_flags(p)
     p.add_argument("--api-key", default=envs.MLA_EXPORT_API_KEY,
                    help="require 'Authorization: Bearer KEY' on /v1/* (default: $MLA_EXPORT_API_KEY, else none)")
     p.add_argument("--chat-template", default=None,
@@ -266,7 +268,7 @@ def run(args) -> int:
                            max_num_batched_tokens=args.max_num_batched_tokens,
                            enable_prefix_caching=not args.no_prefix_caching, max_model_len=args.max_model_len,
                            batch_invariant=args.batch_invariant, verify=args.verify,
-                           speculative_config=args.speculative_config)
+                           speculative_config=args.speculative_config, **decode_graph_kwargs(args))
     except (FileNotFoundError, ValueError) as e:
         print(f"mla-export serve: {e}", file=sys.stderr)
         return 2

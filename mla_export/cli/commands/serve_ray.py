@@ -17,6 +17,8 @@ import sys
 import threading
 from pathlib import Path
 
+from mla_export.cli.engine_flags import decode_graph_kwargs
+
 APP_NAME = "mla-export"
 
 
@@ -27,7 +29,7 @@ def settings_from_args(args, out_dir: Path):
                      "kv_cache_memory": args.kv_cache_memory, "max_num_batched_tokens": args.max_num_batched_tokens,
                      "enable_prefix_caching": not args.no_prefix_caching, "max_model_len": args.max_model_len,
                      "batch_invariant": args.batch_invariant,
-                     "speculative_config": args.speculative_config,
+                     "speculative_config": args.speculative_config, **decode_graph_kwargs(args),
                      "verify": args.verify}  # each replica checks its node's copy of the export
     chat_template = args.chat_template
     if chat_template is not None and Path(chat_template).is_file():  # the replicas may be on other nodes

@@ -1,0 +1,118 @@
+"""Decode steps on graphs compiled with static shapes (OpenVINO), as vLLM captures CUDA graphs for
+its decode batch sizes: the same model, the same weights, one compiled graph per batch size B.
+
+Why: OpenVINO's CPU plugin cannot know the output shapes of our custom ops without running them,
+so in a graph with dynamic input shapes it treats every one of them as data-dependent: before
+each call it clones the op with every input as a Constant and re-runs its shape inference, and
+the node becomes a sync point (docs/ARCHITECTURE.md, "What each of our nodes costs in OpenVINO").
+That is ~20-30 us a node, ~200 nodes a step on a 27-layer model. In a graph whose inputs all
+have static shapes the plugin infers every shape once, at compile time, and a step runs only the
+kernels. A decode step's inputs have static shapes once its batch size B is fixed and its block
+tables are padded to one width M (the longest sequence the cache or the model allows); the extra
+columns hold block 0, which no kernel reads (every kernel stops at seq_lens).
+
+What runs here: a pure decode step (one new token per sequence, one logits row per sequence) of
+a batch size in `batches`. Everything else (prefill chunks, mixed steps, speculative verification
+steps, other batch sizes) runs on the dynamic graph. Both compiled graphs share the model's
+constants (the weights are not copied) and the caller's cache arrays.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import numpy as np
+import openvino as ov
+
+from ..ops.ov_tensors import shared_tensor
+
+__all__ = ["CompiledGraph", "DecodeGraphs", "default_batches", "parse_batches"]
+
+MAX_DEFAULT_BATCH = 8  # batches 1..8 compiled by default: a compile each (~1 s at 27 layers), no weight copy
+# Without the plugin's snippets (its generated kernels for runs of elementwise ops and small MLPs).
+# OpenVINO 2026.4.1 crashed while compiling static decode graphs with them, inside its snippets
+# tokenization (right after TokenizeMLPSeqSnippets), at some batch sizes only: 4, 6 and 8 of a tiny
+# f32 DeepSeek-V3. At decode sizes they gained nothing: a 27-layer tiny int8 step took 4.4 ms
+# without them, 5.0 ms with (Zen 4, 2 threads, 3 alternated rounds).
+STATIC_CONFIG = {"SNIPPETS_MODE": "DISABLE"}
+
+
+def default_batches(max_num_seqs: int) -> tuple[int, ...]:
+    return tuple(range(1, min(MAX_DEFAULT_BATCH, max_num_seqs) + 1))
+
+
+def parse_batches(value: Iterable[int] | str | None, what: str = "decode_graph_batches") -> tuple[int, ...] | None:
+    """None (the default list), or the sorted distinct batch sizes; "" or [] = none. A string is
+    a comma-separated list (the CLI's). Anything else is a ValueError naming `what`."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        items = [v.strip() for v in value.split(",") if v.strip()]
+        try:
+            value = [int(v) for v in items]
+        except ValueError:
+            raise ValueError(f"{what} must be comma-separated positive integers, got {value!r}") from None
+    try:
+        sizes = list(value)
+    except TypeError:
+        raise ValueError(f"{what} must be a list of positive integers, got {value!r}") from None
+    if not all(isinstance(b, (int, np.integer)) and not isinstance(b, bool) and b >= 1 for b in sizes):
+        raise ValueError(f"{what} must hold positive integers, got {sizes!r}")
+    return tuple(sorted({int(b) for b in sizes}))
+
+
+class CompiledGraph:
+    """One compiled model and its infer request, with the metadata arrays bound to it: an input
+    is rebound only when the builder handed out a new array (a steady decode step rebinds nothing)."""
+
+    def __init__(self, compiled: ov.CompiledModel, cache_names: Sequence[str], bound_caches: Sequence[np.ndarray]):
+        self.compiled = compiled
+        self.request = compiled.create_infer_request()
+        for name, arr in zip(cache_names, bound_caches):
+            self.request.set_tensor(name, shared_tensor(arr))
+        self._bound: dict[str, np.ndarray] = {}  # metadata input -> the array its tensor wraps
+        self.logits = compiled.output("logits")
+        outputs = {name for port in compiled.outputs for name in port.get_names()}
+        self.hidden = compiled.output("hidden_states") if "hidden_states" in outputs else None
+
+    def bind(self, feeds: dict[str, np.ndarray]) -> None:
+        bound = self._bound
+        for name, arr in feeds.items():
+            if bound.get(name) is not arr:
+                self.request.set_tensor(name, shared_tensor(arr))
+                bound[name] = arr
+
+
+class DecodeGraphs:
+    """The static decode graphs of one executor: `table_width` tells the metadata builder the
+    padded block-table width of the steps they run, `pick(feeds)` the graph of a step (or None)."""
+
+    def __init__(self, core: ov.Core, model: ov.Model, device: str, config: dict, batches: Sequence[int],
+                 table_width: int, cache_names: Sequence[str], bound_caches: Sequence[np.ndarray]):
+        self.width = int(table_width)
+        self.graphs: dict[int, CompiledGraph] = {}
+        caches = {name: list(arr.shape) for name, arr in zip(cache_names, bound_caches)}
+        for b in batches:  # the model is reshaped in place: the dynamic graph was compiled before
+            shapes = {"input_ids": [b], "positions": [b], "slot_mapping": [b], "query_start_loc": [b + 1],
+                      "seq_lens": [b], "block_tables": [b, self.width], "logits_indices": [b], **caches}
+            model.reshape({name: ov.PartialShape(shape) for name, shape in shapes.items()})
+            self.graphs[b] = CompiledGraph(core.compile_model(model, device, {**config, **STATIC_CONFIG}), cache_names, bound_caches)
+
+    @property
+    def batches(self) -> tuple[int, ...]:
+        return tuple(self.graphs)
+
+    def table_width(self, num_seqs: int, num_tokens: int, needed: int) -> int | None:
+        """The width of a pure decode step this object runs; None for any other step."""
+        if num_tokens == num_seqs and num_seqs in self.graphs and needed <= self.width:
+            return self.width
+        return None
+
+    def pick(self, feeds: dict[str, np.ndarray]) -> CompiledGraph | None:
+        """The static graph whose input shapes are exactly this step's, or None."""
+        b = feeds["seq_lens"].shape[0]
+        graph = self.graphs.get(b)
+        if (graph is None or feeds["input_ids"].shape[0] != b or feeds["logits_indices"].shape[0] != b
+                or feeds["block_tables"].shape != (b, self.width)):
+            return None
+        return graph

@@ -139,3 +139,25 @@ def test_options_are_checked(exports):
         LLMEngine(out, runtime="onnxruntime", precision="f32", decode_graph_batches=[1])
     with pytest.raises(ValueError, match="batch-invariant"):
         LLMEngine(out, precision="f32", batch_invariant=True, decode_graph_batches=[1])
+
+
+def test_static_graphs_that_would_copy_the_matmul_weights_are_left_out_unless_asked_for(exports, monkeypatch):
+    """The plugin repacks its own MatMul nodes' weights into every compiled model: an export whose
+    projections are MatMuls (this f32 one) would hold a copy per static graph. Here the allowance
+    is set to nothing, as if the model were large."""
+    from mla_export.ops import memory_plan
+    from mla_export.ops.libraries import ov_core
+    from mla_export.runtime import executor_openvino
+    from mla_export.runtime.decode_graphs import matmul_weight_bytes
+
+    out = exports.model("deepseek_v3", "f32", BS)[1]
+    copied, total = matmul_weight_bytes(ov_core().read_model(str(out / "openvino_model.xml")))
+    assert 0.5 * total < copied < total  # the projections and experts are MatMuls; the embedding is a Gather
+    monkeypatch.setattr(executor_openvino, "MAX_COPIED_BYTES", 0)
+    eng = LLMEngine(out, precision="f32", num_threads=2, max_num_seqs=2)
+    assert eng.executor.decode_graphs is None and "its own copy of the" in eng.executor.describe()
+    eng = LLMEngine(out, precision="f32", num_threads=2, max_num_seqs=2, decode_graph_batches=[2])
+    assert eng.executor.decode_graphs.batches == (2,)
+    monkeypatch.setattr(executor_openvino, "available_bytes", lambda: 1000)
+    with pytest.raises(memory_plan.InsufficientMemoryError, match="decode_graph_batches: 1 static decode graphs"):
+        LLMEngine(out, precision="f32", num_threads=2, decode_graph_batches=[1])

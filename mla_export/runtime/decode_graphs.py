@@ -37,6 +37,36 @@ MAX_DEFAULT_BATCH = 8  # batches 1..8 compiled by default: a compile each (~1 s 
 STATIC_CONFIG = {"SNIPPETS_MODE": "DISABLE"}
 
 
+# The plugin repacks the weights of its own MatMul nodes into every compiled model (our ops read
+# theirs where they lie, shared): a bf16 export whose projections are MatMuls would hold one more
+# copy per static graph (a 3-layer V2-Lite bf16 export: 2.7 GB each; eight took the process past
+# 22 GB). By default static graphs are compiled only where those copies cost at most this share
+# of the weights (int8/int4/fp8 exports: their router weights), or this many bytes (small models).
+MAX_COPIED_SHARE, MAX_COPIED_BYTES = 0.02, 256 << 20
+_PASS_THROUGH = {"Convert", "Subtract", "Multiply", "Reshape", "Transpose", "Unsqueeze"}
+
+
+def matmul_weight_bytes(model: ov.Model) -> tuple[int, int]:
+    """(bytes of the constants that feed the plugin's own MatMul nodes, directly or through a
+    decompression chain; bytes of every constant): what a static graph would copy, of all."""
+    copied = total = 0
+    for op in model.get_ops():
+        if op.get_type_name() != "Constant":
+            continue
+        size = op.get_byte_size()
+        total += size
+        todo = [t.get_node() for t in op.output(0).get_target_inputs()]
+        seen = 0
+        while todo and seen < 16:
+            node, seen = todo.pop(), seen + 1
+            if node.get_type_name() == "MatMul":
+                copied += size
+                break
+            if node.get_type_name() in _PASS_THROUGH:
+                todo.extend(t.get_node() for t in node.output(0).get_target_inputs())
+    return copied, total
+
+
 def default_batches(max_num_seqs: int) -> tuple[int, ...]:
     return tuple(range(1, min(MAX_DEFAULT_BATCH, max_num_seqs) + 1))
 

@@ -119,8 +119,9 @@ class LLMEngine:
         for an export with an MTP draft (runtime/mtp_propose.py; docs/SERVING.md "Speculative decoding").
         `decode_graph_batches` (OpenVINO): the decode batch sizes compiled once more with static shapes, as
         vLLM captures CUDA graphs (runtime/decode_graphs.py: each of our ops then skips the plugin's
-        per-call shape inference); default 1..min(8, max_num_seqs), none with `enforce_eager` (vLLM's
-        switch), in batch-invariant mode or on onnxruntime."""
+        per-call shape inference); default 1..min(8, max_num_seqs) where they do not copy the weights
+        (int8/int4/fp8 exports: the plugin repacks the weights of its own MatMul nodes into each), none
+        with `enforce_eager` (vLLM's switch), in batch-invariant mode or on onnxruntime."""
         self.speculative_config = SpeculativeConfig.parse(speculative_config)
         if runtime not in RUNTIMES:
             raise ValueError(f"runtime must be one of {RUNTIMES}, got {runtime!r}")
@@ -162,7 +163,8 @@ class LLMEngine:
                                        block_order_seed=block_order_seed, draft_rows=mtp)
         self.backend = MLABackend(self.contract, num_blocks, runtime=runtime, precision=precision,
                                   num_threads=num_threads, batch_invariant=batch_invariant, mtp_draft=mtp,
-                                  decode_graph_batches=graph_batches, max_model_len=self.max_model_len)
+                                  decode_graph_batches=graph_batches, max_model_len=self.max_model_len,
+                                  decode_graphs_required=decode_graph_batches is not None)
         self._mtp = MTPProposer(self.backend, self.kv_cache) if mtp else None
         self.scheduler = Scheduler(self.kv_cache, max_num_seqs, max_num_batched_tokens)
         self.sampler = Sampler()

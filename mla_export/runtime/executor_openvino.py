@@ -21,15 +21,15 @@ from typing import Sequence
 import numpy as np
 import openvino as ov
 
-from .. import ops
+from .. import envs, ops
 from ..ops.libraries import ov_core
 from ..ops.ov_op_errors import checked_infer, step_check
 from ..ops.cache_binding import cache_binding
 from ..formats.contract import Contract
 from .batch_invariance import pin_attention_form_openvino
-from .decode_graphs import CompiledGraph, DecodeGraphs
+from .decode_graphs import MAX_COPIED_BYTES, MAX_COPIED_SHARE, CompiledGraph, DecodeGraphs, matmul_weight_bytes
 from .executor_common import CacheNotInPlaceError, MLAExecutor, check_cache_bindings, check_cache_written_in_place
-from ..ops.memory_plan import check_fits
+from ..ops.memory_plan import SKIP_ENV, InsufficientMemoryError, available_bytes, check_fits
 from .metadata import MLAMetadata
 from .model_dir import graph_path
 from .qlinear_tiles import pack_qlinear_tiles
@@ -45,10 +45,13 @@ class OpenVINOMLAExecutor(MLAExecutor):
 
     def __init__(self, contract: Contract, kv_caches: Sequence[np.ndarray], *, precision: str = "bf16",
                  num_threads: int | None = None, device: str = "CPU", batch_invariant: bool = False,
-                 decode_graph_batches: Sequence[int] = (), max_model_len: int | None = None):
+                 decode_graph_batches: Sequence[int] = (), decode_graphs_required: bool = False,
+                 max_model_len: int | None = None):
         """decode_graph_batches: the batch sizes whose pure decode steps run on a graph compiled with
         static shapes (decode_graphs.py), their block tables padded to the blocks of max_model_len
-        tokens (default: the model's positions), at most the cache's blocks."""
+        tokens (default: the model's positions), at most the cache's blocks. Unless
+        decode_graphs_required, none are compiled where each would copy more than a small share of
+        the weights (an export whose projections are the plugin's own MatMul nodes)."""
         super().__init__(contract, kv_caches, precision, num_threads)
         core = ov_core()
         path = graph_path(contract)
@@ -77,7 +80,10 @@ class OpenVINOMLAExecutor(MLAExecutor):
         self.compiled = core.compile_model(model, device, config)
         self._dynamic = CompiledGraph(self.compiled, self.cache_names, self._bound)
         self._active = self._dynamic  # the graph of the last step bound
-        self.decode_graphs = None
+        self.decode_graphs, self.decode_graphs_note = None, ""
+        if decode_graph_batches and (why := self._decode_graphs_cost(model, len(decode_graph_batches),
+                                                                      decode_graphs_required)):
+            self.decode_graphs_note, decode_graph_batches = why, ()
         if decode_graph_batches:
             blocks, block_size = self._kv_caches[0].shape[:2]
             tokens = max_model_len or contract.model["max_position_embeddings"]
@@ -134,6 +140,26 @@ class OpenVINOMLAExecutor(MLAExecutor):
             raise RuntimeError(f"{self.graph_file} has no hidden_states output (the export has no MTP draft)")
         return self._active.request.get_tensor(self._active.hidden).data
 
+    def _decode_graphs_cost(self, model: ov.Model, count: int, required: bool) -> str:
+        """Why the static decode graphs are left out ("" = compile them); raises when they are
+        required and their copies of the MatMul weights cannot fit in memory."""
+        copied, total = matmul_weight_bytes(model)
+        extra = copied * count * (2 if self.precision == "f32" else 1)  # f32 inference widens 2-byte weights
+        if extra <= max(MAX_COPIED_SHARE * total, MAX_COPIED_BYTES):
+            return ""
+        gib = copied / (1 << 30)
+        if not required:
+            return (f"every step on the dynamic graph: each static decode graph would hold its own copy of the "
+                    f"{gib:.2f} GiB of weights the plugin's MatMul nodes repack (decode_graph_batches to compile anyway)")
+        have = available_bytes()
+        if have is not None and extra > have and not envs.get(SKIP_ENV):
+            raise InsufficientMemoryError(
+                f"decode_graph_batches: {count} static decode graphs would each hold their own copy of the {gib:.2f} "
+                f"GiB of weights the plugin's MatMul nodes repack ({extra / (1 << 30):.1f} GiB in all), but only "
+                f"{have / (1 << 30):.1f} GiB is available: pass fewer batch sizes, or none (set {SKIP_ENV}=1 to "
+                f"compile anyway)")
+        return ""
+
     def check_cache_written_in_place(self) -> None:
         """The sentinel step on the dynamic graph, and again on the batch-1 static decode graph
         (its own compiled model binds the same arrays)."""
@@ -150,7 +176,7 @@ class OpenVINOMLAExecutor(MLAExecutor):
         tiles = f", {self.tiled_projections} projections' codes in 16-row tiles" if self.tiled_projections else ""
         graphs = self.decode_graphs.batches if self.decode_graphs is not None else ()
         static = (f", static decode graphs for batch {','.join(map(str, graphs))}" if graphs
-                  else ", every step on the dynamic graph")
+                  else f", {self.decode_graphs_note or 'every step on the dynamic graph'}")
         return (f"OpenVINO {ov.get_version().split('-')[0]} CPU: {self.graph_file}, inference precision {precision}, "
                 f"threads {threads or 'default'}, caches written in place{tiles}{static}")
 

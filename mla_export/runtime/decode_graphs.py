@@ -24,9 +24,12 @@ from typing import Iterable, Sequence
 import numpy as np
 import openvino as ov
 
+from .. import envs
+from ..ops import memory_plan
 from ..ops.ov_tensors import shared_tensor
 
-__all__ = ["CompiledGraph", "DecodeGraphs", "default_batches", "parse_batches"]
+__all__ = ["CompiledGraph", "DecodeGraphs", "default_batches", "parse_batches", "matmul_weight_bytes",
+           "weight_copies_note"]
 
 MAX_DEFAULT_BATCH = 8  # batches 1..8 compiled by default: a compile each (~1 s at 27 layers), no weight copy
 # Without the plugin's snippets (its generated kernels for runs of elementwise ops and small MLPs).
@@ -65,6 +68,27 @@ def matmul_weight_bytes(model: ov.Model) -> tuple[int, int]:
             if node.get_type_name() in _PASS_THROUGH:
                 todo.extend(t.get_node() for t in node.output(0).get_target_inputs())
     return copied, total
+
+
+def weight_copies_note(model: ov.Model, count: int, precision: str, required: bool) -> str:
+    """Why `count` static decode graphs of `model` are left out ("" = compile them); raises
+    InsufficientMemoryError when they are `required` and their weight copies cannot fit."""
+    copied, total = matmul_weight_bytes(model)
+    extra = copied * count * (2 if precision == "f32" else 1)  # f32 inference widens 2-byte weights
+    if extra <= max(MAX_COPIED_SHARE * total, MAX_COPIED_BYTES):
+        return ""
+    gib = copied / (1 << 30)
+    if not required:
+        return (f"every step on the dynamic graph: each static decode graph would hold its own copy of the "
+                f"{gib:.2f} GiB of weights the plugin's MatMul nodes repack (decode_graph_batches to compile anyway)")
+    have = memory_plan.available_bytes()
+    if have is not None and extra > have and not envs.get(memory_plan.SKIP_ENV):
+        raise memory_plan.InsufficientMemoryError(
+            f"decode_graph_batches: {count} static decode graphs would each hold their own copy of the {gib:.2f} "
+            f"GiB of weights the plugin's MatMul nodes repack ({extra / (1 << 30):.1f} GiB in all), but only "
+            f"{have / (1 << 30):.1f} GiB is available: pass fewer batch sizes, or none (set "
+            f"{memory_plan.SKIP_ENV}=1 to compile anyway)")
+    return ""
 
 
 def default_batches(max_num_seqs: int) -> tuple[int, ...]:
@@ -118,8 +142,9 @@ class DecodeGraphs:
     padded block-table width of the steps they run, `pick(feeds)` the graph of a step (or None)."""
 
     def __init__(self, core: ov.Core, model: ov.Model, device: str, config: dict, batches: Sequence[int],
-                 table_width: int, cache_names: Sequence[str], bound_caches: Sequence[np.ndarray]):
-        self.width = int(table_width)
+                 max_model_len: int, cache_names: Sequence[str], bound_caches: Sequence[np.ndarray]):
+        blocks, block_size = bound_caches[0].shape[:2]
+        self.width = min(blocks, -(-max_model_len // block_size))  # no sequence holds more blocks
         self.graphs: dict[int, CompiledGraph] = {}
         caches = {name: list(arr.shape) for name, arr in zip(cache_names, bound_caches)}
         for b in batches:  # the model is reshaped in place: the dynamic graph was compiled before

@@ -21,15 +21,15 @@ from typing import Sequence
 import numpy as np
 import openvino as ov
 
-from .. import envs, ops
+from .. import ops
 from ..ops.libraries import ov_core
 from ..ops.ov_op_errors import checked_infer, step_check
 from ..ops.cache_binding import cache_binding
 from ..formats.contract import Contract
 from .batch_invariance import pin_attention_form_openvino
-from .decode_graphs import MAX_COPIED_BYTES, MAX_COPIED_SHARE, CompiledGraph, DecodeGraphs, matmul_weight_bytes
+from .decode_graphs import CompiledGraph, DecodeGraphs, weight_copies_note
 from .executor_common import CacheNotInPlaceError, MLAExecutor, check_cache_bindings, check_cache_written_in_place
-from ..ops.memory_plan import SKIP_ENV, InsufficientMemoryError, available_bytes, check_fits
+from ..ops.memory_plan import check_fits
 from .metadata import MLAMetadata
 from .model_dir import graph_path
 from .qlinear_tiles import pack_qlinear_tiles
@@ -81,14 +81,12 @@ class OpenVINOMLAExecutor(MLAExecutor):
         self._dynamic = CompiledGraph(self.compiled, self.cache_names, self._bound)
         self._active = self._dynamic  # the graph of the last step bound
         self.decode_graphs, self.decode_graphs_note = None, ""
-        if decode_graph_batches and (why := self._decode_graphs_cost(model, len(decode_graph_batches),
-                                                                      decode_graphs_required)):
+        if decode_graph_batches and (why := weight_copies_note(model, len(decode_graph_batches), precision,
+                                                                decode_graphs_required)):
             self.decode_graphs_note, decode_graph_batches = why, ()
         if decode_graph_batches:
-            blocks, block_size = self._kv_caches[0].shape[:2]
             tokens = max_model_len or contract.model["max_position_embeddings"]
-            width = min(blocks, -(-tokens // block_size))
-            self.decode_graphs = DecodeGraphs(core, model, device, config, decode_graph_batches, width,
+            self.decode_graphs = DecodeGraphs(core, model, device, config, decode_graph_batches, tokens,
                                               self.cache_names, self._bound)
             self.metadata_tensors.width_rule = self.decode_graphs.table_width
         # On one thread the CPU plugin loses a node's exception and a later single-thread infer()
@@ -139,26 +137,6 @@ class OpenVINOMLAExecutor(MLAExecutor):
         if self._active.hidden is None:
             raise RuntimeError(f"{self.graph_file} has no hidden_states output (the export has no MTP draft)")
         return self._active.request.get_tensor(self._active.hidden).data
-
-    def _decode_graphs_cost(self, model: ov.Model, count: int, required: bool) -> str:
-        """Why the static decode graphs are left out ("" = compile them); raises when they are
-        required and their copies of the MatMul weights cannot fit in memory."""
-        copied, total = matmul_weight_bytes(model)
-        extra = copied * count * (2 if self.precision == "f32" else 1)  # f32 inference widens 2-byte weights
-        if extra <= max(MAX_COPIED_SHARE * total, MAX_COPIED_BYTES):
-            return ""
-        gib = copied / (1 << 30)
-        if not required:
-            return (f"every step on the dynamic graph: each static decode graph would hold its own copy of the "
-                    f"{gib:.2f} GiB of weights the plugin's MatMul nodes repack (decode_graph_batches to compile anyway)")
-        have = available_bytes()
-        if have is not None and extra > have and not envs.get(SKIP_ENV):
-            raise InsufficientMemoryError(
-                f"decode_graph_batches: {count} static decode graphs would each hold their own copy of the {gib:.2f} "
-                f"GiB of weights the plugin's MatMul nodes repack ({extra / (1 << 30):.1f} GiB in all), but only "
-                f"{have / (1 << 30):.1f} GiB is available: pass fewer batch sizes, or none (set {SKIP_ENV}=1 to "
-                f"compile anyway)")
-        return ""
 
     def check_cache_written_in_place(self) -> None:
         """The sentinel step on the dynamic graph, and again on the batch-1 static decode graph

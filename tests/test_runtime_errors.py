@@ -103,6 +103,22 @@ def test_bad_prompts_and_params(engine, out_dir):
 def test_a_cache_the_plugin_copies_is_refused(out_dir, monkeypatch):
     # Bind each cache as a private copy, as the plugin does behind a Convert: the start-up
     # sentinel step must notice that the numpy arrays were not written.
-    monkeypatch.setattr(executor_openvino, "shared_tensor", lambda arr: ov.Tensor(arr, shared_memory=False))
+    from mla_export.runtime import decode_graphs
+
+    real = decode_graphs.shared_tensor
+    monkeypatch.setattr(decode_graphs, "shared_tensor", lambda arr: ov.Tensor(arr, shared_memory=False))
     with pytest.raises(executor_openvino.CacheNotInPlaceError, match="not write kv_cache.0"):
         LLMEngine(out_dir, precision="f32", num_blocks=8)
+    # Only the static decode graphs' caches copied (the dynamic graph's shared): the sentinel step
+    # on the batch-1 graph notices.
+    made = []
+
+    def second_graph_copies(arr):
+        return ov.Tensor(arr, shared_memory=False) if len(made) > 1 else real(arr)
+
+    init = decode_graphs.CompiledGraph.__init__
+    monkeypatch.setattr(decode_graphs.CompiledGraph, "__init__", lambda self, *a: made.append(self) or init(self, *a))
+    monkeypatch.setattr(decode_graphs, "shared_tensor", second_graph_copies)
+    with pytest.raises(executor_openvino.CacheNotInPlaceError, match="not write kv_cache.0"):
+        LLMEngine(out_dir, precision="f32", num_blocks=8, decode_graph_batches=[1])
+    assert len(made) == 2

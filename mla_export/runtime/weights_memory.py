@@ -8,8 +8,9 @@ behind it). Read into an anonymous mapping with MADV_HUGEPAGE instead, the same 
 measured on the 3-layer V2-Lite-shaped int8 export (batch-8 decode step, 2 threads, Xeon VM,
 alternated, docs/BENCHMARKS.md) 64.6-69.0 ms mapped against 57.6-62.2 ms from this buffer (in
 4 KiB anonymous pages it was ~2.5 ms slower than in huge ones), with the same resident memory
-(the file mapping's pages were resident too; page-cache pages the read leaves behind are
-reclaimable and not the process's).
+(the file mapping's pages were resident too). The read drops the file's page-cache pages as it
+goes (a second copy of every byte, which only crowds out huge pages; a second process loading the
+same export reads it from disk again).
 
 The buffer is read once at start-up (sequential reads, as fast as the file system), must outlive
 the compiled model (the constants point into it: OpenVINO shares a weights tensor's memory), and

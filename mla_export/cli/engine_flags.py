@@ -20,7 +20,7 @@ def add_decode_graph_flags(p: argparse.ArgumentParser) -> None:
                    help="run every step on the dynamic graph: no static decode graphs (vLLM's flag for no CUDA graphs)")
     p.add_argument("--decode-graph-batches", type=_batches, default=None, metavar="B,B,...",
                    help="decode batch sizes compiled once more with static shapes, as vLLM captures CUDA graphs "
-                        "(OpenVINO; default 1..min(8, max sequences); '' = none; docs/ARCHITECTURE.md)")
+                        "(OpenVINO; default 1,2,4,8 up to the max sequences; '' = none; docs/ARCHITECTURE.md)")
 
 
 def decode_graph_kwargs(args) -> dict:

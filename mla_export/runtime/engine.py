@@ -119,7 +119,7 @@ class LLMEngine:
         for an export with an MTP draft (runtime/mtp_propose.py; docs/SERVING.md "Speculative decoding").
         `decode_graph_batches` (OpenVINO): the decode batch sizes compiled once more with static shapes, as
         vLLM captures CUDA graphs (runtime/decode_graphs.py: each of our ops then skips the plugin's
-        per-call shape inference); default 1..min(8, max_num_seqs) where they do not copy the weights
+        per-call shape inference); default 1, 2, 4 and 8 up to max_num_seqs, where memory holds them and they do not copy the weights
         (int8/int4/fp8 exports: the plugin repacks the weights of its own MatMul nodes into each), none
         with `enforce_eager` (vLLM's switch), in batch-invariant mode or on onnxruntime."""
         self.speculative_config = SpeculativeConfig.parse(speculative_config)

@@ -13,8 +13,9 @@ columns hold block 0, which no kernel reads (every kernel stops at seq_lens).
 
 What runs here: a pure decode step (one new token per sequence, one logits row per sequence) of
 a batch size in `batches`. Everything else (prefill chunks, mixed steps, speculative verification
-steps, other batch sizes) runs on the dynamic graph. Both compiled graphs share the model's
-constants (the weights are not copied) and the caller's cache arrays.
+steps, other batch sizes) runs on the dynamic graph. Every graph binds the caller's cache arrays
+and reads our ops' weights where they lie; the plugin's own MatMul nodes repack theirs into each
+compiled model, and each static graph holds some memory of its own (the rules below).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from ..ops import memory_plan
 from ..ops.ov_tensors import shared_tensor
 
 __all__ = ["CompiledGraph", "DecodeGraphs", "default_batches", "parse_batches", "matmul_weight_bytes",
-           "weight_copies_note"]
+           "static_graphs_note"]
 
 # The batch sizes compiled by default (those up to max_num_seqs), as vLLM's capture sizes begin.
 # Each costs a compile (~1 s at 27 layers) and ~2-3% of the weights' size in memory of its own
@@ -75,7 +76,7 @@ def matmul_weight_bytes(model: ov.Model) -> tuple[int, int]:
     return copied, total
 
 
-def weight_copies_note(model: ov.Model, count: int, precision: str, required: bool) -> str:
+def static_graphs_note(model: ov.Model, count: int, precision: str, required: bool) -> str:
     """Why `count` static decode graphs of `model` are left out ("" = compile them); raises
     InsufficientMemoryError when they are `required` and cannot fit in the memory available."""
     copied, total = matmul_weight_bytes(model)

@@ -27,7 +27,7 @@ from ..ops.ov_op_errors import checked_infer, step_check
 from ..ops.cache_binding import cache_binding
 from ..formats.contract import Contract
 from .batch_invariance import pin_attention_form_openvino
-from .decode_graphs import CompiledGraph, DecodeGraphs, weight_copies_note
+from .decode_graphs import CompiledGraph, DecodeGraphs, static_graphs_note
 from .executor_common import CacheNotInPlaceError, MLAExecutor, check_cache_bindings, check_cache_written_in_place
 from ..ops.memory_plan import check_fits
 from .metadata import MLAMetadata
@@ -81,7 +81,7 @@ class OpenVINOMLAExecutor(MLAExecutor):
         self._dynamic = CompiledGraph(self.compiled, self.cache_names, self._bound)
         self._active = self._dynamic  # the graph of the last step bound
         self.decode_graphs, self.decode_graphs_note = None, ""
-        if decode_graph_batches and (why := weight_copies_note(model, len(decode_graph_batches), precision,
+        if decode_graph_batches and (why := static_graphs_note(model, len(decode_graph_batches), precision,
                                                                 decode_graphs_required)):
             self.decode_graphs_note, decode_graph_batches = why, ()
         if decode_graph_batches:

@@ -50,7 +50,8 @@ STATIC_CONFIG = {"SNIPPETS_MODE": "DISABLE"}
 # theirs where they lie, shared): a bf16 export whose projections are MatMuls would hold one more
 # copy per static graph (a 3-layer V2-Lite bf16 export: 2.7 GB each; eight took the process past
 # 22 GB). By default static graphs are compiled only where those copies cost at most this share
-# of the weights (int8/int4/fp8 exports: their router weights), or this many bytes (small models).
+# of the weights (quantized exports, whose projections are our ops: their router weights), or this
+# many bytes (small models).
 MAX_COPIED_SHARE, MAX_COPIED_BYTES = 0.02, 256 << 20
 _PASS_THROUGH = {"Convert", "Subtract", "Multiply", "Reshape", "Transpose", "Unsqueeze"}
 

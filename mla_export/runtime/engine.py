@@ -119,9 +119,10 @@ class LLMEngine:
         for an export with an MTP draft (runtime/mtp_propose.py; docs/SERVING.md "Speculative decoding").
         `decode_graph_batches` (OpenVINO): the decode batch sizes compiled once more with static shapes, as
         vLLM captures CUDA graphs (runtime/decode_graphs.py: each of our ops then skips the plugin's
-        per-call shape inference); default 1, 2, 4 and 8 up to max_num_seqs, where memory holds them and they do not copy the weights
-        (quantized exports: the plugin repacks the weights of its own MatMul nodes into each), none
-        with `enforce_eager` (vLLM's switch), in batch-invariant mode or on onnxruntime."""
+        per-call shape inference); default 1, 2, 4 and 8 up to max_num_seqs, where memory holds them
+        and they do not copy the weights (quantized exports: the plugin repacks the weights of its own
+        MatMul nodes into each), none with `enforce_eager` (vLLM's switch), in batch-invariant mode or
+        on onnxruntime."""
         self.speculative_config = SpeculativeConfig.parse(speculative_config)
         if runtime not in RUNTIMES:
             raise ValueError(f"runtime must be one of {RUNTIMES}, got {runtime!r}")

@@ -27,7 +27,8 @@ BS, NB, MAX_LEN = 4, 48, 80  # table width min(48, 80 / 4) = 20
 @pytest.fixture(scope="module")
 def backend(exports):
     contract, _ = load_model_dir(exports.model("deepseek_v3", "f32", BS)[1])
-    be = MLABackend(contract, NB, precision="f32", num_threads=2, decode_graph_batches=(1, 3), max_model_len=MAX_LEN)
+    be = MLABackend(contract, NB, precision="f32", num_threads=2, decode_graph_batches=(1, 3), verify_tokens=2,
+                    max_model_len=MAX_LEN)
     return be
 
 
@@ -55,7 +56,7 @@ def test_a_decode_step_on_its_static_graph_equals_the_dynamic_graph(backend, rng
     tables, ids = _poisoned_step(backend, rng, seq_lens)
     b = len(seq_lens)
     static = np.array(backend.execute(seq_lens, [1] * b, tables, ids), copy=True)
-    graph = ex.decode_graphs.graphs[b]
+    graph = ex.decode_graphs.decode_graph(b)
     assert ex.request is graph.request, "the decode step ran on the dynamic graph"
     padded = ex.metadata_tensors.array("block_tables", (b, ex.decode_graphs.width))
     for row, table in zip(padded, tables):  # the builder wrote the padded width in place: 0 past each table
@@ -64,6 +65,27 @@ def test_a_decode_step_on_its_static_graph_equals_the_dynamic_graph(backend, rng
     dynamic = np.array(ex.execute(backend.build(seq_lens, [1] * b, tables, ids)), copy=True)
     assert ex.request is not graph.request
     assert np.isfinite(static).all()
+    np.testing.assert_allclose(static, dynamic, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("query_lens", [[2, 2, 2], [1, 3, 2], [2]])
+def test_a_verify_step_on_its_static_graph_equals_the_dynamic_graph(backend, rng, query_lens):
+    """Speculative decoding's verify step, every new token's logits: its shape (B, T, L) is all the
+    static graph fixes ((3, 6, 6) and (1, 2, 2) here), so [1, 3, 2] runs on it too."""
+    ex = backend.executor
+    seq_lens = [9, 17, 4][:len(query_lens)]
+    tables, _ = _poisoned_step(backend, rng, seq_lens)
+    for cache in backend.kv_caches:  # the rows of each sequence's other new tokens are written by the step
+        for table, s, q in zip(tables, seq_lens, query_lens):
+            for pos in range(s - q, s - 1):
+                cache[table[pos // BS], pos % BS] = np.nan
+    ids = [rng.integers(0, backend.builder.vocab_size, size=q).tolist() for q in query_lens]
+    b, t = len(query_lens), sum(query_lens)
+    static = np.array(backend.execute(seq_lens, query_lens, tables, ids, num_logits=query_lens), copy=True)
+    assert ex.request is ex.decode_graphs.graphs[(b, t, t)].request
+    dynamic = np.array(ex.execute(backend.build(seq_lens, query_lens, tables, ids, num_logits=query_lens)), copy=True)
+    assert ex.request not in {g.request for g in ex.decode_graphs.graphs.values()}  # fresh arrays: as wide as needed
+    assert static.shape == (t, backend.builder.vocab_size) and np.isfinite(static).all()
     np.testing.assert_allclose(static, dynamic, rtol=0, atol=1e-5)
 
 
@@ -95,7 +117,7 @@ def test_a_bad_step_on_the_static_graph_is_refused_and_moves_no_cache_byte(backe
         bad = {k: np.ascontiguousarray(change.get(k, v), dtype=np.int32) for k, v in good.items()}
         with pytest.raises(Exception) as e:
             ex.execute(MLAMetadata(**bad))
-        assert ex.request is ex.decode_graphs.graphs[3].request  # it was the static graph that refused it
+        assert ex.request is ex.decode_graphs.decode_graph(3).request  # it was the static graph that refused it
         assert "MlaStepCheck" in str(e.value) and name in str(e.value), str(e.value)[-400:]
         assert all(np.array_equal(b.view(np.uint32), c.view(np.uint32)) for b, c in zip(before, backend.kv_caches))
     assert np.isfinite(np.array(ex.execute(MLAMetadata(**good)))).all()  # and the good step still runs
@@ -159,7 +181,7 @@ def test_static_graphs_that_would_copy_the_matmul_weights_are_left_out_unless_as
     eng = LLMEngine(out, precision="f32", num_threads=2, max_num_seqs=2)
     assert eng.executor.decode_graphs is None and "its own copy of the" in eng.executor.describe()
     eng = LLMEngine(out, precision="f32", num_threads=2, max_num_seqs=2, decode_graph_batches=[2])
-    assert eng.executor.decode_graphs.batches == (2,)
+    assert list(eng.executor.decode_graphs.graphs) == [(2, 2, 2)]
     # 1000 bytes free when the static graphs are checked (the main graph's own check is left as it is)
     monkeypatch.setattr(decode_graphs, "memory_plan", SimpleNamespace(
         available_bytes=lambda: 1000, SKIP_ENV=memory_plan.SKIP_ENV, InsufficientMemoryError=memory_plan.InsufficientMemoryError))

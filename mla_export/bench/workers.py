@@ -158,7 +158,7 @@ def worker_profile(spec: dict) -> dict:
     # graphs, whose nodes have the same names). The sentinel step ran once on the dynamic graph
     # and once on the batch-1 static graph.
     graphs = ex.compiled_graphs
-    static1 = ex.decode_graphs.graphs.get(1) if ex.decode_graphs is not None else None
+    static1 = ex.decode_graphs.decode_graph(1) if ex.decode_graphs is not None else None
     n_infer = {id(g.request): 1 if i == 0 or g is static1 else 0 for i, g in enumerate(graphs)}
 
     def cumulative():

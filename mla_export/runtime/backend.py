@@ -55,7 +55,7 @@ class MLABackend:
     def __init__(self, contract: Contract, num_blocks: int, *, runtime: str = "openvino", precision: str = "bf16",
                  num_threads: int | None = None, batch_invariant: bool = False, mtp_draft: bool = False,
                  decode_graph_batches: Sequence[int] = (), decode_graphs_required: bool = False,
-                 max_model_len: int | None = None):
+                 verify_tokens: int = 0, max_model_len: int | None = None):
         """batch_invariant: each sequence's logits the same whatever else is in the step and however its
         prompt was cut into chunks (batch_invariance.py says what that pins and what it refuses).
         mtp_draft: also compile the export's MTP draft graph (mtp_draft.py) on a latent cache of its
@@ -64,7 +64,8 @@ class MLABackend:
         KVCacheManager hands out serves both and block copies are applied to it too.
         decode_graph_batches (OpenVINO): the batch sizes whose decode steps run on graphs compiled
         with static shapes (decode_graphs.py), block tables padded to max_model_len's blocks; unless
-        decode_graphs_required, left out where each would copy the plugin's MatMul weights."""
+        decode_graphs_required, left out where each would copy the plugin's MatMul weights;
+        verify_tokens (1 + drafts a sequence): their speculative verify steps too."""
         if not isinstance(batch_invariant, bool):
             raise ValueError(f"batch_invariant must be True or False, got {batch_invariant!r}")
         if batch_invariant and (why := batch_invariance.problem(contract, precision, runtime)):
@@ -84,7 +85,7 @@ class MLABackend:
             if batch_invariant:
                 raise ValueError("decode_graph_batches: batch-invariant mode runs every step on one graph (pass none)")
             static = {"decode_graph_batches": tuple(decode_graph_batches), "max_model_len": max_model_len,
-                      "decode_graphs_required": decode_graphs_required}
+                      "decode_graphs_required": decode_graphs_required, "verify_tokens": verify_tokens}
         self.executor = impl(contract, self.kv_caches, precision=precision, num_threads=num_threads,
                              batch_invariant=batch_invariant, **static)
         self.draft, self.draft_cache, self.draft_caches = None, None, []

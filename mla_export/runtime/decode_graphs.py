@@ -12,8 +12,9 @@ tables are padded to one width M (the longest sequence the cache or the model al
 columns hold block 0, which no kernel reads (every kernel stops at seq_lens).
 
 What runs here: a pure decode step (one new token per sequence, one logits row per sequence) of
-a batch size in `batches`. Everything else (prefill chunks, mixed steps, speculative verification
-steps, other batch sizes) runs on the dynamic graph. Every graph binds the caller's cache arrays
+a batch size in the list, and, with speculative decoding of k drafts a sequence, a verify step of
+such a batch with every sequence's k drafts (k + 1 tokens and logits rows a sequence). Everything
+else (prefill chunks, mixed steps, other shapes) runs on the dynamic graph. Every graph binds the caller's cache arrays
 and reads our ops' weights where they lie; the plugin's own MatMul nodes repack theirs into each
 compiled model, and each static graph holds some memory of its own (the rules below).
 """
@@ -30,7 +31,7 @@ from ..ops import memory_plan
 from ..ops.ov_tensors import shared_tensor
 
 __all__ = ["CompiledGraph", "DecodeGraphs", "default_batches", "parse_batches", "matmul_weight_bytes",
-           "static_graphs_note"]
+           "static_graphs_note", "step_shapes"]
 
 # The batch sizes compiled by default (those up to max_num_seqs), as vLLM's capture sizes begin.
 # Each costs a compile (~1 s at 27 layers) and ~2-3% of the weights' size in memory of its own
@@ -148,36 +149,53 @@ class CompiledGraph:
 
 
 class DecodeGraphs:
-    """The static decode graphs of one executor: `table_width` tells the metadata builder the
-    padded block-table width of the steps they run, `pick(feeds)` the graph of a step (or None)."""
+    """The static graphs of one executor, one per step shape (B sequences, T new tokens, L logits
+    rows): (b, b, b) for a decode batch of b; with speculative decoding of k drafts a sequence,
+    also (b, b(k + 1), b(k + 1)) for its verify steps. `table_width` tells the metadata builder the
+    padded block-table width of the steps they run, `pick(feeds)` the graph of a step (or None).
+    Only the shapes must match: how T tokens fall among the B sequences is the step's data."""
 
-    def __init__(self, core: ov.Core, model: ov.Model, device: str, config: dict, batches: Sequence[int],
+    def __init__(self, core: ov.Core, model: ov.Model, device: str, config: dict, shapes: Sequence[tuple[int, int, int]],
                  max_model_len: int, cache_names: Sequence[str], bound_caches: Sequence[np.ndarray]):
         blocks, block_size = bound_caches[0].shape[:2]
         self.width = min(blocks, -(-max_model_len // block_size))  # no sequence holds more blocks
-        self.graphs: dict[int, CompiledGraph] = {}
+        self.graphs: dict[tuple[int, int, int], CompiledGraph] = {}
         caches = {name: list(arr.shape) for name, arr in zip(cache_names, bound_caches)}
-        for b in batches:  # the model is reshaped in place: the dynamic graph was compiled before
-            shapes = {"input_ids": [b], "positions": [b], "slot_mapping": [b], "query_start_loc": [b + 1],
-                      "seq_lens": [b], "block_tables": [b, self.width], "logits_indices": [b], **caches}
-            model.reshape({name: ov.PartialShape(shape) for name, shape in shapes.items()})
-            self.graphs[b] = CompiledGraph(core.compile_model(model, device, {**config, **STATIC_CONFIG}), cache_names, bound_caches)
+        for b, t, l in shapes:  # the model is reshaped in place: the dynamic graph was compiled before
+            inputs = {"input_ids": [t], "positions": [t], "slot_mapping": [t], "query_start_loc": [b + 1],
+                      "seq_lens": [b], "block_tables": [b, self.width], "logits_indices": [l], **caches}
+            model.reshape({name: ov.PartialShape(shape) for name, shape in inputs.items()})
+            compiled = core.compile_model(model, device, {**config, **STATIC_CONFIG})
+            self.graphs[(b, t, l)] = CompiledGraph(compiled, cache_names, bound_caches)
+        self._steps = {(b, t) for b, t, _ in self.graphs}
 
-    @property
-    def batches(self) -> tuple[int, ...]:
-        return tuple(self.graphs)
+    def describe(self) -> str:
+        decode = [str(b) for b, t, _ in self.graphs if t == b]
+        verify = [f"{b}x{t // b}" for b, t, _ in self.graphs if t != b]
+        return f"static decode graphs for batch {','.join(decode)}" + (
+            f" and verify steps {','.join(verify)} (sequences x tokens)" if verify else "")
+
+    def decode_graph(self, b: int) -> CompiledGraph | None:
+        """The graph of a decode batch of b (one token a sequence), if compiled."""
+        return self.graphs.get((b, b, b))
 
     def table_width(self, num_seqs: int, num_tokens: int, needed: int) -> int | None:
-        """The width of a pure decode step this object runs; None for any other step."""
-        if num_tokens == num_seqs and num_seqs in self.graphs and needed <= self.width:
-            return self.width
-        return None
+        """The width of a step of a shape this object runs; None for any other step."""
+        return self.width if (num_seqs, num_tokens) in self._steps and needed <= self.width else None
 
     def pick(self, feeds: dict[str, np.ndarray]) -> CompiledGraph | None:
         """The static graph whose input shapes are exactly this step's, or None."""
         b = feeds["seq_lens"].shape[0]
-        graph = self.graphs.get(b)
-        if (graph is None or feeds["input_ids"].shape[0] != b or feeds["logits_indices"].shape[0] != b
-                or feeds["block_tables"].shape != (b, self.width)):
+        graph = self.graphs.get((b, feeds["input_ids"].shape[0], feeds["logits_indices"].shape[0]))
+        if graph is None or feeds["block_tables"].shape != (b, self.width):
             return None
         return graph
+
+
+def step_shapes(batches: Sequence[int], verify_tokens: int = 0) -> list[tuple[int, int, int]]:
+    """The (B, T, L) shapes of decode batches of each size in `batches`, and of their verify steps
+    of `verify_tokens` tokens a sequence (1 + k drafts; 0: none)."""
+    shapes = [(b, b, b) for b in batches]
+    if verify_tokens > 1:
+        shapes += [(b, b * verify_tokens, b * verify_tokens) for b in batches]
+    return shapes

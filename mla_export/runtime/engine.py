@@ -122,7 +122,7 @@ class LLMEngine:
         per-call shape inference); default 1, 2, 4 and 8 up to max_num_seqs, where memory holds them
         and they do not copy the weights (quantized exports: the plugin repacks the weights of its own
         MatMul nodes into each), none with `enforce_eager` (vLLM's switch), in batch-invariant mode or
-        on onnxruntime."""
+        on onnxruntime; with MTP drafts also their verify steps (every sequence with its k drafts)."""
         self.speculative_config = SpeculativeConfig.parse(speculative_config)
         if runtime not in RUNTIMES:
             raise ValueError(f"runtime must be one of {RUNTIMES}, got {runtime!r}")
@@ -165,7 +165,8 @@ class LLMEngine:
         self.backend = MLABackend(self.contract, num_blocks, runtime=runtime, precision=precision,
                                   num_threads=num_threads, batch_invariant=batch_invariant, mtp_draft=mtp,
                                   decode_graph_batches=graph_batches, max_model_len=self.max_model_len,
-                                  decode_graphs_required=decode_graph_batches is not None)
+                                  decode_graphs_required=decode_graph_batches is not None,
+                                  verify_tokens=1 + self.speculative_config.num_speculative_tokens if mtp else 0)
         self._mtp = MTPProposer(self.backend, self.kv_cache) if mtp else None
         self.scheduler = Scheduler(self.kv_cache, max_num_seqs, max_num_batched_tokens)
         self.sampler = Sampler()

@@ -27,7 +27,7 @@ from ..ops.ov_op_errors import checked_infer, step_check
 from ..ops.cache_binding import cache_binding
 from ..formats.contract import Contract
 from .batch_invariance import pin_attention_form_openvino
-from .decode_graphs import CompiledGraph, DecodeGraphs, static_graphs_note
+from .decode_graphs import CompiledGraph, DecodeGraphs, static_graphs_note, step_shapes
 from .executor_common import CacheNotInPlaceError, MLAExecutor, check_cache_bindings, check_cache_written_in_place
 from ..ops.memory_plan import check_fits
 from .metadata import MLAMetadata
@@ -46,10 +46,11 @@ class OpenVINOMLAExecutor(MLAExecutor):
     def __init__(self, contract: Contract, kv_caches: Sequence[np.ndarray], *, precision: str = "bf16",
                  num_threads: int | None = None, device: str = "CPU", batch_invariant: bool = False,
                  decode_graph_batches: Sequence[int] = (), decode_graphs_required: bool = False,
-                 max_model_len: int | None = None):
+                 verify_tokens: int = 0, max_model_len: int | None = None):
         """decode_graph_batches: the batch sizes whose pure decode steps run on a graph compiled with
         static shapes (decode_graphs.py), their block tables padded to the blocks of max_model_len
-        tokens (default: the model's positions), at most the cache's blocks. Unless
+        tokens (default: the model's positions), at most the cache's blocks; with verify_tokens
+        (1 + the drafts a sequence of speculative decoding), their verify steps too. Unless
         decode_graphs_required, none are compiled where each would copy more than a small share of
         the weights (an export whose projections are the plugin's own MatMul nodes)."""
         super().__init__(contract, kv_caches, precision, num_threads)
@@ -81,13 +82,13 @@ class OpenVINOMLAExecutor(MLAExecutor):
         self._dynamic = CompiledGraph(self.compiled, self.cache_names, self._bound)
         self._active = self._dynamic  # the graph of the last step bound
         self.decode_graphs, self.decode_graphs_note = None, ""
-        if decode_graph_batches and (why := static_graphs_note(model, len(decode_graph_batches), precision,
-                                                                decode_graphs_required)):
-            self.decode_graphs_note, decode_graph_batches = why, ()
-        if decode_graph_batches:
+        shapes = step_shapes(decode_graph_batches, verify_tokens)
+        if shapes and (why := static_graphs_note(model, len(shapes), precision, decode_graphs_required)):
+            self.decode_graphs_note, shapes = why, []
+        if shapes:
             tokens = max_model_len or contract.model["max_position_embeddings"]
-            self.decode_graphs = DecodeGraphs(core, model, device, config, decode_graph_batches, tokens,
-                                              self.cache_names, self._bound)
+            self.decode_graphs = DecodeGraphs(core, model, device, config, shapes, tokens, self.cache_names,
+                                              self._bound)
             self.metadata_tensors.width_rule = self.decode_graphs.table_width
         # On one thread the CPU plugin loses a node's exception and a later single-thread infer()
         # crashed the process (OpenVINO 2026.4.1): there the graph's step check is also run
@@ -142,18 +143,17 @@ class OpenVINOMLAExecutor(MLAExecutor):
         """The sentinel step on the dynamic graph, and again on the batch-1 static decode graph
         (its own compiled model binds the same arrays)."""
         super().check_cache_written_in_place()
-        if self.decode_graphs is not None and 1 in self.decode_graphs.batches:
+        if self.decode_graphs is not None and self.decode_graphs.decode_graph(1) is not None:
             check_cache_written_in_place(self.execute, self._kv_caches, self.who, self.binding_note, self.cache_names,
                                          out=self.metadata_tensors)
-            assert self._active is self.decode_graphs.graphs[1], "the one-token sentinel step ran the batch-1 graph"
+            assert self._active is self.decode_graphs.decode_graph(1), "the one-token sentinel step ran the batch-1 graph"
 
     def describe(self) -> str:
         # What the plugin really uses: a bf16 hint falls back to f32 on CPUs without bf16.
         precision = self.compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
         threads = self.compiled.get_property("INFERENCE_NUM_THREADS")
         tiles = f", {self.tiled_projections} projections' codes in 16-row tiles" if self.tiled_projections else ""
-        graphs = self.decode_graphs.batches if self.decode_graphs is not None else ()
-        static = (f", static decode graphs for batch {','.join(map(str, graphs))}" if graphs
+        static = (f", {self.decode_graphs.describe()}" if self.decode_graphs is not None
                   else f", {self.decode_graphs_note or 'every step on the dynamic graph'}")
         return (f"OpenVINO {ov.get_version().split('-')[0]} CPU: {self.graph_file}, inference precision {precision}, "
                 f"threads {threads or 'default'}, caches written in place{tiles}{static}")

@@ -155,8 +155,9 @@ class DecodeGraphs:
     padded block-table width of the steps they run, `pick(feeds)` the graph of a step (or None).
     Only the shapes must match: how T tokens fall among the B sequences is the step's data."""
 
-    def __init__(self, core: ov.Core, model: ov.Model, device: str, config: dict, shapes: Sequence[tuple[int, int, int]],
-                 max_model_len: int, cache_names: Sequence[str], bound_caches: Sequence[np.ndarray]):
+    def __init__(self, core: ov.Core, model: ov.Model, device: str, config: dict,
+                 shapes: Sequence[tuple[int, int, int]], max_model_len: int, cache_names: Sequence[str],
+                 bound_caches: Sequence[np.ndarray]):
         blocks, block_size = bound_caches[0].shape[:2]
         self.width = min(blocks, -(-max_model_len // block_size))  # no sequence holds more blocks
         self.graphs: dict[tuple[int, int, int], CompiledGraph] = {}

@@ -32,7 +32,8 @@ def decode_steps(engine: LLMEngine, n: int, batch: int) -> list[float]:
         outs = engine.step()
         dt = time.perf_counter() - t
         if len(outs) != batch:
-            raise RuntimeError(f"a step returned {len(outs)} outputs for {batch} sequences (not a decode step)")
+            raise RuntimeError(f"a step returned {len(outs)} outputs for {batch} sequences (not a decode step; "
+                               f"preemptions so far: {engine.stats()['num_preemptions']})")
         times.append(dt)
     return times
 
@@ -48,7 +49,10 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if min(a.prompt_len, a.batch, a.rounds, a.tokens) < 1:
         ap.error("--prompt-len, --batch, --rounds and --tokens must be positive")
-    total = a.prompt_len + 2 * a.rounds * a.tokens + 2
+    # The first sequences decode while the later ones' prompts run (chunked prefill), so each gets
+    # room for 64 tokens beyond the measured steps: none may finish before the last round ends.
+    new_tokens = 2 * a.rounds * a.tokens + 64
+    total = a.prompt_len + new_tokens
     engine = LLMEngine(a.export_dir, num_threads=a.threads, max_num_seqs=a.batch, max_num_batched_tokens=2048,
                        enable_prefix_caching=False, decode_graph_batches=[a.batch], max_model_len=total)
     ex = engine.executor
@@ -56,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no static decode graph: {ex.describe()}", file=sys.stderr)
         return 1
     rule = ex.metadata_tensors.width_rule  # None = every step as wide as needed: the dynamic graph
-    params = SamplingParams(max_tokens=total - a.prompt_len, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
     for b in range(a.batch):
         engine.add_request(f"r{b}", [5 + (b + i) % 1000 for i in range(a.prompt_len)], params)
     started: set[str] = set()

@@ -180,9 +180,9 @@ class DecodeGraphs:
         """The graph of a decode batch of b (one token a sequence), if compiled."""
         return self.graphs.get((b, b, b))
 
-    def table_width(self, num_seqs: int, num_tokens: int, needed: int) -> int | None:
-        """The width of a step of a shape this object runs; None for any other step."""
-        return self.width if (num_seqs, num_tokens) in self._steps and needed <= self.width else None
+    def table_width(self, num_seqs: int, num_tokens: int, needed: int) -> int:
+        """The padded width for a step of a shape this object runs; `needed` for any other step."""
+        return self.width if (num_seqs, num_tokens) in self._steps and needed <= self.width else needed
 
     def pick(self, feeds: dict[str, np.ndarray]) -> CompiledGraph | None:
         """The static graph whose input shapes are exactly this step's, or None."""

@@ -103,12 +103,11 @@ class MetadataTensors(MetadataBuffers):
         self._stores: dict[str, np.ndarray] = {}
         self._last: dict[str, np.ndarray] = {}
         # (num_seqs, num_tokens, needed) -> the block-table width the executor's graph for such a
-        # step takes, or None: as needed (decode_graphs.py: static decode graphs)
-        self.width_rule: Callable[[int, int, int], int | None] | None = None
+        # step takes (decode_graphs.py: static decode graphs); None: as needed
+        self.width_rule: Callable[[int, int, int], int] | None = None
 
     def table_width(self, num_seqs: int, num_tokens: int, needed: int) -> int:
-        width = None if self.width_rule is None else self.width_rule(num_seqs, num_tokens, needed)
-        return needed if width is None else width
+        return needed if self.width_rule is None else self.width_rule(num_seqs, num_tokens, needed)
 
     def array(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
         last = self._last.get(name)
@@ -167,6 +166,8 @@ class MLAExecutor(ABC):
     def binding_note(self, layer: int) -> str:
         return f"bound {self._bound[layer].dtype} {list(self._bound[layer].shape)}"
 
-    def check_cache_written_in_place(self) -> None:
-        """The start-up sentinel step (check_cache_written_in_place above)."""
-        check_cache_written_in_place(self.execute, self._kv_caches, self.who, self.binding_note, self.cache_names)
+    def check_cache_written_in_place(self, out: MetadataBuffers | None = None) -> None:
+        """The start-up sentinel step (check_cache_written_in_place above), its metadata built into
+        `out` (default fresh arrays)."""
+        check_cache_written_in_place(self.execute, self._kv_caches, self.who, self.binding_note, self.cache_names,
+                                     out=out)

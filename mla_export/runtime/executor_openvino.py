@@ -28,7 +28,7 @@ from ..ops.cache_binding import cache_binding
 from ..formats.contract import Contract
 from .batch_invariance import pin_attention_form_openvino
 from .decode_graphs import CompiledGraph, DecodeGraphs, static_graphs_note, step_shapes
-from .executor_common import CacheNotInPlaceError, MLAExecutor, check_cache_bindings, check_cache_written_in_place
+from .executor_common import CacheNotInPlaceError, MLAExecutor, check_cache_bindings
 from ..ops.memory_plan import check_fits
 from .metadata import MLAMetadata
 from .model_dir import graph_path
@@ -139,13 +139,13 @@ class OpenVINOMLAExecutor(MLAExecutor):
             raise RuntimeError(f"{self.graph_file} has no hidden_states output (the export has no MTP draft)")
         return self._active.request.get_tensor(self._active.hidden).data
 
-    def check_cache_written_in_place(self) -> None:
-        """The sentinel step on the dynamic graph, and again on the batch-1 static decode graph
-        (its own compiled model binds the same arrays)."""
-        super().check_cache_written_in_place()
-        if self.decode_graphs is not None and self.decode_graphs.decode_graph(1) is not None:
-            check_cache_written_in_place(self.execute, self._kv_caches, self.who, self.binding_note, self.cache_names,
-                                         out=self.metadata_tensors)
+    def check_cache_written_in_place(self, out=None) -> None:
+        """The sentinel step on the dynamic graph (fresh arrays: as wide as needed), and again on
+        the batch-1 static decode graph (its own compiled model binds the same arrays), built into
+        this executor's inputs so that it picks that graph."""
+        super().check_cache_written_in_place(out)
+        if out is None and self.decode_graphs is not None and self.decode_graphs.decode_graph(1) is not None:
+            super().check_cache_written_in_place(self.metadata_tensors)
             assert self._active is self.decode_graphs.decode_graph(1), "the one-token sentinel step ran the batch-1 graph"
 
     def describe(self) -> str:

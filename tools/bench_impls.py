@@ -170,20 +170,23 @@ def decode_form_inputs(inp: dict) -> dict:
     return {n: np.ascontiguousarray(a) for n, a in ops.ordered_inputs("MlaPagedAttention", given)}
 
 
-def ours_decode(inp: dict, scale: float, threads: int, kv_dtype: str | None = None) -> Impl:
+def ours_decode(inp: dict, scale: float, threads: int, kv_dtype: str | None = None, compute: str = "f32") -> Impl:
+    """compute "bf16": as the runtime sets it under a bf16 hint (bf16 products, f32 sums)."""
     form = decode_form_inputs(inp)
     named = _as_graph_binds(form, list(form))
-    attrs = {"scale": repr(float(scale)), "form": 1, **({"kv_dtype": kv_dtype} if kv_dtype else {})}
-    key = ("ours_decode", inp["q"].dtype.str, scale, kv_dtype)
+    attrs = {"scale": repr(float(scale)), "form": 1, "compute": compute,
+             **({"kv_dtype": kv_dtype} if kv_dtype else {})}
+    key = ("ours_decode", inp["q"].dtype.str, scale, kv_dtype, compute)
     compiled = _compile(key, lambda: _ours_model("MlaPagedAttention", named, attrs), threads)
     return _bound_request(compiled, [a for _, a in named])
 
 
-def ours_prefill(inp: dict, scale: float, threads: int, form: str = "auto", kv_dtype: str | None = None) -> Impl:
+def ours_prefill(inp: dict, scale: float, threads: int, form: str = "auto", kv_dtype: str | None = None,
+                 compute: str = "f32") -> Impl:
     named = _as_graph_binds(inp, PREFILL_INPUTS)
     attrs = {"scale": repr(float(scale)), "form": {"auto": 0, "absorbed": 1, "expanded": 2}[form],
-             **({"kv_dtype": kv_dtype} if kv_dtype else {})}
-    key = ("ours_prefill", inp["q_nope"].dtype.str, scale, form, kv_dtype)
+             "compute": compute, **({"kv_dtype": kv_dtype} if kv_dtype else {})}
+    key = ("ours_prefill", inp["q_nope"].dtype.str, scale, form, kv_dtype, compute)
     compiled = _compile(key, lambda: _ours_model("MlaPagedAttention", named, attrs), threads)
     return _bound_request(compiled, [a for _, a in named])
 

@@ -383,6 +383,11 @@ def bench_case(case: Case, args, peer, rng) -> dict:
         impls[f"ours-{kv}"] = (bi.ours_decode(inp_kv, scale, args.threads, kv) if case.kind == "decode"
                                else bi.ours_prefill(inp_kv, scale, args.threads, "auto", kv))
         checks[f"ours-{kv}"] = reference_check(case, inp_kv, scale, kv)
+    # bf16 shapes also as the runtime runs them under its bf16 hint (compute "bf16": bf16 products
+    # with f32 sums where the CPU has AVX512-BF16 or AMX; the same f32 kernels elsewhere).
+    if case.dtype == "bf16":
+        impls["ours-bf16c"] = (bi.ours_decode(inp, scale, args.threads, compute="bf16") if case.kind == "decode"
+                               else bi.ours_prefill(inp, scale, args.threads, "auto", compute="bf16"))
     if args.isa_tables:
         impls, checks = on_tables(impls, checks, args.isa_tables)
     runnable = {n: i for n, i in impls.items() if not isinstance(i, str)}

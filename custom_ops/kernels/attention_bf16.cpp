@@ -23,8 +23,7 @@ inline __m512i bcast_pair(const uint16_t* p) {
 // The row pairs of V interleave two rows' 32-column groups with unpacklo/hi_epi16, which work
 // within 128-bit lanes: dword d of a group (d < 16 from unpacklo, then unpackhi) holds column
 // kColumn[d] of both rows. Outputs accumulate in that order; end() puts them back.
-constexpr int kColumn[32] = {0,  1,  2,  3,  8,  9,  10, 11, 16, 17, 18, 19, 24, 25, 26, 27,
-                             4,  5,  6,  7,  12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31};
+// kColumn = {0-3, 8-11, 16-19, 24-27, 4-7, 12-15, 20-23, 28-31}.
 
 constexpr int kKeys = 16;  // cache rows a score tile: 16 accumulators, one Q^T load per pair
 constexpr int kCols = 16;  // output columns a P . V tile: 16 accumulators, one P^T load per row pair
@@ -51,23 +50,11 @@ inline void score_tile(const uint32_t* qt, int64_t pairs, const uint16_t* base, 
 
 void Bf16DecodeRows::begin(const float* q, int64_t m, int64_t w, int64_t r) {
     m_ = m, w_ = w, r_ = r, groups_ = (m + 15) / 16;
-    const int64_t pairs = w / 2;
     // Q^T pairs: for group g and input pair p, dword i = head 16g + i's bf16 inputs 2p (low half)
-    // and 2p + 1 (high); heads past m zero (they score 0 and are dropped).
-    qt_.resize(groups_ * pairs * 32);
-    for (int64_t g = 0; g < groups_; ++g)
-        for (int64_t i = 0; i < 16; ++i) {
-            uint32_t* dst = reinterpret_cast<uint32_t*>(qt_.data() + g * pairs * 32) + i;
-            const int64_t head = 16 * g + i;
-            for (int64_t c = 0; c < w; c += 32) {
-                alignas(64) uint32_t two[16];
-                if (head < m)
-                    _mm512_store_si512(two, load32_bf16(q + head * w, Rows::f32, c));
-                else
-                    std::memset(two, 0, sizeof two);
-                for (int64_t p = 0; p < 16; ++p) dst[(c / 2 + p) * 16] = two[p];
-            }
-        }
+    // and 2p + 1 (high); heads past m zero (they score 0 and are dropped). That is the AMX
+    // engine's B tiles laid end to end (pack_qt_tiles: 16 x 16 transposes of the rows' pairs).
+    qt_.resize(groups_ * (w / 2) * 32);
+    pack_qt_tiles(q, m, w, qt_.data());
     kb_.resize(kRows * w);
     vp_.resize(kRows / 2 * r);
     pp_.resize(kRows / 2 * 16);
@@ -186,13 +173,31 @@ void Bf16DecodeRows::chunk(const void* const* rows, Rows kind, int64_t n, float 
 }
 
 void Bf16DecodeRows::end(float* mx, float* l, float* o, int64_t ldo) {
-    for (int64_t i = 0; i < m_; ++i) {
-        mx[i] = mx_[i];
-        l[i] = l_[i];
-        const float* src = ot_.data() + (i / 16) * r_ * 16 + i % 16;
-        for (int64_t c = 0; c < r_; c += 32)
-            for (int d = 0; d < 32; ++d) o[i * ldo + c + kColumn[d]] = src[(c + d) * 16];
+    // O^T's 32-column groups back to rows: positions d < 16 of a group hold columns kColumn[d] =
+    // 0-3, 8-11, 16-19, 24-27 and d >= 16 the others, so after a 16 x 16 transpose of each half a
+    // head's two vectors interleave by 128-bit lanes into columns 0-15 and 16-31.
+    const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+    const __m512i second = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+    for (int64_t g = 0; g < groups_; ++g) {
+        const int64_t heads = std::min<int64_t>(16, m_ - 16 * g);
+        const float* og = ot_.data() + g * r_ * 16;
+        for (int64_t c = 0; c < r_; c += 32) {
+            __m512 lo[16], hi[16];
+            for (int d = 0; d < 16; ++d) {
+                lo[d] = _mm512_load_ps(og + (c + d) * 16);
+                hi[d] = _mm512_load_ps(og + (c + 16 + d) * 16);
+            }
+            transpose16(lo);
+            transpose16(hi);
+            for (int64_t i = 0; i < heads; ++i) {
+                float* dst = o + (16 * g + i) * ldo + c;
+                _mm512_storeu_ps(dst, _mm512_permutex2var_ps(lo[i], first, hi[i]));
+                _mm512_storeu_ps(dst + 16, _mm512_permutex2var_ps(lo[i], second, hi[i]));
+            }
+        }
     }
+    std::copy_n(mx_.data(), m_, mx);
+    std::copy_n(l_.data(), m_, l);
 }
 
 }  // namespace mla

@@ -31,6 +31,7 @@ namespace mla {
 namespace {
 
 constexpr int64_t kChunk = 64;  // context positions per online-softmax step
+constexpr int64_t kMergeRows = 8;  // query rows a task when a sequence's context splits merge
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // One sequence's rows of the paged cache. Under sparse attention (a top-k index list per token)
@@ -309,6 +310,7 @@ struct AbsorbedRef {
 };
 struct AbsorbedBuffers {
     std::vector<int64_t> splits, order, first;
+    std::vector<std::pair<int64_t, int64_t>> merge_blocks;
     std::vector<Partial> parts;
     std::vector<float> state;  // every part's [mx | l | o]; each task initialises its own
 };
@@ -357,14 +359,21 @@ void run_absorbed(const IsaKernels& K, const std::vector<AbsorbedSeq>& seqs, int
         }
         absorbed_task(K, seqs[p.seq], p, r, scale);
     });
-    // Merge each sequence's splits: out = sum_k e^(m_k - M) o_k / sum_k e^(m_k - M) l_k.
+    // Merge each sequence's splits: out = sum_k e^(m_k - M) o_k / sum_k e^(m_k - M) l_k, in
+    // blocks of kMergeRows query rows (a batch-1 decode step's 16 heads are two tasks, not one
+    // core's while the other waits).
     std::vector<int64_t>& first = buf.first;
     first.assign(seqs.size() + 1, 0);
     for (size_t i = 0; i < seqs.size(); ++i) first[i + 1] = first[i] + splits[i];
-    dynamic_for(th, static_cast<int64_t>(seqs.size()), [&](int64_t i) {
+    std::vector<std::pair<int64_t, int64_t>>& blocks = buf.merge_blocks;  // (sequence, first row)
+    blocks.clear();
+    for (size_t i = 0; i < seqs.size(); ++i)
+        for (int64_t row = 0; row < seqs[i].qlen * seqs[i].heads; row += kMergeRows)
+            blocks.emplace_back(static_cast<int64_t>(i), row);
+    dynamic_for(th, static_cast<int64_t>(blocks.size()), [&](int64_t bk) {
+        const int64_t i = blocks[bk].first, row0 = blocks[bk].second;
         const AbsorbedSeq& s = seqs[i];
-        const int64_t rows = s.qlen * s.heads;
-        for (int64_t row = 0; row < rows; ++row) {
+        for (int64_t row = row0; row < std::min(row0 + kMergeRows, s.qlen * s.heads); ++row) {
             float m = kNegInf;
             for (int64_t k = first[i]; k < first[i + 1]; ++k) m = std::max(m, parts[k].mx[row]);
             float denom = 0.f;

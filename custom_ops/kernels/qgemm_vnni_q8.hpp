@@ -177,9 +177,18 @@ void qdot_q8_t16(int64_t K, int64_t group, const QRow* x, const uint8_t* q, cons
     const __m512i nibble = _mm512_set1_epi8(0x0F);
     // 1-2 rows prefetch on Intel cores, as qdot_q8's: on the Xeon (lm_head, alternated with the 4-row
     // kernel) none 0.86-0.91x its time, 512 B 0.95-0.99x, 1 KB 1.04x, 2-4 KB 1.10-1.16x
-    // int4 codes prefetch MLA_PF bytes ahead at every row count on every core, as qdot_q8's int4 do
+    // int4 codes prefetch MLA_PF bytes ahead at every row count on every core, as qdot_q8's int4 do,
+    // except two tiles side by side (an MoE's gate and up) at 1-2 tokens on AMD cores: there the
+    // hardware prefetchers' two streams ran faster alone (tools/kernels/qdot_stream.cpp's MoE cases,
+    // Zen 4, 2 threads, 4 runs alternated in one process: 1 token 0.71-0.76 -> 0.74-0.85 of a
+    // plain read, 2 tokens 0.68-0.79 -> 0.80-0.83; one tile alone was faster with it at 2 tokens).
     constexpr int64_t kT16Ahead = BITS == 4 ? MLA_PF : 2048;
-    const bool prefetch = BITS == 4 || (M <= 2 && prefetch_few_rows());
+    const bool prefetch = BITS == 4 ? (NB == 1 || M > 2 || prefetch_few_rows()) : (M <= 2 && prefetch_few_rows());
+    // A group's 16 scales (a line) and zero points (a quarter line) are a stream of their own beside
+    // the codes, too short for the hardware prefetchers to follow: at groups of 128 each group's
+    // factors were a demand miss every 1 KB of int4 codes a tile. Prefetched two groups ahead (same
+    // runs, int4 groups of 128, 1 token: one tile 0.80-0.87 -> 0.87-1.03 of the read, the MoE's
+    // gate and up side by side 0.83-0.97 -> 0.88-1.09). Per-channel factors (one group) need none.
     const int64_t block = x[0].block;
     __m512 tot[NB][M];
     for (int b = 0; b < NB; ++b)
@@ -190,6 +199,10 @@ void qdot_q8_t16(int64_t K, int64_t group, const QRow* x, const uint8_t* q, cons
             sv[b] = _mm512_loadu_ps(s + step * b * groups + 16 * g);
             const __m128i z = _mm_loadu_si128(reinterpret_cast<const __m128i*>(zp + step * b * groups + 16 * g));
             szv[b] = _mm512_mul_ps(sv[b], _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(z)));
+            if (g + 2 < groups) {
+                _mm_prefetch(reinterpret_cast<const char*>(s + step * b * groups + 16 * (g + 2)), _MM_HINT_T0);
+                _mm_prefetch(reinterpret_cast<const char*>(zp + step * b * groups + 16 * (g + 2)), _MM_HINT_T0);
+            }
         }
         for (int64_t b0 = g * group; b0 < (g + 1) * group; b0 += block) {
             __m512i acc[NB][M][C];

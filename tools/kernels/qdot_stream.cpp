@@ -1,12 +1,13 @@
 // How fast the library's 1-2 token integer dots stream their codes, against a plain read of the same
-// machine: qdot_q8 (the VNNI table's int8-activation dots, 4-row layout) over a matrix far larger than
-// the L3 (default 102400 x 2048, an lm_head), each thread streaming a contiguous half of the rows as
+// machine: qdot_q8 (the VNNI table's int8-activation dots, 4-row layout) and qdot_q8_t16 (the same dots on
+// 16-row tiles, the layout the runtime writes on VNNI CPUs) over a matrix far larger than
+// the L3 (default 101376 x 2048, about an lm_head; 36 V2-Lite experts' gate and up), each thread streaming a contiguous half of the rows as
 // split_for hands them out, the cases alternated in one process (this host's speed moves between
 // processes), medians. A tool for tuning the decode kernels per CPU; not built by the package.
 //
 //   cmake --build BUILD   # the package's C++ build (libmla_kernels.a)
 //   g++ -O2 -std=c++17 -march=native -Icustom_ops/kernels tools/kernels/qdot_stream.cpp BUILD/libmla_kernels.a \
-//       -lpthread -o qdot_stream && ./qdot_stream [rows=102400] [threads=2] [rounds=15]
+//       -lpthread -o qdot_stream && ./qdot_stream [rows=101376] [threads=2] [rounds=15]
 //
 // Needs an AVX-512 VNNI CPU (the table it reads); weights are synthetic codes (speed does not depend
 // on their values), in 2 MiB pages where the kernel allows them.
@@ -70,13 +71,62 @@ double pass(const Weights& w, Dot dot, int nb, const QRow* x, float* out, int th
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+using DotT16 = void (*)(int64_t, int64_t, const QRow*, const uint8_t*, const float*, const uint8_t*, int64_t, int64_t,
+                        float*, int64_t);
+
+// The same pass over the codes as 16-row tiles (the layout the runtime writes on VNNI CPUs, read
+// by qdot_q8_t16: the bytes are synthetic either way), nb tiles side by side a call as the MoE's gate
+// and up are read (their factors in tile order: a tile's 16 of group g at 16 * g).
+double pass_t16(const Weights& w, DotT16 dot, int nb, const QRow* x, float* out, int threads) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::thread> ts;
+    const int64_t calls = w.rows / (16 * nb);
+    for (int t = 0; t < threads; ++t)
+        ts.emplace_back([&, t] {
+            for (int64_t c = calls * t / threads; c < calls * (t + 1) / threads; ++c) {
+                const int64_t r0 = 16 * nb * c;
+                dot(w.K, w.group, x, w.q + r0 * w.row_bytes, w.s + r0 * w.groups, w.zp + r0 * w.groups, w.groups, 16,
+                    out + r0, 16);
+            }
+        });
+    for (auto& t : ts) t.join();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// An MoE's gate and up as the runtime reads them at 1-2 tokens: experts of 2 x `apart` rows (gate
+// rows, then up rows), a call reading gate tile i and up tile i (`apart` rows further) side by side
+// (nb2: both in one call, the broadcasts shared) or as two 1-tile calls (nb1) one after the other.
+double pass_pairs(const Weights& w, DotT16 nb2, DotT16 nb1, int64_t apart, const QRow* x, float* out, int threads) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::thread> ts;
+    const int64_t experts = w.rows / (2 * apart), per = apart / 16, calls = experts * per;
+    for (int t = 0; t < threads; ++t)
+        ts.emplace_back([&, t] {
+            for (int64_t c = calls * t / threads; c < calls * (t + 1) / threads; ++c) {
+                const int64_t r0 = (c / per) * 2 * apart + (c % per) * 16;
+                const uint8_t* q = w.q + r0 * w.row_bytes;
+                const float* s = w.s + r0 * w.groups;
+                const uint8_t* zp = w.zp + r0 * w.groups;
+                if (nb2) {
+                    nb2(w.K, w.group, x, q, s, zp, w.groups, apart, out + r0, 16);
+                } else {
+                    nb1(w.K, w.group, x, q, s, zp, w.groups, 16, out + r0, 16);
+                    nb1(w.K, w.group, x, q + apart * w.row_bytes, s + apart * w.groups, zp + apart * w.groups, w.groups,
+                        16, out + r0 + apart, 16);
+                }
+            }
+        });
+    for (auto& t : ts) t.join();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-    const int64_t rows = argc > 1 ? std::atoll(argv[1]) : 102400, K = 2048;
+    const int64_t rows = argc > 1 ? std::atoll(argv[1]) : 101376, K = 2048;
     const int threads = argc > 2 ? std::atoi(argv[2]) : 2, rounds = argc > 3 ? std::atoi(argv[3]) : 15;
-    if (rows < 64 || rows % 8 || threads < 1 || rounds < 1) {
-        std::fprintf(stderr, "usage: qdot_stream [rows (a multiple of 8, >= 64)] [threads >= 1] [rounds >= 1]\n");
+    if (rows < 2816 || rows % 2816 || threads < 1 || rounds < 1) {
+        std::fprintf(stderr, "usage: qdot_stream [rows (a multiple of 2816: MoE experts of 2 x 1408 rows)] [threads >= 1] [rounds >= 1]\n");
         return 2;
     }
     if (!__builtin_cpu_supports("avx512vnni")) {
@@ -97,16 +147,31 @@ int main(int argc, char** argv) {
         Dot dot;
         int nb;
         const QRow* x;
+        DotT16 t16 = nullptr;  // a tile16 case: this kernel instead of dot
+        DotT16 t16_one = nullptr;  // an MoE gate / up case (pass_pairs): t16 reads both tiles, or this one each
     };
     const Case cases[] = {{"int4 g128, 1 token", &w4, isa.qdot_q8[1][0][0], 1, x4},
                           {"int4 g128, 2 tokens", &w4, isa.qdot_q8[1][0][1], 1, x4},
                           {"int4 g128, 1 token, 2 blocks", &w4, isa.qdot_q8[1][1][0], 2, x4},
                           {"int8, 1 token", &w8, isa.qdot_q8[0][0][0], 1, x8},
-                          {"int8, 2 tokens", &w8, isa.qdot_q8[0][0][1], 1, x8}};
+                          {"int8, 2 tokens", &w8, isa.qdot_q8[0][0][1], 1, x8},
+                          {"tile16 int4 g128, 1 token", &w4, nullptr, 1, x4, isa.qdot_q8_t16[1][0][0]},
+                          {"tile16 int4 g128, 2 tokens", &w4, nullptr, 1, x4, isa.qdot_q8_t16[1][0][1]},
+                          {"tile16 int8, 1 token", &w8, nullptr, 1, x8, isa.qdot_q8_t16[0][0][0]},
+                          {"MoE gate+up int4, 1 token, paired", &w4, nullptr, 0, x4, isa.qdot_q8_t16[1][1][0]},
+                          {"MoE gate+up int4, 1 token, apart", &w4, nullptr, 0, x4, nullptr, isa.qdot_q8_t16[1][0][0]},
+                          {"MoE gate+up int4, 2 tokens, paired", &w4, nullptr, 0, x4, isa.qdot_q8_t16[1][1][1]},
+                          {"MoE gate+up int8, 1 token, paired", &w8, nullptr, 0, x8, isa.qdot_q8_t16[0][1][0]},
+                          {"MoE gate+up int8, 1 token, apart", &w8, nullptr, 0, x8, nullptr, isa.qdot_q8_t16[0][0][0]},
+                          {"MoE gate+up int8, 2 tokens, paired", &w8, nullptr, 0, x8, isa.qdot_q8_t16[0][1][1]},
+                          {"MoE gate+up int8, 2 tokens, apart", &w8, nullptr, 0, x8, nullptr, isa.qdot_q8_t16[0][0][1]}};
     constexpr int kCases = sizeof cases / sizeof cases[0];
     std::vector<std::vector<double>> t(kCases + 1);
     for (int r = 0; r < rounds; ++r) {
-        for (int c = 0; c < kCases; ++c) t[c].push_back(pass(*cases[c].w, cases[c].dot, cases[c].nb, cases[c].x, out.data(), threads));
+        for (int c = 0; c < kCases; ++c)
+            t[c].push_back(cases[c].nb == 0 ? pass_pairs(*cases[c].w, cases[c].t16, cases[c].t16_one, 1408, cases[c].x, out.data(), threads)
+                           : cases[c].t16 ? pass_t16(*cases[c].w, cases[c].t16, cases[c].nb, cases[c].x, out.data(), threads)
+                                        : pass(*cases[c].w, cases[c].dot, cases[c].nb, cases[c].x, out.data(), threads));
         t[kCases].push_back(plain_read(w8.q, rows * K, threads));
     }
     std::printf("%lld x %lld, %d threads, %d rounds alternated, medians\n", static_cast<long long>(rows),

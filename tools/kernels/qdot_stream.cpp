@@ -93,6 +93,15 @@ double pass_t16(const Weights& w, DotT16 dot, int nb, const QRow* x, float* out,
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// fp8 codes (e4m3 as DeepSeek's FP8 checkpoints ship them, one scale a 128-input block) read by
+// qdot_fp8_t16 against bf16 activations (g_bf16), adapted to DotT16 so the passes above run them.
+const uint16_t* g_bf16[2];
+template <int NB, int M>
+void fp8_t16(int64_t K, int64_t group, const QRow*, const uint8_t* q, const float* s, const uint8_t*, int64_t groups,
+             int64_t step, float* out, int64_t ldo) {
+    qgemm_avx512::kQgemmIsa.qdot_fp8_t16[NB - 1][M - 1](K, group, g_bf16, q, s, groups, step, out, ldo);
+}
+
 // An MoE's gate and up as the runtime reads them at 1-2 tokens: experts of 2 x `apart` rows (gate
 // rows, then up rows), a call reading gate tile i and up tile i (`apart` rows further) side by side
 // (nb2: both in one call, the broadcasts shared) or as two 1-tile calls (nb1) one after the other.
@@ -134,7 +143,10 @@ int main(int argc, char** argv) {
         return 2;
     }
     const QgemmIsa& isa = qgemm_avx512::kQgemmIsa;
-    const Weights w4 = make(4, rows, K, 128), w8 = make(8, rows, K, K);
+    const Weights w4 = make(4, rows, K, 128), w8 = make(8, rows, K, K), wf8 = make(8, rows, K, 128);
+    std::vector<uint16_t> xb(2 * K, 0x3f80);  // bf16 1.0
+    g_bf16[0] = xb.data(), g_bf16[1] = xb.data() + K;
+    const bool fp8 = isa.qdot_fp8_t16[0][0] != nullptr && __builtin_cpu_supports("avx512vbmi");
     std::vector<int8_t> xq(2 * K);
     for (int64_t i = 0; i < 2 * K; ++i) xq[i] = static_cast<int8_t>((i * 37) % 255 - 127);
     std::vector<float> d(2 * K / 128, 0.01f), gsum4(2 * K / 128, 1.f), gsum8(2, 1.f);
@@ -145,7 +157,7 @@ int main(int argc, char** argv) {
         const char* name;
         const Weights* w;
         Dot dot;
-        int nb;
+        int nb;  // blocks or tiles a call; 0: an MoE gate / up case (pass_pairs); -1: not run on this CPU
         const QRow* x;
         DotT16 t16 = nullptr;  // a tile16 case: this kernel instead of dot
         DotT16 t16_one = nullptr;  // an MoE gate / up case (pass_pairs): t16 reads both tiles, or this one each
@@ -161,6 +173,8 @@ int main(int argc, char** argv) {
                           {"MoE gate+up int4, 1 token, paired", &w4, nullptr, 0, x4, isa.qdot_q8_t16[1][1][0]},
                           {"MoE gate+up int4, 1 token, apart", &w4, nullptr, 0, x4, nullptr, isa.qdot_q8_t16[1][0][0]},
                           {"MoE gate+up int4, 2 tokens, paired", &w4, nullptr, 0, x4, isa.qdot_q8_t16[1][1][1]},
+                          {"tile16 fp8 b128, 1 token", &wf8, nullptr, fp8 ? 1 : -1, x8, fp8_t16<1, 1>},
+                          {"MoE gate+up fp8 b128, 1 token, paired", &wf8, nullptr, fp8 ? 0 : -1, x8, fp8_t16<2, 1>},
                           {"MoE gate+up int8, 1 token, paired", &w8, nullptr, 0, x8, isa.qdot_q8_t16[0][1][0]},
                           {"MoE gate+up int8, 1 token, apart", &w8, nullptr, 0, x8, nullptr, isa.qdot_q8_t16[0][0][0]},
                           {"MoE gate+up int8, 2 tokens, paired", &w8, nullptr, 0, x8, isa.qdot_q8_t16[0][1][1]},
@@ -169,7 +183,8 @@ int main(int argc, char** argv) {
     std::vector<std::vector<double>> t(kCases + 1);
     for (int r = 0; r < rounds; ++r) {
         for (int c = 0; c < kCases; ++c)
-            t[c].push_back(cases[c].nb == 0 ? pass_pairs(*cases[c].w, cases[c].t16, cases[c].t16_one, 1408, cases[c].x, out.data(), threads)
+            t[c].push_back(cases[c].nb < 0 ? 0.
+                           : cases[c].nb == 0 ? pass_pairs(*cases[c].w, cases[c].t16, cases[c].t16_one, 1408, cases[c].x, out.data(), threads)
                            : cases[c].t16 ? pass_t16(*cases[c].w, cases[c].t16, cases[c].nb, cases[c].x, out.data(), threads)
                                         : pass(*cases[c].w, cases[c].dot, cases[c].nb, cases[c].x, out.data(), threads));
         t[kCases].push_back(plain_read(w8.q, rows * K, threads));
@@ -179,6 +194,10 @@ int main(int argc, char** argv) {
     const std::vector<double> med = stream_bench::medians(t);
     const double read_gbs = rows * K / med[kCases] / 1e9;
     for (int c = 0; c < kCases; ++c) {
+        if (cases[c].nb < 0) {
+            std::printf("  %-30s skipped: this CPU has no AVX512_VBMI (the fp8 lookups)\n", cases[c].name);
+            continue;
+        }
         const double gbs = cases[c].w->rows * cases[c].w->row_bytes / med[c] / 1e9;
         std::printf("  %-30s %7.2f ms  %5.1f GB/s of codes  %.2f of the plain read\n", cases[c].name, med[c] * 1e3, gbs,
                     gbs / read_gbs);

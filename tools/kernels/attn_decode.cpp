@@ -19,7 +19,6 @@
 #include <cstring>
 #include <functional>
 #include <random>
-#include <string>
 #include <thread>
 #include <vector>
 
@@ -34,7 +33,7 @@ namespace {
 class Pool {
 public:
     explicit Pool(int n) : n_(n) {
-        for (int t = 1; t < n; ++t) ts_.emplace_back([this, t] { work(t); });
+        for (int t = 1; t < n; ++t) ts_.emplace_back([this] { work(); });
     }
     ~Pool() {
         stop_ = true;
@@ -47,13 +46,12 @@ public:
         drain();
         while (done_.load(std::memory_order_acquire) != n_ - 1) {}
     }
-    int size() const { return n_; }
 
 private:
     void drain() {
         for (int64_t i; (i = next_.fetch_add(1)) < count_;) (*body_)(i);
     }
-    void work(int) {
+    void work() {
         uint64_t seen = 0;
         for (;;) {
             uint64_t g;

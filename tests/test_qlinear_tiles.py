@@ -85,7 +85,10 @@ SHAPES = [  # N, K, group (None: per channel), rows of x, bits
     (32, 256, 128, 8, 8), (64, 96, 32, 11, 8), (96, 64, None, 300, 8),
     # int4: a line's low nibbles and its high ones 16 inputs apart; 1-2 rows in 4 chains, groups of 32-128
     (32, 64, 32, 1, 4), (64, 512, 128, 2, 4), (96, 128, 64, 3, 4), (64, 2048, 128, 4, 4), (32, 256, 32, 9, 4),
-    (64, 192, 64, 300, 4)]
+    (64, 192, 64, 300, 4),
+    # 1-2 rows over several tiles a core: a run's first half paired with its second (two streams), an
+    # odd run's last tile alone
+    (224, 256, None, 1, 8), (352, 128, None, 2, 8), (160, 512, 128, 1, 4), (288, 64, 32, 2, 4)]
 
 
 @pytest.mark.parametrize("runtime", list(RUNTIMES))

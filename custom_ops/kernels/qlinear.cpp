@@ -112,7 +112,36 @@ void qlinear(const QLinearInputs& in, int64_t bits, const TensorView& out, const
         for (int64_t t = 0; t < m; ++t)
             for (int64_t j = 0; j < kTileRows; ++j) y[(r0 + t) * d.N + n0 + j] = c[t * kTileRows + j];
     };
-    if (stream)
+    // 1-2 rows of int8 / int4 tiles: each core streams its run of tiles as two streams side by side,
+    // the run's first half against its second (tile i with tile i + half, as the MoE reads an
+    // expert's gate and up tiles), instead of one. The op alone, this against one tile at a time
+    // linked into one process, alternated (Zen 4, 2 threads, 9 rounds, two runs, the read at
+    // 30-50 GB/s): int8 lm_heads 1 row 1.00-1.04x (102400 x 2048) and 1.05-1.24x (129280 x 7168),
+    // 2 rows 1.22x; int4 (groups of 128) 1.10-1.11x; projections cycled through 64-128 copies (their
+    // weights from memory, as in a model's step) 0.93-1.06x (2048 x 2048), 1.03-1.06x (3072, 576
+    // rows), int4 2816 rows 1.03-1.05x.
+    const bool two_streams = stream && d.M <= 2 && in.tile16 && t16 && bits != kFp8Bits;
+    const auto pair_at = [&](int64_t a, int64_t b) {  // tiles a < b: rows a * 32.. and b * 32..
+        const int64_t n0 = a * kTileRows, step = (b - a) * kTileRows;
+        float c[2 * kTileRows];  // per row t: tile a's 16-row half, then tile b's
+        for (int64_t h = 0; h < kTileRows; h += kTile16Rows) {
+            const int64_t r = n0 + h;
+            qtile16(isa, bi, acts, rows.data(), d.M, w.q + r * w.row_bytes, w.s + r * w.groups, w.zp + r * w.groups,
+                    w.groups, d.K, d.group, c, step, /*paired=*/true);
+            for (int64_t t = 0; t < d.M; ++t)
+                for (int64_t j = 0; j < kTile16Rows; ++j) {
+                    y[t * d.N + r + j] = c[t * kTileRows + j];
+                    y[t * d.N + r + step + j] = c[t * kTileRows + kTile16Rows + j];
+                }
+        }
+    };
+    if (two_streams)
+        split_ranges(th, n_tiles, [&](int64_t begin, int64_t end) {
+            const int64_t half = (end - begin) / 2;
+            for (int64_t i = begin; i < begin + half; ++i) pair_at(i, i + half);
+            if ((end - begin) % 2) tile_at(end - 1);
+        });
+    else if (stream)
         split_for(th, n_tiles, tile_at);
     else
         dynamic_for(th, n_row_blocks * n_tiles, tile_at);

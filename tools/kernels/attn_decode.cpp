@@ -8,10 +8,7 @@
 //   cmake --build BUILD   # the package's C++ build (libmla_kernels.a)
 //   g++ -O2 -std=c++17 -march=native -Icustom_ops/kernels tools/kernels/attn_decode.cpp BUILD/libmla_kernels.a \
 //       -lpthread -o attn_decode && ./attn_decode [heads=16] [threads=2] [rounds=15] [contexts=1024,8192,32768]
-#include <immintrin.h>
-
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -19,66 +16,17 @@
 #include <cstring>
 #include <functional>
 #include <random>
-#include <thread>
 #include <vector>
 
 #include "mla_kernels.hpp"
+#include "numeric.hpp"
+#include "stream_bench.hpp"
 
 using namespace mla;
 
 namespace {
 
-// A pool of spinning workers (the op's parallel-for runs many times a call; a thread a call would
-// cost more than a short task).
-class Pool {
-public:
-    explicit Pool(int n) : n_(n) {
-        for (int t = 1; t < n; ++t) ts_.emplace_back([this] { work(); });
-    }
-    ~Pool() {
-        stop_ = true;
-        gen_.fetch_add(1);
-        for (auto& t : ts_) t.join();
-    }
-    void run(int64_t n, const std::function<void(int64_t)>& body) {
-        body_ = &body, count_ = n, next_.store(0), done_.store(0);
-        gen_.fetch_add(1, std::memory_order_release);
-        drain();
-        while (done_.load(std::memory_order_acquire) != n_ - 1) {}
-    }
-
-private:
-    void drain() {
-        for (int64_t i; (i = next_.fetch_add(1)) < count_;) (*body_)(i);
-    }
-    void work() {
-        uint64_t seen = 0;
-        for (;;) {
-            uint64_t g;
-            while ((g = gen_.load(std::memory_order_acquire)) == seen) _mm_pause();
-            seen = g;
-            if (stop_) return;
-            drain();
-            done_.fetch_add(1, std::memory_order_release);
-        }
-    }
-    int n_;
-    std::vector<std::thread> ts_;
-    std::atomic<uint64_t> gen_{0};
-    std::atomic<int64_t> next_{0}, done_{0};
-    const std::function<void(int64_t)>* body_ = nullptr;
-    int64_t count_ = 0;
-    std::atomic<bool> stop_{false};
-};
-
-uint16_t to_half(float f, bool bf16) {
-    if (bf16) {
-        uint32_t u;
-        std::memcpy(&u, &f, 4);
-        return static_cast<uint16_t>((u + 0x7fff + ((u >> 16) & 1)) >> 16);
-    }
-    return _cvtss_sh(f, 0);
-}
+uint16_t to_half(float f, bool bf16) { return bf16 ? f32_to_bf16(f) : f32_to_f16(f); }
 
 struct Case {
     int64_t ctx;
@@ -141,7 +89,7 @@ int main(int argc, char** argv) {
         c.bt = view("block_tables", c.table.data(), DType::i32, {1, static_cast<int64_t>(c.table.size())});
         lens.push_back(static_cast<int32_t>(c.ctx));
     }
-    Pool pool(threads);
+    stream_bench::SpinPool pool(threads);
     Threading th;
     th.num_threads = threads;
     th.parallel_for = [&](int64_t n, const std::function<void(int64_t)>& body) { pool.run(n, body); };

@@ -16,12 +16,10 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
-#include <thread>
 #include <vector>
 
 #include "stream_bench.hpp"
@@ -29,6 +27,7 @@
 using namespace mla;
 using stream_bench::pages;
 using stream_bench::plain_read;
+using stream_bench::split_timed;
 
 namespace {
 
@@ -36,15 +35,7 @@ constexpr int64_t K = 2048, kGroup = 128, kGroups = K / kGroup;
 
 // Every 32-row tile of the matrix handed to `tile(first_row)`, the tiles split in contiguous halves.
 double pass(int64_t rows, int threads, const std::function<void(int64_t)>& tile) {
-    const auto t0 = std::chrono::steady_clock::now();
-    std::vector<std::thread> ts;
-    const int64_t tiles = rows / 32;
-    for (int t = 0; t < threads; ++t)
-        ts.emplace_back([&, t] {
-            for (int64_t i = tiles * t / threads; i < tiles * (t + 1) / threads; ++i) tile(32 * i);
-        });
-    for (auto& t : ts) t.join();
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return split_timed(rows / 32, threads, [&](int64_t i) { tile(32 * i); });
 }
 
 }  // namespace

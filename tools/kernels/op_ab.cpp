@@ -14,11 +14,11 @@
 //   K=custom_ops/kernels; F="-O2 -std=c++17 -march=native"
 //   g++ $F -I$K -DAB_SIDE=cur -c tools/kernels/op_ab.cpp -o cur.o
 //   g++ $F -IBASE/include -Dmla=mlb -DAB_SIDE=base -c tools/kernels/op_ab.cpp -o base.o
-//   g++ $F -DAB_MAIN -c tools/kernels/op_ab.cpp -o main.o
+//   g++ $F -I$K -DAB_MAIN -c tools/kernels/op_ab.cpp -o main.o
 //   g++ main.o cur.o base.o BUILD/libmla_kernels.a BASE/libbaseline.a -lpthread -o op_ab && ./op_ab [rounds=9] [filter]
 //
 // Synthetic weights and inputs (speed does not depend on their values); 2 threads on one spinning pool
-// shared by both sides.
+// (stream_bench.hpp's) shared by both sides.
 #include <cstdint>
 
 extern "C" {
@@ -38,6 +38,7 @@ void ab_parallel_for(int64_t n, void* ctx, AbBody body);  // the shared pool (th
 #include <vector>
 
 #include "mla_kernels.hpp"
+#include "numeric.hpp"
 #include "moe_experts.hpp"
 #include "qlinear.hpp"
 
@@ -73,12 +74,7 @@ uint8_t* pages(size_t n, uint8_t mask) {  // synthetic codes in 2 MiB pages wher
     return p;
 }
 
-uint16_t half_of(float f, bool bf16) {
-    if (!bf16) return _cvtss_sh(f, 0);
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    return static_cast<uint16_t>((u + 0x7fff + ((u >> 16) & 1)) >> 16);
-}
+uint16_t half_of(float f, bool bf16) { return bf16 ? f32_to_bf16(f) : f32_to_f16(f); }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -219,17 +215,14 @@ extern "C" double AB_FN(ab_moe)(int bits, int64_t t, int layers, int calls) {
 #endif  // AB_SIDE
 
 #if defined(AB_MAIN)
-#include <immintrin.h>
-
 #include <algorithm>
-#include <atomic>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <functional>
 #include <string>
-#include <thread>
 #include <vector>
+
+#include "stream_bench.hpp"
 
 extern "C" {
 double ab_attention_cur(int64_t batch, int64_t ctx, int bf16_cache, int calls);
@@ -241,25 +234,11 @@ double ab_moe_base(int bits, int64_t t, int layers, int calls);
 }
 
 namespace {
-
-// Two threads: the caller and one spinning worker, each taking the next index from a counter.
-std::atomic<uint64_t> g_generation{0};
-std::atomic<int64_t> g_next{0}, g_done{0};
-void* g_ctx = nullptr;
-AbBody g_body = nullptr;
-int64_t g_count = 0;
-
-void drain() {
-    for (int64_t i; (i = g_next.fetch_add(1)) < g_count;) g_body(g_ctx, i);
-}
-
+stream_bench::SpinPool* g_pool;  // the caller and one spinning worker, made in main
 }  // namespace
 
 extern "C" void ab_parallel_for(int64_t n, void* ctx, AbBody body) {
-    g_ctx = ctx, g_body = body, g_count = n, g_next = 0, g_done = 0;
-    g_generation.fetch_add(1, std::memory_order_release);
-    drain();
-    while (g_done.load(std::memory_order_acquire) != 1) _mm_pause();
+    g_pool->run(n, [&](int64_t i) { body(ctx, i); });
 }
 
 int main(int argc, char** argv) {
@@ -269,16 +248,8 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "usage: op_ab [rounds >= 1] [filter: a substring of the case names]\n");
         return 2;
     }
-    std::thread([] {
-        uint64_t seen = 0;
-        for (;;) {
-            uint64_t g;
-            while ((g = g_generation.load(std::memory_order_acquire)) == seen) _mm_pause();
-            seen = g;
-            drain();
-            g_done.fetch_add(1, std::memory_order_release);
-        }
-    }).detach();
+    stream_bench::SpinPool pool(2);
+    g_pool = &pool;
     struct Case {
         std::string name;
         std::function<double(bool cur)> run;

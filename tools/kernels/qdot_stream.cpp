@@ -14,11 +14,9 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <thread>
 #include <vector>
 
 #include "stream_bench.hpp"
@@ -26,6 +24,7 @@
 using namespace mla;
 using stream_bench::pages;
 using stream_bench::plain_read;
+using stream_bench::split_timed;
 
 namespace {
 
@@ -57,18 +56,10 @@ using Dot = void (*)(int64_t, int64_t, const QRow*, const QBlock*, float*, int64
 
 // One pass over every row: nb 4-row blocks a call, `tokens` activation rows.
 double pass(const Weights& w, Dot dot, int nb, const QRow* x, float* out, int threads) {
-    const auto t0 = std::chrono::steady_clock::now();
-    std::vector<std::thread> ts;
-    const int64_t calls = w.rows / (4 * nb);
-    for (int t = 0; t < threads; ++t)
-        ts.emplace_back([&, t] {
-            for (int64_t c = calls * t / threads; c < calls * (t + 1) / threads; ++c) {
-                QBlock b[2] = {block(w, 4 * nb * c), block(w, 4 * nb * c + (nb - 1) * 4)};
-                dot(w.K, w.group, x, b, out + 4 * nb * c, w.rows);
-            }
-        });
-    for (auto& t : ts) t.join();
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return split_timed(w.rows / (4 * nb), threads, [&](int64_t c) {
+        QBlock b[2] = {block(w, 4 * nb * c), block(w, 4 * nb * c + (nb - 1) * 4)};
+        dot(w.K, w.group, x, b, out + 4 * nb * c, w.rows);
+    });
 }
 
 using DotT16 = void (*)(int64_t, int64_t, const QRow*, const uint8_t*, const float*, const uint8_t*, int64_t, int64_t,
@@ -78,19 +69,11 @@ using DotT16 = void (*)(int64_t, int64_t, const QRow*, const uint8_t*, const flo
 // by qdot_q8_t16: the bytes are synthetic either way), nb tiles side by side a call as the MoE's gate
 // and up are read (their factors in tile order: a tile's 16 of group g at 16 * g).
 double pass_t16(const Weights& w, DotT16 dot, int nb, const QRow* x, float* out, int threads) {
-    const auto t0 = std::chrono::steady_clock::now();
-    std::vector<std::thread> ts;
-    const int64_t calls = w.rows / (16 * nb);
-    for (int t = 0; t < threads; ++t)
-        ts.emplace_back([&, t] {
-            for (int64_t c = calls * t / threads; c < calls * (t + 1) / threads; ++c) {
-                const int64_t r0 = 16 * nb * c;
-                dot(w.K, w.group, x, w.q + r0 * w.row_bytes, w.s + r0 * w.groups, w.zp + r0 * w.groups, w.groups, 16,
-                    out + r0, 16);
-            }
-        });
-    for (auto& t : ts) t.join();
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return split_timed(w.rows / (16 * nb), threads, [&](int64_t c) {
+        const int64_t r0 = 16 * nb * c;
+        dot(w.K, w.group, x, w.q + r0 * w.row_bytes, w.s + r0 * w.groups, w.zp + r0 * w.groups, w.groups, 16, out + r0,
+            16);
+    });
 }
 
 // fp8 codes (e4m3 as DeepSeek's FP8 checkpoints ship them, one scale a 128-input block) read by
@@ -106,27 +89,20 @@ void fp8_t16(int64_t K, int64_t group, const QRow*, const uint8_t* q, const floa
 // rows, then up rows), a call reading gate tile i and up tile i (`apart` rows further) side by side
 // (nb2: both in one call, the broadcasts shared) or as two 1-tile calls (nb1) one after the other.
 double pass_pairs(const Weights& w, DotT16 nb2, DotT16 nb1, int64_t apart, const QRow* x, float* out, int threads) {
-    const auto t0 = std::chrono::steady_clock::now();
-    std::vector<std::thread> ts;
-    const int64_t experts = w.rows / (2 * apart), per = apart / 16, calls = experts * per;
-    for (int t = 0; t < threads; ++t)
-        ts.emplace_back([&, t] {
-            for (int64_t c = calls * t / threads; c < calls * (t + 1) / threads; ++c) {
-                const int64_t r0 = (c / per) * 2 * apart + (c % per) * 16;
-                const uint8_t* q = w.q + r0 * w.row_bytes;
-                const float* s = w.s + r0 * w.groups;
-                const uint8_t* zp = w.zp + r0 * w.groups;
-                if (nb2) {
-                    nb2(w.K, w.group, x, q, s, zp, w.groups, apart, out + r0, 16);
-                } else {
-                    nb1(w.K, w.group, x, q, s, zp, w.groups, 16, out + r0, 16);
-                    nb1(w.K, w.group, x, q + apart * w.row_bytes, s + apart * w.groups, zp + apart * w.groups, w.groups,
-                        16, out + r0 + apart, 16);
-                }
-            }
-        });
-    for (auto& t : ts) t.join();
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const int64_t experts = w.rows / (2 * apart), per = apart / 16;
+    return split_timed(experts * per, threads, [&](int64_t c) {
+        const int64_t r0 = (c / per) * 2 * apart + (c % per) * 16;
+        const uint8_t* q = w.q + r0 * w.row_bytes;
+        const float* s = w.s + r0 * w.groups;
+        const uint8_t* zp = w.zp + r0 * w.groups;
+        if (nb2) {
+            nb2(w.K, w.group, x, q, s, zp, w.groups, apart, out + r0, 16);
+        } else {
+            nb1(w.K, w.group, x, q, s, zp, w.groups, 16, out + r0, 16);
+            nb1(w.K, w.group, x, q + apart * w.row_bytes, s + apart * w.groups, zp + apart * w.groups, w.groups, 16,
+                out + r0 + apart, 16);
+        }
+    });
 }
 
 }  // namespace
